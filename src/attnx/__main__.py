@@ -1,0 +1,5 @@
+import sys
+
+from attnx.cli import main
+
+sys.exit(main())

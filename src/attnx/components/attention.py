@@ -1,0 +1,93 @@
+"""§3.2 Multi-head scaled dot-product attention, the paper's only attention."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnx import hookimpl
+from attnx.components.protocols import AttentionCache, attention_mask
+
+
+class MultiHeadAttention(nn.Module):
+    """§3.2.2 Multi-head attention: ``Concat(head_1..head_h) W^O``, ``head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i)``.
+
+    §3.2.1 scaled dot-product attention ``softmax(Q K^T / sqrt(d_k)) V`` runs through
+    :func:`torch.nn.functional.scaled_dot_product_attention` (same result, fused kernel); the explicit
+    computation is used only when the weights themselves are asked for. ``dropout`` acts on the attention
+    weights; the paper uses none there (0.0), only on sub-layer outputs.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        if n_heads <= 0 or d_model % n_heads:
+            raise ValueError(
+                f"d_model ({d_model}) must be divisible by the number of heads ({n_heads}); "
+                f"d_k = d_v = d_model / heads. Choose e.g. heads in "
+                f"{[h for h in (1, 2, 4, 8, 16, 32) if d_model % h == 0]}."
+            )
+        self.n_heads = n_heads
+        self.d_k = d_model // n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            nn.init.xavier_uniform_(proj.weight)
+            if bias:
+                nn.init.zeros_(proj.bias)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
+
+    def forward(
+        self,
+        query: Tensor,
+        key_value: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        causal: bool = False,
+        cache: AttentionCache | None = None,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        b, t, d = query.shape
+        q = self._heads(self.q_proj(query))  # (B, H, T, d_k)
+        offset = 0
+        if cache is not None and cache.static and cache.k is not None:
+            k, v = cache.k, cache.v
+        else:
+            k = self._heads(self.k_proj(key_value))  # (B, H, S, d_k)
+            v = self._heads(self.v_proj(key_value))
+            if cache is not None:
+                if not cache.static and cache.k is not None:
+                    offset = cache.length
+                    k = torch.cat([cache.k, k], dim=2)
+                    v = torch.cat([cache.v, v], dim=2)
+                cache.k, cache.v = k, v
+        s = k.shape[2]
+        dropout = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights:
+            mask = attention_mask(key_mask, causal, t, s, offset, query.device)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, H, T, S)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+            out = F.dropout(weights, dropout, self.training) @ v
+        elif causal and key_mask is None and offset == 0 and t == s:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        else:
+            mask = attention_mask(key_mask, causal, t, s, offset, query.device)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        out = self.out_proj(out.transpose(1, 2).reshape(b, t, d))  # (B, T, D)
+        return (out, weights) if need_weights else out
+
+
+@hookimpl
+def attnx_register_components(registry) -> None:
+    registry.add_attention("multihead", MultiHeadAttention)

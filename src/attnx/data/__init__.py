@@ -1,0 +1,1 @@
+"""Text to tensors: SentencePiece, binarized corpora, token-budget batching, the Batch seam."""

@@ -1,0 +1,75 @@
+"""The one seam between data and model: every batch the model sees is a :class:`Batch`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+"""Special ids fixed in every SentencePiece model attnx trains."""
+
+
+@dataclass
+class Batch:
+    """A padded batch of sentence pairs.
+
+    ``tgt_in`` is ``<s> y_1 .. y_n`` and ``tgt_out`` is ``y_1 .. y_n </s>`` (teacher forcing, shifted by one).
+    """
+
+    src: Tensor  # (B, S) long, PAD_ID-padded on the right
+    tgt_in: Tensor  # (B, T) long
+    tgt_out: Tensor  # (B, T) long, PAD_ID where there is no target
+    src_mask: Tensor  # (B, S) bool, True = real token
+    tgt_mask: Tensor  # (B, T) bool, True = real token
+    n_src_tokens: int  # real (non-pad) source tokens
+    n_tgt_tokens: int  # real target tokens (= positions the loss counts)
+
+    @property
+    def size(self) -> int:
+        return self.src.shape[0]
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            src=self.src.to(device, non_blocking=True),
+            tgt_in=self.tgt_in.to(device, non_blocking=True),
+            tgt_out=self.tgt_out.to(device, non_blocking=True),
+            src_mask=self.src_mask.to(device, non_blocking=True),
+            tgt_mask=self.tgt_mask.to(device, non_blocking=True),
+            n_src_tokens=self.n_src_tokens,
+            n_tgt_tokens=self.n_tgt_tokens,
+        )
+
+
+def collate(pairs: list[tuple[list[int] | Tensor, list[int] | Tensor]], pad_id: int = PAD_ID) -> Batch:
+    """Pad ``(src_ids, tgt_ids)`` pairs (ids without BOS/EOS) into a :class:`Batch`.
+
+    The source gets ``</s>`` appended; the target becomes ``<s> y`` (input) and ``y </s>`` (output).
+    """
+    b = len(pairs)
+    s = max(len(src) for src, _ in pairs) + 1
+    t = max(len(tgt) for _, tgt in pairs) + 1
+    src = torch.full((b, s), pad_id, dtype=torch.long)
+    tgt_in = torch.full((b, t), pad_id, dtype=torch.long)
+    tgt_out = torch.full((b, t), pad_id, dtype=torch.long)
+    for i, (x, y) in enumerate(pairs):
+        x = torch.as_tensor(x, dtype=torch.long)
+        y = torch.as_tensor(y, dtype=torch.long)
+        src[i, : len(x)] = x
+        src[i, len(x)] = EOS_ID
+        tgt_in[i, 0] = BOS_ID
+        tgt_in[i, 1 : len(y) + 1] = y
+        tgt_out[i, : len(y)] = y
+        tgt_out[i, len(y)] = EOS_ID
+    src_mask = src != pad_id
+    tgt_mask = tgt_out != pad_id
+    return Batch(
+        src=src,
+        tgt_in=tgt_in,
+        tgt_out=tgt_out,
+        src_mask=src_mask,
+        tgt_mask=tgt_mask,
+        n_src_tokens=int(src_mask.sum()),
+        n_tgt_tokens=int(tgt_mask.sum()),
+    )

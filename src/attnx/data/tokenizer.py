@@ -1,0 +1,54 @@
+"""A thin wrapper over one joint SentencePiece model (shared source/target vocabulary, §5.1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sentencepiece as spm
+
+from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+
+class Tokenizer:
+    """Joint SentencePiece BPE model with attnx's fixed special ids (pad 0, unk 1, bos 2, eos 3)."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor) -> None:
+        self.sp = processor
+        ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise ValueError(
+                f"SentencePiece model has special ids pad/unk/bos/eos = {ids}, attnx needs "
+                f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; train it with `attnx prepare`"
+            )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"SentencePiece model {path} does not exist; create it with `attnx prepare`"
+            )
+        return cls(spm.SentencePieceProcessor(model_file=str(path)))
+
+    @classmethod
+    def from_bytes(cls, proto: bytes) -> Tokenizer:
+        """Rebuild from :meth:`to_bytes` (how checkpoints carry their tokenizer)."""
+        return cls(spm.SentencePieceProcessor(model_proto=proto))
+
+    def to_bytes(self) -> bytes:
+        return self.sp.serialized_model_proto()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` without BOS/EOS."""
+        return self.sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: list[str], num_threads: int = -1) -> list[list[int]]:
+        return self.sp.encode(texts, out_type=int, num_threads=num_threads)
+
+    def decode(self, ids: list[int]) -> str:
+        """Detokenized text; special ids are dropped."""
+        return self.sp.decode([i for i in ids if i > EOS_ID])

@@ -1,0 +1,24 @@
+"""Every hook a plugin can implement. Each spec is an empty function whose docstring is the contract."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from attnx.registry import ComponentRegistry
+
+hookspec = pluggy.HookspecMarker("attnx")
+
+
+@hookspec
+def attnx_register_components(registry: ComponentRegistry) -> None:
+    """Register model components with ``registry``.
+
+    Call ``registry.add_attention(name, cls)``, ``registry.add_feedforward(name, cls)``,
+    ``registry.add_positional(name, cls)`` or ``registry.add_norm(name, cls)`` once per component.
+    A name must be unique within its kind across every installed plugin; a clash is an error naming both
+    plugins. The class is constructed with the model's shape arguments (see ``attnx.components.protocols``)
+    plus the ``args`` mapping given for it in the config.
+    """

@@ -1,0 +1,176 @@
+"""Builders: flat hyperparameters and component names -> a :class:`Transformer`; the paper's presets."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from torch import nn
+
+from attnx.model.layers import RESIDUALS, DecoderLayer, EncoderLayer
+from attnx.model.transformer import Transformer
+from attnx.registry import ComponentRegistry, Kind
+
+
+@dataclass
+class ComponentSpec:
+    """A component chosen by its registered name, with the keyword arguments of its constructor."""
+
+    name: str
+    """Registered name (``attnx plugins`` lists them), e.g. ``multihead``, ``relu``, ``sinusoidal``."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Extra constructor arguments beyond the shape arguments the model passes."""
+
+
+@dataclass
+class TransformerConfig:
+    """Hyperparameters of the Transformer (§3, Table 3). Defaults are the paper's base model."""
+
+    vocab_size: int = 37000
+    """Size of the shared source/target vocabulary (linked from the data when training)."""
+    d_model: int = 512
+    """Width of embeddings and of every sub-layer output (§3.1)."""
+    n_heads: int = 8
+    """Attention heads h; d_k = d_v = d_model / h (§3.2.2)."""
+    d_ff: int = 2048
+    """Inner width of the position-wise feed-forward network (§3.3)."""
+    encoder_layers: int = 6
+    """Encoder layers N (§3.1)."""
+    decoder_layers: int = 6
+    """Decoder layers N (§3.1)."""
+    dropout: float = 0.1
+    """P_drop: on each sub-layer output and on embeddings + positions (§5.4)."""
+    max_len: int = 1024
+    """Longest sequence the positional encoding accepts."""
+    share_embeddings: bool = True
+    """One matrix for source embedding, target embedding and pre-softmax projection (§3.4)."""
+    norm_position: Literal["post", "pre"] = "post"
+    """``post``: LayerNorm(x + Sublayer(x)) as in the paper; ``pre``: x + Sublayer(LayerNorm(x))."""
+    self_attention: ComponentSpec = field(default_factory=lambda: ComponentSpec("multihead"))
+    """Attention used by encoder and decoder self-attention."""
+    cross_attention: ComponentSpec = field(default_factory=lambda: ComponentSpec("multihead"))
+    """Attention used by encoder-decoder attention."""
+    feedforward: ComponentSpec = field(default_factory=lambda: ComponentSpec("relu"))
+    """Position-wise feed-forward network."""
+    positional: ComponentSpec = field(default_factory=lambda: ComponentSpec("sinusoidal"))
+    """Positional encoding (``learned`` is Table 3 row E)."""
+    norm: ComponentSpec = field(default_factory=lambda: ComponentSpec("layernorm"))
+    """Normalization used in every residual connection."""
+    pad_id: int = 0
+    """Id of the padding token (ignored by attention and the loss)."""
+
+    @classmethod
+    def base(cls, **overrides: Any) -> TransformerConfig:
+        """Table 3 'base': d_model 512, d_ff 2048, 8 heads, 6+6 layers, dropout 0.1 (65M params)."""
+        return cls(**overrides)
+
+    @classmethod
+    def big(cls, **overrides: Any) -> TransformerConfig:
+        """Table 3 'big': d_model 1024, d_ff 4096, 16 heads, 6+6 layers, dropout 0.3 (213M params)."""
+        values: dict[str, Any] = dict(d_model=1024, d_ff=4096, n_heads=16, dropout=0.3)
+        return cls(**(values | overrides))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, checkpoint-safe form (names and numbers only, never classes)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TransformerConfig:
+        values = dict(values)
+        unknown = set(values) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(
+                f"unknown transformer config keys {sorted(unknown)}; known keys: {sorted(cls.__dataclass_fields__)}"
+            )
+        for key in ("self_attention", "cross_attention", "feedforward", "positional", "norm"):
+            if isinstance(values.get(key), dict):
+                values[key] = ComponentSpec(**values[key])
+        return cls(**values)
+
+
+def _check(config: TransformerConfig) -> None:
+    if config.d_model <= 0 or config.n_heads <= 0 or config.d_model % config.n_heads:
+        raise ValueError(
+            f"d_model ({config.d_model}) must be a positive multiple of n_heads ({config.n_heads}): "
+            "each head gets d_k = d_model / n_heads dimensions"
+        )
+    if config.vocab_size <= config.pad_id:
+        raise ValueError(f"vocab_size ({config.vocab_size}) must exceed pad_id ({config.pad_id})")
+    if config.norm_position not in RESIDUALS:
+        raise ValueError(f"norm_position must be one of {sorted(RESIDUALS)}, got {config.norm_position!r}")
+    if not 0.0 <= config.dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {config.dropout}")
+
+
+def build_transformer(config: TransformerConfig, registry: ComponentRegistry | None = None) -> Transformer:
+    """Assemble a Transformer from ``config``, looking components up in ``registry`` (default: installed plugins)."""
+    if registry is None:
+        from attnx.plugins import registry as installed
+
+        registry = installed()
+    _check(config)
+    d, h = config.d_model, config.n_heads
+    residual = RESIDUALS[config.norm_position]
+
+    def component(kind: Kind, spec: ComponentSpec, *shape: int) -> nn.Module:
+        return registry.build(kind, spec.name, *shape, **spec.args)
+
+    def norm() -> nn.Module:
+        return component(Kind.NORM, config.norm, d)
+
+    def wrap() -> nn.Module:
+        return residual(norm(), config.dropout)
+
+    encoder = nn.ModuleList(
+        EncoderLayer(
+            component(Kind.ATTENTION, config.self_attention, d, h),
+            component(Kind.FEEDFORWARD, config.feedforward, d, config.d_ff),
+            wrap(),
+            wrap(),
+        )
+        for _ in range(config.encoder_layers)
+    )
+    decoder = nn.ModuleList(
+        DecoderLayer(
+            component(Kind.ATTENTION, config.self_attention, d, h),
+            component(Kind.ATTENTION, config.cross_attention, d, h),
+            component(Kind.FEEDFORWARD, config.feedforward, d, config.d_ff),
+            wrap(),
+            wrap(),
+            wrap(),
+        )
+        for _ in range(config.decoder_layers)
+    )
+
+    def embedding() -> nn.Embedding:
+        emb = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_id)
+        nn.init.normal_(emb.weight, mean=0.0, std=d**-0.5)
+        emb.weight.data[config.pad_id].zero_()
+        return emb
+
+    src_embedding = embedding()
+    if config.share_embeddings:
+        tgt_embedding, output_projection = src_embedding, None
+    else:
+        tgt_embedding = embedding()
+        output_projection = nn.Linear(d, config.vocab_size, bias=False)
+        nn.init.normal_(output_projection.weight, mean=0.0, std=d**-0.5)
+    pre_norm = config.norm_position == "pre"
+    return Transformer(
+        src_embedding=src_embedding,
+        tgt_embedding=tgt_embedding,
+        src_positional=component(Kind.POSITIONAL, config.positional, d, config.max_len),
+        tgt_positional=component(Kind.POSITIONAL, config.positional, d, config.max_len),
+        encoder_layers=encoder,
+        decoder_layers=decoder,
+        encoder_norm=norm() if pre_norm else None,
+        decoder_norm=norm() if pre_norm else None,
+        output_projection=output_projection,
+        dropout=config.dropout,
+        pad_id=config.pad_id,
+    )
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, each shared tensor counted once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,106 @@
+"""§3.1 Encoder and decoder layers: sub-layers wrapped in residual connections, dropout and normalization."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnx.components.protocols import AttentionCache
+
+
+class PostNorm(nn.Module):
+    """The paper's residual connection: ``LayerNorm(x + Dropout(Sublayer(x)))``."""
+
+    def __init__(self, norm: nn.Module, dropout: float) -> None:
+        super().__init__()
+        self.norm = norm
+        self.dropout = dropout
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        return self.norm(x + F.dropout(sublayer(x), self.dropout, self.training))
+
+
+class PreNorm(nn.Module):
+    """The pre-norm variant ``x + Dropout(Sublayer(LayerNorm(x)))``; the stack then ends in one more norm."""
+
+    def __init__(self, norm: nn.Module, dropout: float) -> None:
+        super().__init__()
+        self.norm = norm
+        self.dropout = dropout
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        return x + F.dropout(sublayer(self.norm(x)), self.dropout, self.training)
+
+
+RESIDUALS: dict[str, type[nn.Module]] = {"post": PostNorm, "pre": PreNorm}
+
+
+class EncoderLayer(nn.Module):
+    """§3.1 Encoder layer: multi-head self-attention, then the position-wise FFN."""
+
+    def __init__(
+        self, self_attn: nn.Module, ffn: nn.Module, attn_residual: nn.Module, ffn_residual: nn.Module
+    ):
+        super().__init__()
+        self.self_attn = self_attn
+        self.ffn = ffn
+        self.attn_residual = attn_residual
+        self.ffn_residual = ffn_residual
+
+    def forward(self, x: Tensor, src_mask: Tensor | None, weights: list | None = None) -> Tensor:
+        def attend(h: Tensor) -> Tensor:
+            if weights is None:
+                return self.self_attn(h, h, key_mask=src_mask)
+            out, w = self.self_attn(h, h, key_mask=src_mask, need_weights=True)
+            weights.append(w)
+            return out
+
+        x = self.attn_residual(x, attend)  # (B, S, D)
+        return self.ffn_residual(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    """§3.1 Decoder layer: masked self-attention, encoder-decoder attention, then the FFN."""
+
+    def __init__(
+        self,
+        self_attn: nn.Module,
+        cross_attn: nn.Module,
+        ffn: nn.Module,
+        self_residual: nn.Module,
+        cross_residual: nn.Module,
+        ffn_residual: nn.Module,
+    ):
+        super().__init__()
+        self.self_attn = self_attn
+        self.cross_attn = cross_attn
+        self.ffn = ffn
+        self.self_residual = self_residual
+        self.cross_residual = cross_residual
+        self.ffn_residual = ffn_residual
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None,
+        cache: tuple[AttentionCache, AttentionCache] | None = None,
+        weights: list | None = None,
+    ) -> Tensor:
+        self_cache, cross_cache = cache if cache is not None else (None, None)
+
+        def attend_self(h: Tensor) -> Tensor:
+            return self.self_attn(h, h, causal=True, cache=self_cache)
+
+        def attend_source(h: Tensor) -> Tensor:
+            if weights is None:
+                return self.cross_attn(h, memory, key_mask=src_mask, cache=cross_cache)
+            out, w = self.cross_attn(h, memory, key_mask=src_mask, cache=cross_cache, need_weights=True)
+            weights.append(w)
+            return out
+
+        x = self.self_residual(x, attend_self)  # (B, T, D)
+        x = self.cross_residual(x, attend_source)
+        return self.ffn_residual(x, self.ffn)

@@ -1,0 +1,135 @@
+"""§3 The Transformer: encoder and decoder stacks over shared embeddings (reads like Figure 1)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnx.components.protocols import AttentionCache
+
+
+@dataclass
+class DecoderState:
+    """Everything incremental decoding carries between steps; one row per hypothesis.
+
+    ``caches[i]`` holds layer ``i``'s self-attention cache (grows each step) and encoder-decoder cache
+    (keys/values of the encoder output, computed once per sentence by :meth:`Transformer.start_decoding`).
+    """
+
+    memory: Tensor  # (B, S, D)
+    src_mask: Tensor  # (B, S) bool, True = real token
+    caches: list[tuple[AttentionCache, AttentionCache]] = field(default_factory=list)
+    offset: int = 0  # target positions decoded so far
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index``, in that order: follows beam back-pointers and drops finished sentences."""
+        self.memory = self.memory.index_select(0, index)
+        self.src_mask = self.src_mask.index_select(0, index)
+        for self_cache, cross_cache in self.caches:
+            self_cache.reorder(index)
+            cross_cache.reorder(index)
+
+    def expand(self, beam: int) -> None:
+        """Repeat every sentence ``beam`` times (rows ``b*beam .. b*beam+beam-1`` belong to sentence ``b``)."""
+        index = torch.arange(self.memory.shape[0], device=self.memory.device).repeat_interleave(beam)
+        self.reorder(index)
+
+
+class Transformer(nn.Module):
+    """§3 Encoder-decoder Transformer.
+
+    Parts are passed in built (see :func:`attnx.model.build_transformer`); this class only wires them:
+    embeddings × √d_model (§3.4) plus positions (§3.5), dropout, N encoder layers, N decoder layers, and the
+    pre-softmax projection, whose weight is the embedding matrix when ``output_weight`` is None (§3.4).
+    """
+
+    def __init__(
+        self,
+        *,
+        src_embedding: nn.Embedding,
+        tgt_embedding: nn.Embedding,
+        src_positional: nn.Module,
+        tgt_positional: nn.Module,
+        encoder_layers: nn.ModuleList,
+        decoder_layers: nn.ModuleList,
+        encoder_norm: nn.Module | None,
+        decoder_norm: nn.Module | None,
+        output_projection: nn.Linear | None,
+        dropout: float,
+        pad_id: int,
+    ) -> None:
+        super().__init__()
+        self.src_embedding = src_embedding
+        self.tgt_embedding = tgt_embedding
+        self.src_positional = src_positional
+        self.tgt_positional = tgt_positional
+        self.encoder_layers = encoder_layers
+        self.decoder_layers = decoder_layers
+        self.encoder_norm = encoder_norm if encoder_norm is not None else nn.Identity()
+        self.decoder_norm = decoder_norm if decoder_norm is not None else nn.Identity()
+        self.output_projection = output_projection
+        self.dropout = dropout
+        self.pad_id = pad_id
+        self.d_model = tgt_embedding.embedding_dim
+        self.embed_scale = math.sqrt(self.d_model)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tgt_embedding.num_embeddings
+
+    @property
+    def output_weight(self) -> Tensor:
+        """The ``(V, D)`` pre-softmax weight: the shared embedding matrix unless sharing is off."""
+        if self.output_projection is None:
+            return self.tgt_embedding.weight
+        return self.output_projection.weight
+
+    def _embed(
+        self, tokens: Tensor, embedding: nn.Embedding, positional: nn.Module, offset: int = 0
+    ) -> Tensor:
+        x = embedding(tokens) * self.embed_scale  # (B, T, D)
+        return F.dropout(positional(x, offset), self.dropout, self.training)
+
+    def encode(self, src: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
+        """``src`` ``(B, S)`` token ids, ``src_mask`` ``(B, S)`` True at real tokens -> memory ``(B, S, D)``."""
+        x = self._embed(src, self.src_embedding, self.src_positional)
+        for layer in self.encoder_layers:
+            x = layer(x, src_mask, weights)
+        return self.encoder_norm(x)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
+        """Teacher-forced decoding of ``tgt_in`` ``(B, T)`` -> logits ``(B, T, V)``; position i sees ``tgt_in[:, :i+1]``."""
+        x = self._embed(tgt_in, self.tgt_embedding, self.tgt_positional)
+        for layer in self.decoder_layers:
+            x = layer(x, memory, src_mask, weights=weights)
+        return F.linear(self.decoder_norm(x), self.output_weight)  # (B, T, V)
+
+    def forward(self, src: Tensor, tgt_in: Tensor, src_mask: Tensor) -> Tensor:
+        return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+
+    def start_decoding(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
+        """Fresh decoding state with encoder-decoder keys/values computed once, from ``memory``."""
+        state = DecoderState(memory=memory, src_mask=src_mask)
+        probe = memory[:, :1]  # any query fills a static cache with the keys/values of the whole memory
+        for layer in self.decoder_layers:
+            self_cache, cross_cache = AttentionCache(static=False), AttentionCache(static=True)
+            layer.cross_attn(probe, memory, key_mask=src_mask, cache=cross_cache)
+            state.caches.append((self_cache, cross_cache))
+        return state
+
+    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """One incremental step: ``tokens`` ``(B,)``, the last token of each hypothesis -> logits ``(B, V)``.
+
+        Equal to the last position of :meth:`decode` over the whole prefix; ``state`` is advanced in place.
+        """
+        x = self._embed(
+            tokens.unsqueeze(1), self.tgt_embedding, self.tgt_positional, state.offset
+        )  # (B, 1, D)
+        for layer, cache in zip(self.decoder_layers, state.caches, strict=True):
+            x = layer(x, state.memory, state.src_mask, cache=cache)
+        state.offset += 1
+        return F.linear(self.decoder_norm(x[:, 0]), self.output_weight)  # (B, V)

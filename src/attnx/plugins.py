@@ -1,0 +1,59 @@
+"""The plugin manager: built-in components load through the same hook as third-party ones.
+
+Built-ins come from :data:`DEFAULT_PLUGINS`; third-party distributions are found through the
+``attnx`` entry-point group (``[project.entry-points.attnx]`` in their ``pyproject.toml``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import pluggy
+
+from attnx import hookspecs
+from attnx.registry import ComponentRegistry
+
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "attnx.components.attention",
+    "attnx.components.feedforward",
+    "attnx.components.positional",
+    "attnx.components.norm",
+)
+
+ENTRY_POINT_GROUP = "attnx"
+
+
+def plugin_manager(*, entry_points: bool = True) -> pluggy.PluginManager:
+    """A fresh plugin manager with the built-ins and (by default) every installed entry point."""
+    pm = pluggy.PluginManager("attnx")
+    pm.add_hookspecs(hookspecs)
+    for name in DEFAULT_PLUGINS:
+        pm.register(importlib.import_module(name), name=name)
+    if entry_points:
+        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    return pm
+
+
+def _distribution_of(pm: pluggy.PluginManager, plugin: object) -> str:
+    for loaded, dist in pm.list_plugin_distinfo():
+        if loaded is plugin:
+            return f"{dist.project_name} {dist.version}"
+    return "attnx (built-in)"
+
+
+def collect(pm: pluggy.PluginManager) -> ComponentRegistry:
+    """Ask every registered plugin to fill one registry, tracking who registered what."""
+    registry = ComponentRegistry()
+    for impl in reversed(pm.hook.attnx_register_components.get_hookimpls()):
+        registry.plugin = impl.plugin_name
+        registry.distribution = _distribution_of(pm, impl.plugin)
+        impl.function(registry=registry)
+    registry.plugin = registry.distribution = "<direct>"
+    return registry
+
+
+@functools.cache
+def registry() -> ComponentRegistry:
+    """The process-wide registry (built once). Tests that add plugins use :func:`collect` directly."""
+    return collect(plugin_manager())

@@ -1,0 +1,103 @@
+"""A typed registry of model components, filled by plugins through ``attnx_register_components``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Kind(StrEnum):
+    """The four kinds of component a Transformer is assembled from."""
+
+    ATTENTION = "attention"
+    FEEDFORWARD = "feedforward"
+    POSITIONAL = "positional"
+    NORM = "norm"
+
+
+class UnknownComponentError(LookupError):
+    """A config names a component that no installed plugin registered."""
+
+
+class DuplicateComponentError(ValueError):
+    """Two plugins registered the same name for the same kind."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered component: its class and the plugin (and distribution) it came from."""
+
+    kind: Kind
+    name: str
+    factory: type
+    plugin: str
+    distribution: str
+
+
+class ComponentRegistry:
+    """Components by kind and name.
+
+    Plugins receive an instance in ``attnx_register_components`` and call the ``add_*`` methods;
+    the model builder calls :meth:`get`. ``plugin`` and ``distribution`` are set by the plugin manager
+    while it calls each plugin, so errors and ``attnx plugins`` can say where a component came from.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[Kind, dict[str, Entry]] = {kind: {} for kind in Kind}
+        self.plugin = "<direct>"
+        self.distribution = "<direct>"
+
+    def add(self, kind: Kind | str, name: str, factory: type) -> None:
+        kind = Kind(kind)
+        if not name or not isinstance(name, str):
+            raise ValueError(f"{self.plugin}: a {kind} component needs a non-empty string name, got {name!r}")
+        known = self._entries[kind]
+        if name in known:
+            first = known[name]
+            raise DuplicateComponentError(
+                f"{kind} component {name!r} is registered twice: by plugin {first.plugin!r} "
+                f"(distribution {first.distribution}) and by plugin {self.plugin!r} "
+                f"(distribution {self.distribution}). Uninstall one of them or rename the component."
+            )
+        known[name] = Entry(kind, name, factory, self.plugin, self.distribution)
+
+    def add_attention(self, name: str, factory: type) -> None:
+        self.add(Kind.ATTENTION, name, factory)
+
+    def add_feedforward(self, name: str, factory: type) -> None:
+        self.add(Kind.FEEDFORWARD, name, factory)
+
+    def add_positional(self, name: str, factory: type) -> None:
+        self.add(Kind.POSITIONAL, name, factory)
+
+    def add_norm(self, name: str, factory: type) -> None:
+        self.add(Kind.NORM, name, factory)
+
+    def entry(self, kind: Kind | str, name: str) -> Entry:
+        kind = Kind(kind)
+        try:
+            return self._entries[kind][name]
+        except KeyError:
+            known = ", ".join(sorted(self._entries[kind])) or "(none)"
+            raise UnknownComponentError(
+                f"unknown {kind} component {name!r}; known {kind} components: {known}. "
+                "Install the plugin that provides it, or check the spelling (`attnx plugins` lists them)."
+            ) from None
+
+    def get(self, kind: Kind | str, name: str) -> type:
+        return self.entry(kind, name).factory
+
+    def build(self, kind: Kind | str, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Instantiate component ``name`` of ``kind``; a bad argument names the component."""
+        factory = self.get(kind, name)
+        try:
+            return factory(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"cannot build {Kind(kind)} component {name!r}: {err}") from err
+
+    def names(self, kind: Kind | str) -> list[str]:
+        return sorted(self._entries[Kind(kind)])
+
+    def entries(self) -> list[Entry]:
+        return [entry for kind in Kind for _, entry in sorted(self._entries[kind].items())]
