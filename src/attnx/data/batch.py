@@ -25,6 +25,7 @@ class Batch:
     tgt_mask: Tensor  # (B, T) bool, True = real token
     n_src_tokens: int  # real (non-pad) source tokens
     n_tgt_tokens: int  # real target tokens (= positions the loss counts)
+    index: Tensor | None = None  # (B,) position of each pair in its split, to restore corpus order
 
     @property
     def size(self) -> int:
@@ -39,10 +40,15 @@ class Batch:
             tgt_mask=self.tgt_mask.to(device, non_blocking=True),
             n_src_tokens=self.n_src_tokens,
             n_tgt_tokens=self.n_tgt_tokens,
+            index=self.index,
         )
 
 
-def collate(pairs: list[tuple[list[int] | Tensor, list[int] | Tensor]], pad_id: int = PAD_ID) -> Batch:
+def collate(
+    pairs: list[tuple[list[int] | Tensor, list[int] | Tensor]],
+    pad_id: int = PAD_ID,
+    index: list[int] | Tensor | None = None,
+) -> Batch:
     """Pad ``(src_ids, tgt_ids)`` pairs (ids without BOS/EOS) into a :class:`Batch`.
 
     The source gets ``</s>`` appended; the target becomes ``<s> y`` (input) and ``y </s>`` (output).
@@ -72,4 +78,5 @@ def collate(pairs: list[tuple[list[int] | Tensor, list[int] | Tensor]], pad_id: 
         tgt_mask=tgt_mask,
         n_src_tokens=int(src_mask.sum()),
         n_tgt_tokens=int(tgt_mask.sum()),
+        index=None if index is None else torch.as_tensor(index, dtype=torch.long),
     )
