@@ -39,13 +39,19 @@ def _distribution_of(pm: pluggy.PluginManager, plugin: object) -> str:
     for loaded, dist in pm.list_plugin_distinfo():
         if loaded is plugin:
             return f"{dist.project_name} {dist.version}"
-    return "attnx (built-in)"
+    if getattr(plugin, "__name__", "") in DEFAULT_PLUGINS:
+        return "attnx (built-in)"
+    return "registered in-process"
 
 
 def collect(pm: pluggy.PluginManager) -> ComponentRegistry:
     """Ask every registered plugin to fill one registry, tracking who registered what."""
     registry = ComponentRegistry()
-    for impl in reversed(pm.hook.attnx_register_components.get_hookimpls()):
+    order = {plugin_name: i for i, (plugin_name, _) in enumerate(pm.list_name_plugin())}
+    impls = sorted(
+        pm.hook.attnx_register_components.get_hookimpls(), key=lambda impl: order[impl.plugin_name]
+    )
+    for impl in impls:  # registration order: built-ins first, so a clash is reported against them
         registry.plugin = impl.plugin_name
         registry.distribution = _distribution_of(pm, impl.plugin)
         impl.function(registry=registry)

@@ -17,11 +17,14 @@ def sinusoid_table(max_len: int, d_model: int) -> Tensor:
     table = torch.zeros(max_len, d_model, dtype=torch.float64)
     table[:, 0::2] = torch.sin(position * inv_freq)
     table[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
-    return table.float()
+    return table
 
 
 class SinusoidalPositionalEncoding(nn.Module):
-    """§3.5 fixed sinusoids added to the (scaled) embeddings. Not a parameter; not saved in checkpoints."""
+    """§3.5 fixed sinusoids added to the (scaled) embeddings. Not a parameter; not saved in checkpoints.
+
+    The table is kept in float64 and cast per call, so a float64 model gets exact sinusoids.
+    """
 
     acts_on = "embeddings"
 

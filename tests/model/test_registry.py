@@ -1,0 +1,110 @@
+"""The plugin system: one hook for built-ins and third parties, clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+from torch import nn
+
+from attnx import hookimpl
+from attnx.model import build_transformer
+from attnx.plugins import DEFAULT_PLUGINS, collect, plugin_manager
+from attnx.registry import ComponentRegistry, DuplicateComponentError, UnknownComponentError
+from tests.conftest import tiny_config
+
+
+class Swish(nn.Module):
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        h = self.w1(x)
+        return self.w2(h * h.sigmoid())
+
+
+def throwaway_plugin(name: str, kind_method: str, cls: type):
+    module = types.ModuleType(name)
+
+    @hookimpl
+    def attnx_register_components(registry):
+        getattr(registry, kind_method)("swish", cls)
+
+    module.attnx_register_components = attnx_register_components
+    return module
+
+
+def test_builtins_register_through_the_hook():
+    pm = plugin_manager(entry_points=False)
+    assert [name for name, _ in pm.list_name_plugin()] == list(DEFAULT_PLUGINS)
+    reg = collect(pm)
+    assert reg.entry("attention", "multihead").plugin == "attnx.components.attention"
+
+
+def test_a_registered_plugin_is_usable_by_name():
+    pm = plugin_manager(entry_points=False)
+    plugin = throwaway_plugin("swish_plugin", "add_feedforward", Swish)
+    pm.register(plugin)
+    try:
+        reg = collect(pm)
+        config = tiny_config()
+        config.feedforward.name = "swish"
+        model = build_transformer(config, reg)
+        assert isinstance(model.encoder_layers[0].ffn, Swish)
+    finally:
+        pm.unregister(plugin)
+
+
+def test_unknown_name_lists_the_known_ones():
+    config = tiny_config()
+    config.self_attention.name = "linformer"
+    with pytest.raises(UnknownComponentError, match=r"unknown attention component 'linformer'.*multihead"):
+        build_transformer(config)
+
+
+def test_duplicate_registration_names_both_plugins():
+    pm = plugin_manager(entry_points=False)
+    first = throwaway_plugin("first_plugin", "add_feedforward", Swish)
+    second = throwaway_plugin("second_plugin", "add_feedforward", Swish)
+    pm.register(first, name="first_plugin")
+    pm.register(second, name="second_plugin")
+    try:
+        with pytest.raises(DuplicateComponentError, match=r"'first_plugin'.*'second_plugin'"):
+            collect(pm)
+    finally:
+        pm.unregister(first)
+        pm.unregister(second)
+
+
+def test_bad_component_arguments_name_the_component():
+    config = tiny_config()
+    config.feedforward.args = {"widht": 3}
+    with pytest.raises(TypeError, match="cannot build feedforward component 'relu'.*widht"):
+        build_transformer(config)
+
+
+def test_registry_rejects_unknown_kind():
+    with pytest.raises(ValueError):
+        ComponentRegistry().add("optimizer", "adam", object)
+
+
+def test_plugins_command_lists_builtins_by_kind():
+    out = subprocess.run(
+        [sys.executable, "-m", "attnx", "plugins"], capture_output=True, text=True, check=True
+    ).stdout
+    for line in ("attention:", "multihead", "feedforward:", "relu", "positional:", "sinusoidal", "learned"):
+        assert line in out
+    assert "norm:" in out and "layernorm" in out and "attnx (built-in)" in out
+
+
+def test_describe_reports_the_papers_parameter_counts():
+    out = subprocess.run(
+        [sys.executable, "-m", "attnx", "describe", "--preset", "base"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "parameters: 63,082,496 (63.1M)" in out and "MFLOP" in out

@@ -1,0 +1,130 @@
+"""§3 The whole model: reference agreement, no leaks, padding, cache, shared weights, paper sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnx.model import TransformerConfig, build_transformer
+from attnx.model.builders import count_parameters
+from tests.conftest import tiny_config
+from tests.model.reference import transformer_logits
+
+
+def pair_batch(vocab: int = 50):
+    src = torch.randint(4, vocab, (3, 9))
+    lengths = torch.tensor([9, 6, 4])
+    src_mask = torch.arange(9).unsqueeze(0) < lengths.unsqueeze(1)
+    src = src.masked_fill(~src_mask, 0)
+    tgt_in = torch.randint(4, vocab, (3, 7))
+    return src, src_mask, lengths, tgt_in
+
+
+def test_matches_float64_reference():
+    model = build_transformer(tiny_config()).double().eval()
+    src, src_mask, lengths, tgt_in = pair_batch()
+    logits = model(src, tgt_in, src_mask)
+    for b in range(3):
+        expected = transformer_logits(model, src[b], int(lengths[b]), tgt_in[b], heads=4)
+        torch.testing.assert_close(logits[b], expected, rtol=1e-9, atol=1e-9)
+
+
+def test_future_targets_do_not_leak_into_earlier_positions():
+    model = build_transformer(tiny_config()).eval()
+    src, src_mask, _, tgt_in = pair_batch()
+    before = model(src, tgt_in, src_mask)
+    for i in range(1, tgt_in.shape[1]):
+        changed = tgt_in.clone()
+        changed[:, i:] = torch.randint(4, 50, changed[:, i:].shape)
+        after = model(src, changed, src_mask)
+        torch.testing.assert_close(after[:, :i], before[:, :i], rtol=0, atol=1e-6)
+        assert not torch.allclose(after[:, i:], before[:, i:])
+
+
+def test_padding_changes_no_real_position():
+    model = build_transformer(tiny_config()).eval()
+    src, src_mask, _, tgt_in = pair_batch()
+    before = model(src, tgt_in, src_mask)
+    memory = model.encode(src, src_mask)
+    noisy = src.masked_fill(~src_mask, 17)  # different tokens at padded positions only
+    after = model(noisy, tgt_in, src_mask)
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-6)
+    torch.testing.assert_close(model.encode(noisy, src_mask)[src_mask], memory[src_mask], rtol=0, atol=1e-6)
+    # A sentence decoded alone, unpadded, equals its row in the padded batch.
+    alone = model(src[2:3, :4], tgt_in[2:3], src_mask[2:3, :4])
+    torch.testing.assert_close(alone[0], before[2], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_incremental_decoding_equals_full_pass(norm_position, positional):
+    config = tiny_config(norm_position=norm_position)
+    config.positional.name = positional
+    model = build_transformer(config).eval()
+    src, src_mask, _, tgt_in = pair_batch()
+    full = model(src, tgt_in, src_mask)
+    state = model.start_decoding(model.encode(src, src_mask), src_mask)
+    for i in range(tgt_in.shape[1]):
+        step = model.decode_step(tgt_in[:, i], state)
+        torch.testing.assert_close(step, full[:, i], rtol=1e-5, atol=1e-5)
+
+
+def test_cache_follows_reorder():
+    model = build_transformer(tiny_config()).eval()
+    src, src_mask, _, tgt_in = pair_batch()
+    full = model(src, tgt_in, src_mask)
+    state = model.start_decoding(model.encode(src, src_mask), src_mask)
+    for i in range(3):
+        model.decode_step(tgt_in[:, i], state)
+    order = torch.tensor([2, 0])
+    state.reorder(order)
+    step = model.decode_step(tgt_in[order, 3], state)
+    torch.testing.assert_close(step, full[order, 3], rtol=1e-5, atol=1e-5)
+
+
+def test_one_weight_matrix_is_shared():
+    model = build_transformer(tiny_config())
+    assert model.src_embedding.weight is model.tgt_embedding.weight
+    assert model.output_weight is model.src_embedding.weight
+    # One tensor: a change through one view is seen by the others, and it is counted once.
+    with torch.no_grad():
+        model.src_embedding.weight[5, 0] = 123.0
+    assert model.output_weight[5, 0] == 123.0
+    unshared = build_transformer(tiny_config(share_embeddings=False))
+    assert unshared.src_embedding.weight is not unshared.tgt_embedding.weight
+    assert count_parameters(unshared) - count_parameters(model) == 2 * 50 * 32
+
+
+def test_embeddings_scaled_by_sqrt_d_model():
+    model = build_transformer(tiny_config()).eval()
+    tokens = torch.tensor([[7]])
+    x = model.src_embedding(tokens) * 32**0.5
+    expected = model.src_positional(x)
+    got = model._embed(tokens, model.src_embedding, model.src_positional)
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize(("preset", "paper"), [("base", 65e6), ("big", 213e6)])
+def test_parameter_counts_match_table_3(preset, paper):
+    model = build_transformer(getattr(TransformerConfig, preset)(vocab_size=37000))
+    assert abs(count_parameters(model) - paper) / paper < 0.03
+
+
+def test_big_preset_is_the_papers():
+    big = TransformerConfig.big()
+    assert (big.d_model, big.d_ff, big.n_heads, big.dropout) == (1024, 4096, 16, 0.3)
+    assert (big.encoder_layers, big.decoder_layers) == (6, 6)
+
+
+def test_config_round_trips_through_plain_dict():
+    config = tiny_config(share_embeddings=False)
+    config.self_attention.args = {"dropout": 0.1}
+    again = TransformerConfig.from_dict(config.to_dict())
+    assert again == config
+    with pytest.raises(ValueError, match="unknown transformer config keys.*'d_modle'"):
+        TransformerConfig.from_dict({"d_modle": 3})
+
+
+def test_d_model_not_divisible_by_heads_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"d_model \(30\) must be a positive multiple of n_heads \(4\)"):
+        build_transformer(tiny_config(d_model=30))
