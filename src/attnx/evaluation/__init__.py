@@ -1,0 +1,1 @@
+"""Scoring translations (sacreBLEU and the paper-style tokenized BLEU)."""

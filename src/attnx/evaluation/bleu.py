@@ -1,0 +1,123 @@
+"""Scoring translations: sacreBLEU BLEU and chrF with their signatures, plus the paper-style BLEU.
+
+**sacreBLEU** (Post 2018) scores detokenized text with its own fixed tokenization; its signature says exactly
+how, so the number can be compared across papers. This is the score to report.
+
+**Paper-style BLEU** reproduces how the paper's numbers were computed (tensor2tensor's
+``get_ende_bleu.sh``): Moses-tokenize hypotheses and references (``tokenizer.perl -l de``), split hyphenated
+compounds (``rich-text`` -> ``rich ##AT##-##AT## text``, the GNMT/ConvS2S convention), then corpus BLEU over
+those tokens as ``multi-bleu.perl`` computes it. It is usually higher than sacreBLEU and **not comparable
+to sacreBLEU**; it exists only to set our numbers beside the paper's Table 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from sacrebleu.metrics import BLEU, CHRF
+from sacremoses import MosesTokenizer
+
+COMPOUND = re.compile(r"(\S)-(\S)")
+"""tensor2tensor's ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``, with the same non-overlapping matches."""
+
+
+@dataclass
+class BleuReport:
+    """Corpus scores of ``n`` segments, each with what is needed to reproduce it."""
+
+    bleu: float
+    """sacreBLEU BLEU (default 13a tokenization, exponential smoothing)."""
+    chrf: float
+    """sacreBLEU chrF2."""
+    bleu_signature: str
+    chrf_signature: str
+    paper_bleu: float
+    """Moses-tokenized, compound-split, multi-bleu-style BLEU (the paper's procedure); not sacreBLEU."""
+    n: int
+
+    def lines(self) -> list[str]:
+        """Human-readable summary, one score per line, signatures included."""
+        return [
+            f"sacreBLEU BLEU = {self.bleu:.2f}  ({self.bleu_signature})",
+            f"sacreBLEU chrF2 = {self.chrf:.2f}  ({self.chrf_signature})",
+            f"paper-style tokenized BLEU = {self.paper_bleu:.2f}  (Moses tokenizer + ##AT## compound "
+            "splitting + multi-bleu, as tensor2tensor's get_ende_bleu.sh; not comparable to sacreBLEU)",
+            f"segments: {self.n}",
+        ]
+
+
+@lru_cache(maxsize=8)
+def _moses(lang: str) -> MosesTokenizer:
+    return MosesTokenizer(lang=lang)
+
+
+def paper_tokenize(text: str, lang: str = "de") -> str:
+    """Moses tokenization (no escaping) then compound splitting, as in tensor2tensor's get_ende_bleu.sh."""
+    tokens = _moses(lang).tokenize(text, escape=False, return_str=True)
+    return COMPOUND.sub(r"\1 ##AT##-##AT## \2", tokens)
+
+
+def paper_bleu(hypotheses: list[str], references: list[str], lang: str = "de") -> float:
+    """multi-bleu.perl over paper-tokenized text (sacreBLEU with ``tokenize='none'`` computes the same)."""
+    hyp = [paper_tokenize(h, lang) for h in hypotheses]
+    ref = [paper_tokenize(r, lang) for r in references]
+    return BLEU(tokenize="none", force=True).corpus_score(hyp, [ref]).score
+
+
+def score(hypotheses: list[str], references: list[str], lang: str = "de") -> BleuReport:
+    """Score detokenized ``hypotheses`` against one reference each; ``lang`` is the target language (Moses)."""
+    if len(hypotheses) != len(references):
+        raise ValueError(
+            f"{len(hypotheses)} hypotheses but {len(references)} references; they must pair up line by line"
+        )
+    bleu, chrf = BLEU(), CHRF()
+    return BleuReport(
+        bleu=bleu.corpus_score(hypotheses, [references]).score,
+        chrf=chrf.corpus_score(hypotheses, [references]).score,
+        bleu_signature=str(bleu.get_signature()),
+        chrf_signature=str(chrf.get_signature()),
+        paper_bleu=paper_bleu(hypotheses, references, lang),
+        n=len(hypotheses),
+    )
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Segments of a text file, one a line, trailing whitespace removed (as the ``sacrebleu`` command reads them)."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        return [line.rstrip() for line in f]
+
+
+def bleu_cli(hyp_path: str | Path, ref_path: str | Path, lang: str = "de") -> BleuReport:
+    """Score a hypothesis file against a reference file, line by line."""
+    return score(read_lines(hyp_path), read_lines(ref_path), lang)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attnx.evaluation.bleu",
+        description="Score a detokenized hypothesis file against a reference file: sacreBLEU BLEU and chrF "
+        "(with signatures) and the paper-style tokenized BLEU.",
+    )
+    parser.add_argument("hypotheses", type=Path, help="translations, one segment a line")
+    parser.add_argument("references", type=Path, help="references, one segment a line, same order")
+    parser.add_argument("--lang", default="de", help="target language for the Moses tokenizer (default de)")
+    args = parser.parse_args(argv)
+    for path in (args.hypotheses, args.references):
+        if not path.is_file():
+            parser.error(f"{path} does not exist")
+    try:
+        report = bleu_cli(args.hypotheses, args.references, args.lang)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(report.lines()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

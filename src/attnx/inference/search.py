@@ -1,0 +1,246 @@
+"""§6.1 Decoding: greedy and beam search over :meth:`Transformer.decode_step` (cached keys/values).
+
+The paper decodes with "beam search with a beam size of 4 and length penalty α = 0.6", a "maximum output
+length during inference to input length + 50, but terminate early when possible". Here:
+
+* **Length penalty.** A finished hypothesis ``Y`` (its tokens and the closing ``</s>``; ``|Y|`` counts the
+  ``</s>`` as tensor2tensor does) scores ``log P(Y) / lp(|Y|)`` with the GNMT penalty
+  ``lp(n) = ((5 + n) / 6) ** α`` (Wu et al. 2016, the paper's reference [38]), or ``n ** α`` with
+  ``length_penalty="fairseq"``. Live hypotheses are ranked by ``log P`` alone.
+* **Maximum length.** ``input length`` is the number of real source positions (``src_mask.sum(1)``, which
+  includes the source ``</s>``, as tensor2tensor and fairseq count it). A hypothesis holds at most
+  ``L = floor(max_len_a * input length + max_len_b)`` tokens before ``</s>``; at that point ``</s>`` is the
+  only token allowed (with its real log-probability), so a model that never ends a sentence stops at
+  exactly ``L`` tokens. ``L`` is also capped so that ``L + 1`` target positions fit the model
+  (``SearchConfig.max_positions``).
+* **The beam.** Each sentence owns ``beam`` slots. Each step, the live hypotheses' extensions are ranked by
+  ``log P`` and the best ``k`` are kept, where ``k`` is the number of slots not yet taken by finished
+  hypotheses; an extension ending in ``</s>`` takes its slot for good (the beam shrinks). So beam 1 is
+  exactly greedy search, and a beam wider than the number of possible prefixes is exhaustive search.
+* **Early termination.** A live hypothesis with ``t`` tokens and log-probability ``s <= 0`` can only end as
+  a hypothesis of total length ``m`` in ``[t + 1, L + 1]`` with log-probability ``s' <= s`` (log-probs of
+  further tokens are ``<= 0``). Its final score ``s' / lp(m)`` is therefore at most
+  ``s / max(lp(t + 1), lp(L + 1))``: ``s`` is negative, so dividing it by the *largest* reachable penalty
+  gives the largest value (for α >= 0 that is ``lp(L + 1)``, the GNMT form grows with length). A sentence
+  stops once the best live hypothesis's bound cannot beat the ``nbest``-th best finished score, so the
+  ``nbest`` best hypotheses returned are exactly those the full search would return. Stopped sentences
+  leave the batch (:meth:`DecoderState.reorder`), so work shrinks as sentences finish.
+
+``PAD`` and ``BOS`` are never generated; ``UNK`` is allowed. Encoder keys/values for the encoder-decoder
+attention are computed once per sentence (:meth:`Transformer.start_decoding`) and then repeated for the
+beam (:meth:`DecoderState.expand`). Nothing here needs Lightning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
+
+LengthPenalty = Literal["gnmt", "fairseq"]
+
+
+@dataclass
+class SearchConfig:
+    """How to decode (§6.1 defaults: beam 4, α = 0.6, maximum length input + 50)."""
+
+    beam: int = 4
+    """Beam size; 1 = greedy search."""
+    alpha: float = 0.6
+    """Length penalty exponent α."""
+    length_penalty: LengthPenalty = "gnmt"
+    """``gnmt``: ``((5 + |Y|) / 6) ** α`` (the paper's, §6.1); ``fairseq``: ``|Y| ** α``."""
+    max_len_a: float = 1.0
+    """Maximum output length = ``max_len_a * input length + max_len_b`` (paper: input length + 50)."""
+    max_len_b: int = 50
+    """See ``max_len_a``."""
+    max_positions: int | None = None
+    """Target positions the model accepts (its ``max_len``); caps the maximum output length. None: no cap."""
+
+
+@dataclass
+class Hypothesis:
+    """A finished translation: ``tokens`` without BOS/EOS, ``score = log_prob / lp(len(tokens) + 1)``."""
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+
+
+def length_penalty(length: int | float | Tensor, alpha: float, kind: LengthPenalty = "gnmt"):
+    """``lp(|Y|)``: GNMT ``((5 + |Y|) / 6) ** α`` or fairseq ``|Y| ** α``; ``|Y|`` counts the ``</s>``."""
+    if kind == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if kind == "fairseq":
+        return length**alpha
+    raise ValueError(f"length_penalty must be 'gnmt' or 'fairseq', got {kind!r}")
+
+
+def max_output_lengths(
+    src_mask: Tensor, max_len_a: float, max_len_b: int, max_positions: int | None = None
+) -> Tensor:
+    """Per-sentence ``L = floor(a * input length + b)`` ``(B,)``: tokens allowed before the forced ``</s>``."""
+    lengths = torch.floor(src_mask.sum(1).double() * max_len_a + max_len_b).long().clamp(min=0)
+    if max_positions is not None:
+        lengths = lengths.clamp(max=max_positions - 1)  # L tokens + </s> need L + 1 decoder positions
+    return lengths
+
+
+@contextlib.contextmanager
+def _decoding(model: nn.Module) -> Iterator[None]:
+    """Eval mode and no autograd for the duration, restoring the model's mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _next_log_probs(model: nn.Module, tokens: Tensor, state, at_max: Tensor) -> Tensor:
+    """Log-probabilities ``(N, V)`` of the next token, with PAD/BOS banned and ``</s>`` forced at ``at_max``."""
+    logits = model.decode_step(tokens, state)  # (N, V)
+    lprobs = torch.log_softmax(logits.float(), dim=-1)
+    lprobs[:, PAD_ID] = -math.inf
+    lprobs[:, BOS_ID] = -math.inf
+    if bool(at_max.any()):
+        eos = lprobs[:, EOS_ID].clone()
+        lprobs[at_max] = -math.inf
+        lprobs[:, EOS_ID] = eos
+    return lprobs
+
+
+def greedy_search(
+    model: nn.Module,
+    src: Tensor,
+    src_mask: Tensor,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    *,
+    max_positions: int | None = None,
+) -> list[list[int]]:
+    """The most probable next token at every step; returns each row's ids without BOS/EOS."""
+    with _decoding(model):
+        b = src.shape[0]
+        limits = max_output_lengths(src_mask, max_len_a, max_len_b, max_positions).to(src.device)
+        state = model.start_decoding(model.encode(src, src_mask), src_mask)
+        rows = torch.arange(b, device=src.device)  # sentence of each live row
+        history = torch.empty(b, 0, dtype=torch.long, device=src.device)
+        last = torch.full((b,), BOS_ID, dtype=torch.long, device=src.device)
+        results: list[list[int]] = [[] for _ in range(b)]
+        step = 0
+        while rows.numel():
+            lprobs = _next_log_probs(model, last, state, limits == step)
+            last = lprobs.argmax(dim=-1)  # (N,)
+            history = torch.cat([history, last.unsqueeze(1)], dim=1)
+            ended = last == EOS_ID
+            if bool(ended.any()):
+                for row, ids in zip(rows[ended].tolist(), history[ended, :-1].tolist(), strict=True):
+                    results[row] = ids
+                keep = (~ended).nonzero().squeeze(1)
+                state.reorder(keep)
+                rows, history, last, limits = rows[keep], history[keep], last[keep], limits[keep]
+            step += 1
+        return results
+
+
+def beam_search(
+    model: nn.Module,
+    src: Tensor,
+    src_mask: Tensor,
+    config: SearchConfig,
+    *,
+    nbest: int | None = None,
+) -> list[list[Hypothesis]]:
+    """Batched beam search (module docstring); per sentence, up to ``nbest`` (default: beam) hypotheses, best first."""
+    k = config.beam
+    if k < 1:
+        raise ValueError(f"beam must be >= 1, got {k}")
+    nbest = k if nbest is None else min(nbest, k)
+    device = src.device
+    with _decoding(model):
+        b = src.shape[0]
+        v = model.vocab_size
+        limits = max_output_lengths(src_mask, config.max_len_a, config.max_len_b, config.max_positions)
+        limits = limits.to(device)  # (B,) per live sentence
+        # Largest penalty a live hypothesis can still reach (see the module docstring); lp is monotone.
+        lp_final = length_penalty(limits.double() + 1, config.alpha, config.length_penalty)
+        state = model.start_decoding(model.encode(src, src_mask), src_mask)
+        state.expand(k)
+
+        sentences = torch.arange(b, device=device)  # (B',) original index of each live sentence
+        slots = torch.full((b,), k, dtype=torch.long, device=device)  # beam slots not taken by finished
+        best_finished = torch.full((b, nbest), -math.inf, device=device)  # (B', nbest) sorted scores
+        scores = torch.full((b, k), -math.inf, device=device)  # (B', K) log P of live hypotheses
+        scores[:, 0] = 0.0  # one live hypothesis (<s>) per sentence at first
+        history = torch.empty(b * k, 0, dtype=torch.long, device=device)  # (B'K, t) tokens so far
+        last = torch.full((b * k,), BOS_ID, dtype=torch.long, device=device)
+        finished: list[list[Hypothesis]] = [[] for _ in range(b)]
+        rank = torch.arange(k, device=device)
+
+        t = 0  # tokens in every live hypothesis
+        while sentences.numel():
+            n = sentences.numel()
+            at_max = (limits == t).repeat_interleave(k)
+            lprobs = _next_log_probs(model, last, state, at_max)  # (B'K, V)
+            cand = (scores.view(-1, 1) + lprobs).view(n, k * v)
+            top, index = cand.topk(k, dim=1)  # (B', K) best extensions, sorted
+            origin, token = index // v, index % v  # beam slot extended, token appended
+            taken = (rank < slots.unsqueeze(1)) & (top > -math.inf)
+            ends = taken & (token == EOS_ID)
+            live = taken & (token != EOS_ID)
+
+            if bool(ends.any()):
+                lp = length_penalty(t + 1, config.alpha, config.length_penalty)
+                normalized = top / lp
+                sent, col = ends.nonzero(as_tuple=True)
+                src_rows = sent * k + origin[sent, col]
+                for s, ids, score, logp in zip(
+                    sentences[sent].tolist(),
+                    history[src_rows].tolist(),
+                    normalized[sent, col].tolist(),
+                    top[sent, col].tolist(),
+                    strict=True,
+                ):
+                    finished[s].append(Hypothesis(ids, score, logp))
+                slots = slots - ends.sum(1)
+                merged = torch.cat([best_finished, normalized.masked_fill(~ends, -math.inf)], dim=1)
+                best_finished = merged.topk(nbest, dim=1).values
+
+            # Live extensions first, in score order, into the K slots; the rest are dead (-inf).
+            order = (~live).to(torch.int8).argsort(dim=1, stable=True)
+            scores = top.gather(1, order).masked_fill(~live.gather(1, order), -math.inf)
+            origin, token = origin.gather(1, order), token.gather(1, order)
+            t += 1
+
+            lp_now = length_penalty(float(t + 1), config.alpha, config.length_penalty)
+            bound = scores[:, 0].double() / torch.clamp(lp_final, min=lp_now)
+            done = (slots == 0) | (bound <= best_finished[:, -1].double())
+
+            keep = (~done).nonzero().squeeze(1)
+            rows = (keep.unsqueeze(1) * k + origin[keep]).view(-1)  # back-pointers of surviving sentences
+            state.reorder(rows)
+            last = token[keep].view(-1)
+            history = torch.cat([history[rows], last.unsqueeze(1)], dim=1)
+            sentences, slots, scores = sentences[keep], slots[keep], scores[keep]
+            limits, lp_final, best_finished = limits[keep], lp_final[keep], best_finished[keep]
+
+        return [sorted(h, key=lambda h: h.score, reverse=True)[:nbest] for h in finished]
+
+
+def translate_batch(model: nn.Module, src: Tensor, src_mask: Tensor, config: SearchConfig) -> list[list[int]]:
+    """Best translation ids per row (no BOS/EOS): greedy when ``config.beam == 1``, else beam search."""
+    if config.beam == 1:
+        return greedy_search(
+            model, src, src_mask, config.max_len_a, config.max_len_b, max_positions=config.max_positions
+        )
+    nbest = beam_search(model, src, src_mask, config, nbest=1)
+    return [hyps[0].tokens if hyps else [] for hyps in nbest]
