@@ -72,3 +72,14 @@ def test_self_attention_cache_grows_and_static_cache_is_reused():
 def test_heads_must_divide_d_model():
     with pytest.raises(ValueError, match=r"d_model \(30\) must be divisible by the number of heads \(4\)"):
         MultiHeadAttention(30, 4)
+
+
+def test_key_and_value_sizes_can_differ_from_d_model_over_heads():
+    """Table 3 (B): d_k reduced with h and d_model fixed; the output keeps d_model."""
+    attn = MultiHeadAttention(32, 4, d_k=3, d_v=5)
+    assert (
+        attn.q_proj.out_features == 12 and attn.v_proj.out_features == 20 and attn.out_proj.in_features == 20
+    )
+    x = torch.randn(2, 4, 32)
+    assert attn(x, x, causal=True).shape == (2, 4, 32)
+    assert attn(x, x, need_weights=True)[1].shape == (2, 4, 4, 4)

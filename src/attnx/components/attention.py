@@ -18,24 +18,34 @@ class MultiHeadAttention(nn.Module):
     §3.2.1 scaled dot-product attention ``softmax(Q K^T / sqrt(d_k)) V`` runs through
     :func:`torch.nn.functional.scaled_dot_product_attention` (same result, fused kernel); the explicit
     computation is used only when the weights themselves are asked for. ``dropout`` acts on the attention
-    weights; the paper uses none there (0.0), only on sub-layer outputs.
+    weights; the paper uses none there (0.0), only on sub-layer outputs. ``d_k`` / ``d_v`` default to
+    ``d_model / n_heads``; setting them gives Table 3's rows (A) and (B).
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        d_k: int | None = None,
+        d_v: int | None = None,
+    ) -> None:
         super().__init__()
-        if n_heads <= 0 or d_model % n_heads:
+        if n_heads <= 0 or (d_model % n_heads and (d_k is None or d_v is None)):
             raise ValueError(
                 f"d_model ({d_model}) must be divisible by the number of heads ({n_heads}); "
                 f"d_k = d_v = d_model / heads. Choose e.g. heads in "
-                f"{[h for h in (1, 2, 4, 8, 16, 32) if d_model % h == 0]}."
+                f"{[h for h in (1, 2, 4, 8, 16, 32) if d_model % h == 0]}, or set d_k and d_v explicitly."
             )
         self.n_heads = n_heads
-        self.d_k = d_model // n_heads
+        self.d_k = d_k or d_model // n_heads  # Table 3 (B) varies d_k alone
+        self.d_v = d_v or d_model // n_heads
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.q_proj = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_heads * self.d_v, bias=bias)
+        self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(proj.weight)
             if bias:
@@ -43,7 +53,7 @@ class MultiHeadAttention(nn.Module):
 
     def _heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
+        return x.view(b, t, self.n_heads, -1).transpose(1, 2)  # (B, H, T, d_k or d_v)
 
     def forward(
         self,
@@ -55,7 +65,7 @@ class MultiHeadAttention(nn.Module):
         cache: AttentionCache | None = None,
         need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        b, t, d = query.shape
+        b, t, _ = query.shape
         q = self._heads(self.q_proj(query))  # (B, H, T, d_k)
         offset = 0
         if cache is not None and cache.static and cache.k is not None:
@@ -84,7 +94,7 @@ class MultiHeadAttention(nn.Module):
         else:
             mask = attention_mask(key_mask, causal, t, s, offset, query.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        out = self.out_proj(out.transpose(1, 2).reshape(b, t, d))  # (B, T, D)
+        out = self.out_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
         return (out, weights) if need_weights else out
 
 
