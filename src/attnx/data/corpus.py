@@ -1,0 +1,157 @@
+"""A prepared corpus on disk and its memory-mapped reader.
+
+``attnx prepare`` writes one directory::
+
+    meta.json                  languages, vocabulary, splits with their counts, what was dropped and why,
+                               the settings and the fingerprint of the inputs
+    spm.model, spm.vocab       the joint SentencePiece BPE model (§5.1: shared source-target vocabulary)
+    {split}.{lang}.bin         every token id of the split, one flat array (uint16, or int32 for ≥ 65,536 pieces)
+    {split}.{lang}.idx.npy     int64 offsets: sentence i is ids[idx[i]:idx[i + 1]]   (n + 1 entries)
+    {split}.{lang}.len.npy     int32 sentence lengths in tokens, without BOS/EOS     (n entries)
+    {split}.{lang}             normalized text, one segment a line (every split but train): what is scored
+
+Everything numeric is opened with ``np.memmap``: loading a 4.5M-pair corpus reads a few kilobytes, creates
+no Python object per sentence, and DDP ranks share the page cache instead of each holding a copy.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from attnx.data.errors import DataError
+from attnx.data.tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+META = "meta.json"
+SPM_MODEL = "spm.model"
+
+
+def ids_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size < 2**16 else np.int32)
+
+
+def _open(path: Path, dtype: np.dtype | str) -> np.ndarray:
+    """Read-only memory map of a raw array (``np.memmap`` refuses empty files; those become empty arrays)."""
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+class ParallelDataset(Dataset):
+    """One binarized split: ``dataset[i]`` is ``(src_ids, tgt_ids)``, two small numpy arrays without BOS/EOS.
+
+    ``src_lengths``/``tgt_lengths`` are memory-mapped int32 arrays, what token-budget batching sorts on.
+    Pickling (to DataLoader workers) carries paths, not data; each process maps the files itself.
+    """
+
+    def __init__(self, data_dir: str | Path, split: str, src_lang: str, tgt_lang: str, dtype: str) -> None:
+        self.data_dir, self.split = Path(data_dir), split
+        self.src_lang, self.tgt_lang, self.dtype = src_lang, tgt_lang, dtype
+        self._map()
+
+    def _map(self) -> None:
+        def side(lang: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            stem = self.data_dir / f"{self.split}.{lang}"
+            ids = _open(stem.with_name(stem.name + ".bin"), self.dtype)
+            offsets = np.load(stem.with_name(stem.name + ".idx.npy"), mmap_mode="r")
+            lengths = np.load(stem.with_name(stem.name + ".len.npy"), mmap_mode="r")
+            return ids, offsets, lengths
+
+        self.src_ids, self.src_offsets, self.src_lengths = side(self.src_lang)
+        self.tgt_ids, self.tgt_offsets, self.tgt_lengths = side(self.tgt_lang)
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        so, to = self.src_offsets, self.tgt_offsets
+        return np.array(self.src_ids[so[i] : so[i + 1]]), np.array(self.tgt_ids[to[i] : to[i + 1]])
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("data_dir", "split", "src_lang", "tgt_lang", "dtype")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._map()
+
+
+class PreparedCorpus:
+    """Reader of a directory written by ``attnx prepare``.
+
+    Args:
+        data_dir: the ``--out`` directory of ``attnx prepare``.
+    """
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.data_dir = Path(data_dir)
+        meta_path = self.data_dir / META
+        if not meta_path.is_file():
+            raise DataError(
+                f"{self.data_dir} is not a prepared corpus (no {META}); create it with `attnx prepare --out {self.data_dir} ...`"
+            )
+        self.meta: dict[str, Any] = json.loads(meta_path.read_text())
+        if self.meta.get("format_version") != FORMAT_VERSION:
+            raise DataError(
+                f"{self.data_dir} was prepared in format {self.meta.get('format_version')}, this attnx reads "
+                f"format {FORMAT_VERSION}: run `attnx prepare` again"
+            )
+
+    @property
+    def src_lang(self) -> str:
+        return self.meta["src_lang"]
+
+    @property
+    def tgt_lang(self) -> str:
+        return self.meta["tgt_lang"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.meta["vocab_size"]
+
+    @property
+    def splits(self) -> list[str]:
+        """Split names, train first, in the order they were prepared."""
+        return list(self.meta["splits"])
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer.load(self.data_dir / SPM_MODEL)
+
+    def _check(self, split: str) -> None:
+        if split not in self.meta["splits"]:
+            raise DataError(f"{self.data_dir} has no split {split!r}; it has {', '.join(self.splits)}")
+
+    def dataset(self, split: str) -> ParallelDataset:
+        """The memory-mapped ``(src_ids, tgt_ids)`` pairs of ``split``."""
+        self._check(split)
+        return ParallelDataset(self.data_dir, split, self.src_lang, self.tgt_lang, self.meta["dtype"])
+
+    def _text(self, split: str, lang: str) -> list[str]:
+        self._check(split)
+        path = self.data_dir / f"{split}.{lang}"
+        if not path.is_file():
+            raise DataError(
+                f"{self.data_dir} keeps no text of split {split!r} (the training text is not kept; "
+                "only validation and test text is, to score against)"
+            )
+        lines = path.read_text(encoding="utf-8").split("\n")
+        return lines[:-1] if lines[-1] == "" else lines
+
+    def sources(self, split: str) -> list[str]:
+        """The normalized source text of ``split``, one segment per pair, in corpus order."""
+        return self._text(split, self.src_lang)
+
+    def references(self, split: str) -> list[str]:
+        """The normalized target text of ``split`` (the references sacreBLEU scores against)."""
+        return self._text(split, self.tgt_lang)
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{name}={info['pairs']}" for name, info in self.meta["splits"].items())
+        return f"PreparedCorpus({str(self.data_dir)!r}, {self.src_lang}-{self.tgt_lang}, vocab {self.vocab_size}, {sizes})"

@@ -1,0 +1,162 @@
+"""The Lightning side of the data pipeline: a prepared corpus → token-budget batches of :class:`Batch`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.utils.data import DataLoader
+
+from attnx.data.batching import BatchDataset, TokenBatchSampler, no_collate
+from attnx.data.corpus import PreparedCorpus
+from attnx.data.tokenizer import Tokenizer
+
+
+class TranslationDataModule(L.LightningDataModule):
+    """Batches of a corpus written by ``attnx prepare``, grouped by length within a token budget (§5.1).
+
+    Training batches hold at most ``max_tokens`` source and at most ``max_tokens`` target tokens, padding and
+    EOS/BOS included. They are fixed for a ``seed`` and visited in a new seeded order each epoch, identical on
+    every run with the same seed. Under DDP each rank gets different batches and all ranks the same number
+    (the list is padded by repeating batches). The position in the epoch is saved in checkpoints
+    (:meth:`state_dict`), so a run resumed mid-epoch continues with the very next batch.
+
+    Validation, test and predict batches are sorted by length, in a fixed order, each pair exactly once and
+    carrying ``Batch.index`` (its line in the split) to restore corpus order. They are not sharded: under DDP every
+    rank iterates the whole split, so metrics are exact and equal on all ranks (decode a test set on rank 0 alone,
+    or on one device, to write its translations once).
+
+    Args:
+        data_dir: directory written by ``attnx prepare``.
+        max_tokens: padded tokens per side in a training batch (the paper: about 25,000 over 8 GPUs).
+        eval_max_tokens: the same for validation/test/predict batches; default ``max_tokens``.
+        seed: seeds the batches' composition and their order in each epoch.
+        num_workers: DataLoader worker processes; 0 gathers and pads batches in the training process.
+        train_split: split name used for training.
+        valid_split: split name used for validation.
+        test_split: split name used for test and predict.
+        pin_memory: page-lock batches for faster copies to a GPU.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        max_tokens: int = 4096,
+        eval_max_tokens: int | None = None,
+        seed: int = 1,
+        num_workers: int = 0,
+        train_split: str = "train",
+        valid_split: str = "valid",
+        test_split: str = "test",
+        pin_memory: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.data_dir = data_dir
+        self.max_tokens = max_tokens
+        self.eval_max_tokens = eval_max_tokens or max_tokens
+        self.seed = seed
+        self.num_workers = num_workers
+        self.train_split, self.valid_split, self.test_split = train_split, valid_split, test_split
+        self.pin_memory = pin_memory
+        self._corpus = PreparedCorpus(data_dir)
+        self._train_sampler: TokenBatchSampler | None = None
+        self._resume: dict[str, Any] | None = None
+
+    @property
+    def corpus(self) -> PreparedCorpus:
+        return self._corpus
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._corpus.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self._corpus.vocab_size
+
+    def _world(self) -> tuple[int, int]:
+        """(world size, rank) from the trainer, else from ``torch.distributed``, else a single process."""
+        if self.trainer is not None:
+            return self.trainer.world_size, self.trainer.global_rank
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_world_size(), torch.distributed.get_rank()
+        return 1, 0
+
+    @property
+    def train_sampler(self) -> TokenBatchSampler:
+        """The training batch sampler (built on first use, then kept: it carries the epoch and position)."""
+        if self._train_sampler is None:
+            dataset = self._corpus.dataset(self.train_split)
+            world_size, rank = self._world()
+            self._train_sampler = TokenBatchSampler(
+                dataset.src_lengths,
+                dataset.tgt_lengths,
+                self.max_tokens,
+                seed=self.seed,
+                shuffle=True,
+                num_replicas=world_size,
+                rank=rank,
+            )
+            if self._resume is not None:
+                self._train_sampler.load_state_dict(self._resume)
+                self._resume = None
+        return self._train_sampler
+
+    def _loader(self, split: str, sampler: TokenBatchSampler) -> DataLoader:
+        return DataLoader(
+            BatchDataset(self._corpus.dataset(split)),
+            sampler=sampler,
+            batch_size=None,
+            collate_fn=no_collate,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=self.pin_memory,
+        )
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        dataset = self._corpus.dataset(split)
+        sampler = TokenBatchSampler(
+            dataset.src_lengths,
+            dataset.tgt_lengths,
+            self.eval_max_tokens,
+            shuffle=False,
+            allow_oversized=True,
+        )
+        return self._loader(split, sampler)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_split, self.train_sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.valid_split)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.test_split)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.test_split)
+
+    def _consumed(self) -> int | None:
+        """Training batches finished in this epoch, from the trainer when fitting (workers may run ahead)."""
+        trainer = self.trainer
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training sampler's epoch and the batches consumed in it (Lightning stores this in checkpoints)."""
+        if self._train_sampler is None:
+            return dict(self._resume or {})
+        return self._train_sampler.state_dict(self._consumed())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the training batch order where :meth:`state_dict` left it."""
+        if not state:
+            return
+        if self._train_sampler is None:
+            self._resume = dict(state)
+        else:
+            self._train_sampler.load_state_dict(state)

@@ -1,0 +1,462 @@
+"""``attnx prepare``: raw parallel text → joint SentencePiece BPE model → memory-mapped binarized corpus.
+
+Pipeline, one pass per step over each split:
+
+1. read every split (plain or gzip, strict UTF-8), normalize whitespace, check that the two sides align;
+   training pairs with a blank side are dropped and counted, any other split must be complete;
+2. train one SentencePiece BPE model on the source and target training text together (§5.1, shared vocabulary),
+   with attnx's fixed special ids (pad 0, unk 1, bos 2, eos 3);
+3. encode every split on all cores, drop training pairs over ``--max_len`` tokens or the ``--max_ratio`` length
+   ratio (counted, never validation or test pairs), and write the flat id arrays, offsets and lengths;
+4. write ``meta.json`` last: a directory without it is incomplete, whatever else is there.
+
+A re-run with the same input files (path, size, modification time) and settings reuses the directory; a changed
+input or setting rebuilds it (and retrains SentencePiece only if its own inputs or settings changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+from tqdm import tqdm
+
+from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from attnx.data.corpus import FORMAT_VERSION, META, SPM_MODEL, ids_dtype
+from attnx.data.errors import DataError
+from attnx.data.text import read_chunks, read_pairs, resolve
+from attnx.data.tokenizer import Tokenizer
+
+TRAIN = "train"
+SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+@dataclass
+class Settings:
+    """Everything that determines the prepared corpus besides the input files."""
+
+    src_lang: str
+    tgt_lang: str
+    vocab_size: int = 8000
+    max_len: int = 250
+    max_ratio: float = 3.0
+    sample_size: int = 10_000_000
+    character_coverage: float = 1.0
+    seed: int = 1
+
+    def spm_part(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("vocab_size", "sample_size", "character_coverage", "seed")}
+
+
+@dataclass
+class Inputs:
+    """Split name → (source files, target files); train may concatenate several corpora."""
+
+    splits: dict[str, tuple[list[Path], list[Path]]] = field(default_factory=dict)
+
+    @classmethod
+    def from_prefixes(cls, prefixes: dict[str, list[str]], src_lang: str, tgt_lang: str) -> Inputs:
+        splits = {}
+        for name, ps in prefixes.items():
+            splits[name] = ([resolve(p, src_lang) for p in ps], [resolve(p, tgt_lang) for p in ps])
+        return cls(splits)
+
+
+def _file_stat(path: Path) -> list[Any]:
+    st = path.stat()
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def fingerprints(inputs: Inputs, settings: Settings) -> tuple[str, str]:
+    """(whole corpus, SentencePiece model): digests of input file stats and the settings that shape each."""
+    stats = {name: [[_file_stat(p) for p in side] for side in sides] for name, sides in inputs.splits.items()}
+    spm_fp = _digest({"format": FORMAT_VERSION, "train": stats[TRAIN], **settings.spm_part()})
+    corpus_fp = _digest({"format": FORMAT_VERSION, "inputs": stats, "settings": asdict(settings)})
+    return corpus_fp, spm_fp
+
+
+def _read_meta(out: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((out / META).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# --- step 1: read, check, normalize ---------------------------------------------------------------------
+
+
+def normalize_split(
+    name: str, srcs: list[Path], tgts: list[Path], src_out: Path, tgt_out: Path
+) -> tuple[int, Counter[str]]:
+    """Write the normalized, aligned text of one split; return (pairs read, dropped by reason)."""
+    dropped: Counter[str] = Counter()
+    n_read = 0
+    with (
+        open(src_out, "w", encoding="utf-8") as fs,
+        open(tgt_out, "w", encoding="utf-8") as ft,
+        tqdm(desc=f"read {name}", unit=" pairs", disable=None, leave=False) as bar,
+    ):
+        for src, tgt in zip(srcs, tgts, strict=True):
+            for s, t in read_pairs(src, tgt, dropped if name == TRAIN else None):
+                if s:
+                    fs.write("\n".join(s) + "\n")
+                    ft.write("\n".join(t) + "\n")
+                n_read += len(s)
+                bar.update(len(s))
+    n_read += dropped["blank"]
+    if name == TRAIN and n_read == dropped["blank"]:
+        raise DataError(f"every training pair has a blank side ({', '.join(map(str, srcs + tgts))})")
+    return n_read, dropped
+
+
+# --- step 2: the joint SentencePiece model ----------------------------------------------------------------
+
+
+def train_sentencepiece(texts: list[Path], out: Path, settings: Settings, workers: int) -> None:
+    """Train the joint BPE model on ``texts`` (both languages) into ``out/spm.model``."""
+    spm.set_random_generator_seed(settings.seed)
+    print(f"training SentencePiece BPE, {settings.vocab_size} pieces, on {' + '.join(map(str, texts))}")
+    try:
+        spm.SentencePieceTrainer.train(
+            input=[str(t) for t in texts],
+            model_prefix=str(out / Path(SPM_MODEL).stem),
+            model_type="bpe",
+            vocab_size=settings.vocab_size,
+            character_coverage=settings.character_coverage,
+            input_sentence_size=settings.sample_size,
+            shuffle_input_sentence=True,
+            num_threads=workers,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            pad_piece="<pad>",
+            unk_piece="<unk>",
+            bos_piece="<s>",
+            eos_piece="</s>",
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        message = str(e)
+        if m := re.search(r"set it to a value <= (\d+)", message):
+            raise DataError(
+                f"--vocab_size {settings.vocab_size} is more than this training text supports; "
+                f"use --vocab_size {m.group(1)} or less"
+            ) from None
+        if m := re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message):
+            raise DataError(
+                f"--vocab_size {settings.vocab_size} is less than the {m.group(2)} pieces this text needs "
+                f"(its characters plus 4 special ids); use a larger --vocab_size or a --character_coverage below "
+                f"{settings.character_coverage}"
+            ) from None
+        raise DataError(f"SentencePiece training failed: {message}") from None
+
+
+# --- step 3: encode and binarize --------------------------------------------------------------------------
+
+
+@dataclass
+class SplitStats:
+    pairs: int
+    src_tokens: int
+    tgt_tokens: int
+    read: int
+    dropped: dict[str, int]
+    inputs: dict[str, list[str]]
+
+
+def encode_split(
+    name: str,
+    src_text: Path,
+    tgt_text: Path,
+    out: Path,
+    tokenizer: Tokenizer,
+    settings: Settings,
+    workers: int,
+    dropped: Counter[str],
+) -> tuple[int, int, int]:
+    """Encode one normalized split into ``{name}.{lang}.bin/.idx.npy/.len.npy``; return (pairs, src, tgt tokens).
+
+    Training pairs over ``max_len`` tokens or the ``max_ratio`` length ratio are dropped and counted.
+    """
+    dtype = ids_dtype(tokenizer.vocab_size)
+    lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
+    langs = {"src": settings.src_lang, "tgt": settings.tgt_lang}
+    files = {side: open(out / f"{name}.{lang}.bin", "wb") for side, lang in langs.items()}  # noqa: SIM115
+    try:
+        with tqdm(desc=f"encode {name}", unit=" pairs", disable=None, leave=False) as bar:
+            for s, t in zip(read_chunks(src_text), read_chunks(tgt_text), strict=True):
+                ids = {"src": tokenizer.encode_batch(s, workers), "tgt": tokenizer.encode_batch(t, workers)}
+                lens = {side: np.fromiter(map(len, x), np.int32, len(x)) for side, x in ids.items()}
+                if name == TRAIN:
+                    keep = _keep(lens["src"], lens["tgt"], settings, dropped)
+                    if not keep.all():
+                        ids = {side: [x[i] for i in np.flatnonzero(keep)] for side, x in ids.items()}
+                        lens = {side: x[keep] for side, x in lens.items()}
+                for side, x in ids.items():
+                    flat = np.fromiter((i for seq in x for i in seq), dtype, int(lens[side].sum()))
+                    files[side].write(flat.tobytes())
+                    lengths[side].append(lens[side])
+                bar.update(len(s))
+    finally:
+        for f in files.values():
+            f.close()
+    totals = []
+    for side, lang in langs.items():
+        lens = np.concatenate(lengths[side]) if lengths[side] else np.zeros(0, np.int32)
+        offsets = np.zeros(len(lens) + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        np.save(out / f"{name}.{lang}.len.npy", lens)
+        np.save(out / f"{name}.{lang}.idx.npy", offsets)
+        totals.append(int(offsets[-1]))
+    n = len(lengths["src"]) and sum(map(len, lengths["src"]))
+    if n == 0:
+        raise DataError(
+            f"no training pair is left after dropping pairs over --max_len {settings.max_len} tokens or "
+            f"--max_ratio {settings.max_ratio} ({dict(dropped)})"
+        )
+    return n, totals[0], totals[1]
+
+
+def _keep(src: np.ndarray, tgt: np.ndarray, settings: Settings, dropped: Counter[str]) -> np.ndarray:
+    """fairseq/Moses-style cleaning: tokens in [1, max_len] on both sides and a bounded length ratio."""
+    too_long = (src > settings.max_len) | (tgt > settings.max_len)
+    empty = ~too_long & ((src == 0) | (tgt == 0))  # text that encodes to nothing
+    ratio = np.maximum(src, tgt) / np.maximum(np.minimum(src, tgt), 1)
+    bad_ratio = ~too_long & ~empty & (ratio > settings.max_ratio)
+    dropped["too_long"] += int(too_long.sum())
+    dropped["empty"] += int(empty.sum())
+    dropped["ratio"] += int(bad_ratio.sum())
+    return ~(too_long | empty | bad_ratio)
+
+
+# --- the whole pipeline ---------------------------------------------------------------------------------
+
+
+def prepare(
+    inputs: Inputs, out: str | Path, settings: Settings, workers: int | None = None
+) -> dict[str, Any]:
+    """Build (or reuse) the prepared corpus in ``out``; return its ``meta.json`` content."""
+    if TRAIN not in inputs.splits:
+        raise DataError("a training split is required (--train)")
+    out, workers = Path(out), workers or os.cpu_count() or 1
+    corpus_fp, spm_fp = fingerprints(inputs, settings)
+    old = _read_meta(out)
+    if old and old.get("fingerprint") == corpus_fp and _complete(out, old):
+        old["reused"] = True
+        return old
+    out.mkdir(parents=True, exist_ok=True)
+    (out / META).unlink(missing_ok=True)  # incomplete until the new one is written
+    work = out / "tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    start = time.perf_counter()
+    try:
+        stats: dict[str, SplitStats] = {}
+        texts: dict[str, tuple[Path, Path]] = {}
+        for name, (srcs, tgts) in inputs.splits.items():
+            where = work if name == TRAIN else out
+            texts[name] = (where / f"{name}.{settings.src_lang}", where / f"{name}.{settings.tgt_lang}")
+            read, dropped = normalize_split(name, srcs, tgts, *texts[name])
+            stats[name] = SplitStats(
+                0, 0, 0, read, dict(dropped), {"src": list(map(str, srcs)), "tgt": list(map(str, tgts))}
+            )
+
+        reuse_spm = old is not None and old.get("spm_fingerprint") == spm_fp and (out / SPM_MODEL).is_file()
+        if not reuse_spm:
+            train_sentencepiece(list(texts[TRAIN]), out, settings, workers)
+        tokenizer = Tokenizer.load(out / SPM_MODEL)
+
+        for name, (src_text, tgt_text) in texts.items():
+            dropped = Counter(stats[name].dropped)
+            pairs, src_tokens, tgt_tokens = encode_split(
+                name, src_text, tgt_text, out, tokenizer, settings, workers, dropped
+            )
+            stats[name].pairs, stats[name].src_tokens, stats[name].tgt_tokens = pairs, src_tokens, tgt_tokens
+            stats[name].dropped = {k: v for k, v in dropped.items() if v}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "src_lang": settings.src_lang,
+        "tgt_lang": settings.tgt_lang,
+        "vocab_size": tokenizer.vocab_size,
+        "dtype": ids_dtype(tokenizer.vocab_size).name,
+        "splits": {name: asdict(s) for name, s in stats.items()},
+        "settings": asdict(settings),
+        "fingerprint": corpus_fp,
+        "spm_fingerprint": spm_fp,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+    _remove_stale(out, meta)
+    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+    meta["reused"] = False
+    return meta
+
+
+def _expected_files(meta: dict[str, Any]) -> list[str]:
+    files = [SPM_MODEL, Path(SPM_MODEL).with_suffix(".vocab").name]
+    for name in meta["splits"]:
+        for lang in (meta["src_lang"], meta["tgt_lang"]):
+            files += [f"{name}.{lang}.bin", f"{name}.{lang}.idx.npy", f"{name}.{lang}.len.npy"]
+            if name != TRAIN:
+                files.append(f"{name}.{lang}")
+    return files
+
+
+def _complete(out: Path, meta: dict[str, Any]) -> bool:
+    return all((out / f).is_file() for f in _expected_files(meta))
+
+
+def _remove_stale(out: Path, meta: dict[str, Any]) -> None:
+    """Delete split files of an earlier run that this one no longer has (a removed test set, other languages)."""
+    keep = set(_expected_files(meta)) | {META}
+    for path in out.iterdir():
+        if path.is_file() and path.name not in keep and re.search(r"\.(bin|idx\.npy|len\.npy)$", path.name):
+            path.unlink()
+
+
+# --- command line -----------------------------------------------------------------------------------------
+
+
+def report(meta: dict[str, Any]) -> str:
+    lines = [
+        f"{'reused' if meta.get('reused') else 'prepared'} {meta['src_lang']}-{meta['tgt_lang']} corpus, "
+        f"vocabulary {meta['vocab_size']} ({meta['dtype']} ids)"
+    ]
+    for name, s in meta["splits"].items():
+        line = f"  {name}: {s['pairs']:,} pairs, {s['src_tokens']:,} + {s['tgt_tokens']:,} tokens"
+        if s["dropped"]:
+            reasons = {
+                "blank": "with a blank side",
+                "too_long": f"over {meta['settings']['max_len']} tokens",
+                "ratio": f"over length ratio {meta['settings']['max_ratio']}",
+                "empty": "that encode to no token",
+            }
+            parts = [f"{n:,} {reasons.get(k, k)}" for k, n in s["dropped"].items()]
+            line += f"; dropped {sum(s['dropped'].values()):,} of {s['read']:,}: " + ", ".join(parts)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _named(value: str, default: str) -> tuple[str, str]:
+    name, sep, prefix = value.partition("=")
+    if not sep:
+        return default, value
+    if not SPLIT_NAME.fullmatch(name) or name == TRAIN:
+        raise DataError(
+            f"bad split name {name!r} in {value!r}: use letters, digits, '_', '.', '-', not 'train'"
+        )
+    return name, prefix
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="attnx prepare",
+        description=(
+            "Train one joint SentencePiece BPE model on the training text of both languages and write a "
+            "memory-mapped binarized corpus (plus the normalized text of every non-training split). A split "
+            "PREFIX means the files PREFIX.SRC_LANG and PREFIX.TGT_LANG, each plain or .gz, one segment a line."
+        ),
+        epilog=(
+            "example: attnx prepare --src_lang en --tgt_lang de --train data/raw/multi30k/train "
+            "--valid data/raw/multi30k/val --test data/raw/multi30k/test_2016_flickr --vocab_size 8000 "
+            "--out data/multi30k"
+        ),
+    )
+    p.add_argument("--src_lang", required=True, help="source language code: the file suffix, e.g. en")
+    p.add_argument("--tgt_lang", required=True, help="target language code: the file suffix, e.g. de")
+    p.add_argument(
+        "--train", required=True, action="append", metavar="PREFIX",
+        help="training corpus prefix; repeat to concatenate several corpora (e.g. europarl, commoncrawl)",
+    )  # fmt: skip
+    p.add_argument("--valid", metavar="[NAME=]PREFIX", help="validation set prefix (split name: valid)")
+    p.add_argument(
+        "--test", action="append", default=[], metavar="[NAME=]PREFIX",
+        help="test set prefix, split name 'test' unless NAME= is given; repeat for more (newstest2014=PATH)",
+    )  # fmt: skip
+    p.add_argument(
+        "--out", required=True, help="output directory (created; reused when inputs and settings match)"
+    )
+    p.add_argument(
+        "--vocab_size", type=int, default=8000, help="pieces in the joint BPE vocabulary (default 8000)"
+    )
+    p.add_argument(
+        "--max_len", type=int, default=250,
+        help="drop training pairs with more tokens than this on either side (default 250)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max_ratio", type=float, default=3.0,
+        help="drop training pairs whose longer side has more than this many times the tokens of the shorter (default 3.0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--sample_size", type=int, default=10_000_000,
+        help="SentencePiece trains on a random sample of this many sentences (default 10,000,000)",
+    )  # fmt: skip
+    p.add_argument(
+        "--character_coverage", type=float, default=1.0,
+        help="share of characters the vocabulary must cover; rarer ones become <unk> (default 1.0)",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=1, help="seed of SentencePiece's sampling (default 1)")
+    p.add_argument(
+        "--workers", type=int, default=None,
+        help="threads for SentencePiece training and encoding (default: every core)",
+    )  # fmt: skip
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        if args.vocab_size < 8 or args.max_len < 1 or args.max_ratio < 1 or args.sample_size < 1:
+            raise DataError("--vocab_size must be ≥ 8, --max_len ≥ 1, --max_ratio ≥ 1 and --sample_size ≥ 1")
+        if args.src_lang == args.tgt_lang:
+            raise DataError(f"--src_lang and --tgt_lang are both {args.src_lang!r}")
+        prefixes: dict[str, list[str]] = {TRAIN: args.train}
+        for value, default in [(args.valid, "valid")] * bool(args.valid) + [(t, "test") for t in args.test]:
+            name, prefix = _named(value, default)
+            if name in prefixes:
+                raise DataError(
+                    f"split {name!r} is given twice; name extra test sets with --test NAME=PREFIX"
+                )
+            prefixes[name] = [prefix]
+        settings = Settings(
+            src_lang=args.src_lang,
+            tgt_lang=args.tgt_lang,
+            vocab_size=args.vocab_size,
+            max_len=args.max_len,
+            max_ratio=args.max_ratio,
+            sample_size=args.sample_size,
+            character_coverage=args.character_coverage,
+            seed=args.seed,
+        )
+        inputs = Inputs.from_prefixes(prefixes, args.src_lang, args.tgt_lang)
+        meta = prepare(inputs, args.out, settings, args.workers)
+    except DataError as e:
+        p.exit(2, f"{p.prog}: error: {e}\n")
+    print(report(meta))
+    print(f"corpus: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
