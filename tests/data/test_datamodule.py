@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+from attnx.data.batch import Batch
+from attnx.data.datamodule import TranslationDataModule
+from attnx.data.tokenizer import Tokenizer
+
+
+def indices(loader) -> list[list[int]]:
+    return [batch.index.tolist() for batch in loader]
+
+
+def test_yields_batches_within_budget_covering_the_corpus(multi30k: Path) -> None:
+    dm = TranslationDataModule(str(multi30k), max_tokens=2048)
+    assert dm.vocab_size == 8000 and isinstance(dm.tokenizer, Tokenizer) and dm.corpus.src_lang == "en"
+    seen = []
+    for batch in dm.train_dataloader():
+        assert isinstance(batch, Batch)
+        assert batch.src.numel() <= 2048 and batch.tgt_out.numel() <= 2048
+        seen += batch.index.tolist()
+    assert sorted(seen) == list(range(len(dm.corpus.dataset("train"))))
+
+
+def test_evaluation_loaders_cover_each_pair_once_in_a_fixed_order(multi30k: Path) -> None:
+    dm = TranslationDataModule(str(multi30k), max_tokens=1024, eval_max_tokens=3000)
+    for loader, n in [(dm.val_dataloader, 1014), (dm.test_dataloader, 1000), (dm.predict_dataloader, 1000)]:
+        first, again = indices(loader()), indices(loader())
+        assert first == again
+        assert sorted(sum(first, [])) == list(range(n))
+        assert max(len(b) for b in first) > 1024 // 20  # the evaluation budget applies
+
+
+def test_resume_from_state_dict_continues_with_the_next_batch(multi30k: Path) -> None:
+    dm = TranslationDataModule(str(multi30k), max_tokens=4096, seed=7)
+    loader = dm.train_dataloader()
+    loader.sampler.set_epoch(1)
+    full = indices(loader)
+    loader.sampler.set_epoch(1)
+    it = iter(loader)
+    for _ in range(10):
+        next(it)
+    state = dm.state_dict()
+
+    fresh = TranslationDataModule(str(multi30k), max_tokens=4096, seed=7)
+    fresh.load_state_dict(state)
+    resumed = fresh.train_dataloader()
+    resumed.sampler.set_epoch(1)
+    assert indices(resumed) == full[10:]
+
+
+def test_workers_give_the_same_batches(multi30k: Path) -> None:
+    plain = TranslationDataModule(str(multi30k), eval_max_tokens=8000)
+    workers = TranslationDataModule(str(multi30k), eval_max_tokens=8000, num_workers=2)
+    assert indices(workers.val_dataloader()) == indices(plain.val_dataloader())
+
+
+def test_pickled_dataset_carries_paths_not_data(multi30k: Path) -> None:
+    dataset = TranslationDataModule(str(multi30k)).corpus.dataset("train")
+    blob = pickle.dumps(dataset)
+    assert len(blob) < 2000
+    copy = pickle.loads(blob)
+    assert all(np.array_equal(a, b) for a, b in zip(copy[123], dataset[123], strict=True))
+
+
+class Recorder(L.LightningModule):
+    """Records the corpus indices of every training batch; the weights do not matter here."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(vocab_size, 4)
+        self.seen: list[tuple[int, list[int]]] = []
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        self.seen.append((self.current_epoch, batch.index.tolist()))
+        return self.embedding(batch.src).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def trainer(tmp_path: Path, **kwargs) -> L.Trainer:
+    options = dict(
+        max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0
+    )
+    return L.Trainer(default_root_dir=tmp_path, **(options | kwargs))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_lightning_resume_mid_epoch_continues_with_the_next_batch(multi30k: Path, tmp_path: Path) -> None:
+    """A checkpoint taken after batch 5 of epoch 1; the resumed run sees exactly the batches after it."""
+    dm = TranslationDataModule(str(multi30k), max_tokens=8192, seed=3)
+    n = len(dm.train_dataloader())
+    straight = Recorder(dm.vocab_size)
+    trainer(tmp_path / "a").fit(
+        straight, datamodule=TranslationDataModule(str(multi30k), max_tokens=8192, seed=3)
+    )
+    assert [e for e, _ in straight.seen] == [0] * n + [1] * n
+    assert straight.seen[:n] != straight.seen[n:]
+
+    checkpoint = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=n + 5, save_top_k=-1
+    )
+    first = Recorder(dm.vocab_size)
+    trainer(tmp_path / "b", max_steps=n + 5, callbacks=[checkpoint]).fit(
+        first, datamodule=TranslationDataModule(str(multi30k), max_tokens=8192, seed=3)
+    )
+    path = next((tmp_path / "ckpt").glob("*.ckpt"))
+    assert torch.load(path, weights_only=False)["TranslationDataModule"]["consumed"] == 5
+
+    second = Recorder(dm.vocab_size)
+    trainer(tmp_path / "c").fit(
+        second, datamodule=TranslationDataModule(str(multi30k), max_tokens=8192, seed=3), ckpt_path=path
+    )
+    assert first.seen + second.seen == straight.seen

@@ -1,0 +1,220 @@
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnx.data.corpus import PreparedCorpus, ids_dtype
+from attnx.data.errors import DataError
+from attnx.data.prepare import main
+from attnx.data.text import normalize
+
+from .conftest import sentences, translate, write_pair
+
+
+def run(raw: Path, out: Path, *extra: str) -> int:
+    return main(
+        [
+            "--src_lang",
+            "en",
+            "--tgt_lang",
+            "de",
+            "--train",
+            str(raw / "train"),
+            "--out",
+            str(out),
+            "--vocab_size",
+            "60",
+        ]
+        + list(extra)
+    )
+
+
+def test_multi30k(multi30k: Path, shared_data: Path) -> None:
+    corpus = PreparedCorpus(multi30k)
+    assert (corpus.src_lang, corpus.tgt_lang, corpus.vocab_size) == ("en", "de", 8000)
+    assert corpus.splits == ["train", "valid", "test"]
+    meta = corpus.meta["splits"]
+    assert (
+        meta["train"]["read"] == 29_000 and meta["valid"]["pairs"] == 1_014 and meta["test"]["pairs"] == 1_000
+    )
+    assert meta["train"]["pairs"] + sum(meta["train"]["dropped"].values()) == 29_000
+    assert corpus.tokenizer.vocab_size == 8000 and corpus.meta["dtype"] == "uint16"
+
+    with gzip.open(shared_data / "multi30k" / "val.de.gz", "rt", encoding="utf-8") as f:
+        raw = f.read().splitlines()
+    refs = corpus.references("valid")
+    assert refs == [normalize(line) for line in raw]
+    valid = corpus.dataset("valid")
+    assert len(valid) == len(refs) == len(corpus.sources("valid"))
+    src, tgt = valid[7]
+    assert corpus.tokenizer.decode(tgt.tolist()) == refs[7]
+    assert corpus.tokenizer.decode(src.tolist()) == corpus.sources("valid")[7]
+    assert int(valid.tgt_lengths[7]) == len(tgt)
+    with pytest.raises(DataError, match="training text is not kept"):
+        corpus.references("train")
+    with pytest.raises(DataError, match="no split 'newstest'"):
+        corpus.dataset("newstest")
+
+
+def test_cli_prepare_reports_and_reuses(
+    toy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    args = ["--valid", str(toy / "valid"), "--test", str(toy / "test"), "--test", f"other={toy / 'valid'}"]
+    assert run(toy, out, *args) == 0
+    printed = capsys.readouterr().out
+    assert "prepared en-de corpus" in printed and "train: 300 pairs" in printed
+    corpus = PreparedCorpus(out)
+    assert corpus.splits == ["train", "valid", "test", "other"]
+    assert corpus.references("other") == corpus.references("valid")
+    assert not (out / "tmp").exists() and not (out / "train.en").exists()
+
+    stamp = (out / "train.en.bin").stat().st_mtime_ns
+    assert run(toy, out, *args) == 0
+    assert "reused" in capsys.readouterr().out
+    assert (out / "train.en.bin").stat().st_mtime_ns == stamp
+
+
+def test_changed_input_or_setting_rebuilds(
+    toy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert run(toy, out) == 0
+    spm_stamp = (out / "spm.model").stat().st_mtime_ns
+
+    assert run(toy, out, "--max_len", "8") == 0  # encoding setting: rebuild, same SentencePiece model
+    assert "prepared" in capsys.readouterr().out
+    assert (out / "spm.model").stat().st_mtime_ns == spm_stamp
+    assert PreparedCorpus(out).meta["splits"]["train"]["dropped"]["too_long"] > 0
+
+    write_pair(toy / "train", sentences(200, 7), translate(sentences(200, 7)))  # new training text: retrain
+    assert run(toy, out, "--max_len", "8") == 0
+    assert (out / "spm.model").stat().st_mtime_ns != spm_stamp
+    assert PreparedCorpus(out).meta["splits"]["train"]["read"] == 200
+
+    assert run(toy, out, "--max_len", "8", "--test", str(toy / "test")) == 0
+    assert "test" in PreparedCorpus(out).splits
+    assert run(toy, out, "--max_len", "8") == 0  # the test set is gone again, and so are its files
+    assert "test" not in PreparedCorpus(out).splits and not (out / "test.en.bin").exists()
+
+
+def test_long_and_unbalanced_training_pairs_are_dropped_and_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = sentences(100, 1)
+    tgt = translate(src)
+    src[10] = " ".join(["dog"] * 50_000)  # one enormous line
+    tgt[10] = " ".join(["cat"] * 50_000)
+    src[20], tgt[20] = "the", "the man runs in the park with a big red ball under the house"
+    src[30], tgt[30] = "", "blank source"
+    write_pair(tmp_path / "raw" / "train", src, tgt)
+    write_pair(tmp_path / "raw" / "valid", [src[10], "a dog"], [tgt[10], "a cat"])
+    assert run(tmp_path / "raw", tmp_path / "out", "--valid", str(tmp_path / "raw" / "valid")) == 0
+    printed = capsys.readouterr().out
+    assert "dropped 3 of 100: 1 with a blank side, 1 over 250 tokens, 1 over length ratio 3.0" in printed
+    corpus = PreparedCorpus(tmp_path / "out")
+    assert len(corpus.dataset("train")) == 97
+    valid = corpus.dataset("valid")  # never filtered
+    assert len(valid) == 2 and int(valid.src_lengths[0]) > 250
+
+
+def error_of(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnx prepare: error: ") and "Traceback" not in err
+    return err
+
+
+def base(raw: Path, out: Path) -> list[str]:
+    return ["--src_lang", "en", "--tgt_lang", "de", "--train", str(raw / "train"), "--out", str(out)]
+
+
+@pytest.mark.parametrize(
+    ("src", "tgt", "message"),
+    [
+        (["a b"] * 5, ["c d"] * 4, r"train\.en has 5 lines but .*train\.de has 4"),
+        (b"", b"", "are empty"),
+        (b"caf\xe9 au lait\n" * 3, b"x\n" * 3, r"train\.en:1: invalid UTF-8"),
+        (["", " "], ["a", "b"], "every training pair has a blank side"),
+    ],
+    ids=["line-counts", "empty", "utf8", "all-blank"],
+)
+def test_bad_training_files_exit_2_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], src, tgt, message: str
+) -> None:
+    write_pair(tmp_path / "train", src, tgt)
+    err = error_of(capsys, base(tmp_path, tmp_path / "out") + ["--vocab_size", "20"])
+    assert __import__("re").search(message, err), err
+    assert not (tmp_path / "out" / "meta.json").exists()
+
+
+def test_blank_validation_line_is_an_error(
+    toy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_pair(toy / "valid", ["a", "b", "c"], ["A", "", "C"])
+    err = error_of(
+        capsys, base(toy, tmp_path / "out") + ["--valid", str(toy / "valid"), "--vocab_size", "60"]
+    )
+    assert "valid.de:2: blank line" in err
+
+
+def test_vocab_too_large_says_what_to_use(
+    toy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = error_of(capsys, base(toy, tmp_path / "out") + ["--vocab_size", "5000"])
+    assert "--vocab_size 5000 is more than this training text supports; use --vocab_size" in err
+    err = error_of(capsys, base(toy, tmp_path / "out") + ["--vocab_size", "10"])
+    assert "less than the" in err
+
+
+def test_missing_files_and_bad_names(toy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = error_of(capsys, base(toy, tmp_path / "out") + ["--valid", str(toy / "nope")])
+    assert "no en file for" in err
+    err = error_of(capsys, base(toy, tmp_path / "out") + ["--test", f"train={toy / 'test'}"])
+    assert "bad split name 'train'" in err
+    err = error_of(
+        capsys, base(toy, tmp_path / "out") + ["--test", str(toy / "test"), "--test", str(toy / "valid")]
+    )
+    assert "split 'test' is given twice" in err
+
+
+def test_corpus_reader_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not a prepared corpus"):
+        PreparedCorpus(tmp_path)
+    (tmp_path / "meta.json").write_text(json.dumps({"format_version": 0}))
+    with pytest.raises(DataError, match="run `attnx prepare` again"):
+        PreparedCorpus(tmp_path)
+
+
+def test_ids_dtype() -> None:
+    assert ids_dtype(8000) == np.uint16 and ids_dtype(65_535) == np.uint16 and ids_dtype(65_536) == np.int32
+
+
+def test_console_script_has_help_for_every_option() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "attnx", "prepare", "--help"], capture_output=True, text=True, env=os.environ
+    )
+    assert result.returncode == 0
+    for option in ("--src_lang", "--train", "--valid", "--test", "--vocab_size", "--max_len", "--max_ratio",
+                   "--sample_size", "--character_coverage", "--workers", "--out"):  # fmt: skip
+        assert option in result.stdout
+
+
+def test_gzip_and_plain_inputs_agree(tmp_path: Path) -> None:
+    src = sentences(200, 1)
+    tgt = translate(src)
+    write_pair(tmp_path / "a" / "train", src, tgt)
+    write_pair(tmp_path / "b" / "train", src, [line.replace(" ", "  ") + "\r" for line in tgt], gz=True)
+    assert run(tmp_path / "a", tmp_path / "out_a") == 0
+    assert run(tmp_path / "b", tmp_path / "out_b") == 0
+    for name in ("train.en.bin", "train.de.bin", "train.de.len.npy", "spm.vocab"):
+        assert (tmp_path / "out_a" / name).read_bytes() == (tmp_path / "out_b" / name).read_bytes(), name
