@@ -63,10 +63,11 @@ def paper_tokenize(text: str, lang: str = "de") -> str:
 
 
 def paper_bleu(hypotheses: list[str], references: list[str], lang: str = "de") -> float:
-    """multi-bleu.perl over paper-tokenized text (sacreBLEU with ``tokenize='none'`` computes the same)."""
+    """multi-bleu.perl over paper-tokenized text: sacreBLEU on those tokens without its own tokenization
+    or smoothing (multi-bleu.perl smooths nothing: an n-gram order without matches gives 0)."""
     hyp = [paper_tokenize(h, lang) for h in hypotheses]
     ref = [paper_tokenize(r, lang) for r in references]
-    return BLEU(tokenize="none", force=True).corpus_score(hyp, [ref]).score
+    return BLEU(tokenize="none", smooth_method="none", force=True).corpus_score(hyp, [ref]).score
 
 
 def score(hypotheses: list[str], references: list[str], lang: str = "de") -> BleuReport:

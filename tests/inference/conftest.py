@@ -1,0 +1,64 @@
+"""Fixtures for decoding tests: a tiny SentencePiece model trained on real Multi30k text, a tiny checkpoint."""
+
+from __future__ import annotations
+
+import gzip
+import io
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+
+from attnx.checkpoint import LoadedModel, load_model, save_model
+from attnx.data.tokenizer import Tokenizer
+from attnx.model import build_transformer
+from tests.conftest import tiny_config
+
+
+def multi30k_lines(data: Path, name: str, n: int) -> list[str]:
+    with gzip.open(data / "multi30k" / name, "rt", encoding="utf-8") as f:
+        return [next(f).strip() for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def tokenizer(shared_data: Path) -> Tokenizer:
+    """Joint BPE over 300 English and 300 German Multi30k training sentences, attnx's special ids."""
+    lines = multi30k_lines(shared_data, "train.en.gz", 300) + multi30k_lines(shared_data, "train.de.gz", 300)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=model,
+        vocab_size=200,
+        model_type="bpe",
+        character_coverage=1.0,
+        pad_id=0,
+        unk_id=1,
+        bos_id=2,
+        eos_id=3,
+        minloglevel=2,
+    )
+    return Tokenizer.from_bytes(model.getvalue())
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tokenizer: Tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised tiny model (max_len 64) with its tokenizer, as ``attnx fit`` would save it."""
+    config = tiny_config(vocab_size=tokenizer.vocab_size, max_len=64)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.ckpt"
+    save_model(path, build_transformer(config), config, tokenizer)
+    return path
+
+
+@pytest.fixture(scope="session")
+def loaded(checkpoint: Path) -> LoadedModel:
+    return load_model(checkpoint)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from threads, and on a busy 2-core machine threads wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

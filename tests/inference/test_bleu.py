@@ -1,0 +1,62 @@
+"""Scores: sacreBLEU exactly as its command line computes it; the paper-style BLEU on a hand example."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnx.evaluation.bleu import BleuReport, main, paper_bleu, paper_tokenize, score
+from tests.inference.conftest import multi30k_lines
+
+
+def sacrebleu_cli(ref: Path, hyp: Path, metric: str) -> str:
+    cmd = [sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-m", metric, "-b", "-w", "2"]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_printed_bleu_and_chrf_equal_the_sacrebleu_command_line(shared_data, tmp_path, capsys):
+    refs = multi30k_lines(shared_data, "test_2016_flickr.de.gz", 60)
+    # a plausible system: some words dropped, some lines swapped with their neighbour
+    hyps = [" ".join(r.split()[:-2]) if i % 3 else refs[i ^ 1] for i, r in enumerate(refs)]
+    ref, hyp = tmp_path / "ref.de", tmp_path / "hyp.de"
+    ref.write_text("\n".join(refs) + "\n", encoding="utf-8")
+    hyp.write_text("\n".join(hyps) + "\n", encoding="utf-8")
+
+    assert main([str(hyp), str(ref)]) == 0
+    printed = capsys.readouterr().out
+    bleu = re.search(r"sacreBLEU BLEU = (\S+)", printed).group(1)
+    chrf = re.search(r"sacreBLEU chrF2 = (\S+)", printed).group(1)
+    assert bleu == sacrebleu_cli(ref, hyp, "bleu")
+    assert chrf == sacrebleu_cli(ref, hyp, "chrf")
+    assert 10 < float(bleu) < 90
+    assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in printed
+    assert "not comparable to sacreBLEU" in printed
+
+
+def test_paper_style_splits_hyphenated_compounds_as_tensor2tensor():
+    assert paper_tokenize("Ein rot-weißes Auto.") == "Ein rot ##AT##-##AT## weißes Auto ."
+    # perl's s{(\S)-(\S)}{...}g does not rescan the character it consumed
+    assert paper_tokenize("a-b-c") == "a ##AT##-##AT## b-c"
+
+
+def test_paper_style_bleu_on_a_hand_example():
+    hyp, ref = ["ein rot-weißes Auto fährt"], ["ein rot-weißes Auto parkt"]
+    # tokens: ein rot ##AT##-##AT## weißes Auto {fährt|parkt}: n-gram precisions 5/6, 4/5, 3/4, 2/3, BP 1
+    assert paper_bleu(hyp, ref) == pytest.approx(100 * (5 / 6 * 4 / 5 * 3 / 4 * 2 / 3) ** 0.25)
+    # without the compound split the 4-gram precision is 0/1 and multi-bleu gives 0
+    report = score(hyp, ref)
+    assert report.bleu < report.paper_bleu
+    assert isinstance(report, BleuReport) and report.n == 1
+
+
+def test_paper_style_bleu_is_zero_when_an_ngram_order_has_no_match_like_multi_bleu():
+    assert paper_bleu(["a b c d"], ["a b c e"]) == pytest.approx(0.0, abs=1e-9)  # 4-grams: 0/1
+
+
+def test_mismatched_lengths_are_refused():
+    with pytest.raises(ValueError, match="pair up"):
+        score(["a"], ["a", "b"])

@@ -1,0 +1,304 @@
+"""§6.1 decoding: the KV cache, greedy and beam search, length penalty, maximum length, early termination."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, UNK_ID, collate
+from attnx.inference.search import (
+    SearchConfig,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    max_output_lengths,
+    translate_batch,
+)
+from attnx.model import build_transformer
+from attnx.model.transformer import DecoderState
+from tests.conftest import tiny_config
+
+
+def make_model(**overrides):
+    return build_transformer(tiny_config(**overrides)).eval()
+
+
+def sources(*lengths: int, vocab: int = 50):
+    """A padded batch of random sources of the given lengths (ids >= 4), EOS appended."""
+    gen = torch.Generator().manual_seed(sum(lengths))
+    ids = [torch.randint(4, vocab, (n,), generator=gen).tolist() for n in lengths]
+    batch = collate([(x, []) for x in ids])
+    return batch.src, batch.src_mask
+
+
+class StepRecorder:
+    """Wraps ``model.decode_step``: records the rows of every call, optionally edits the logits."""
+
+    def __init__(self, model, edit=None):
+        self.rows: list[int] = []
+        self.inner = model.decode_step
+        self.edit = edit
+        model.decode_step = self
+
+    def __call__(self, tokens, state):
+        self.rows.append(tokens.shape[0])
+        logits = self.inner(tokens, state)
+        return logits if self.edit is None else self.edit(logits)
+
+
+def never_eos(logits):
+    logits = logits.clone()
+    logits[:, EOS_ID] = -1e4  # finite: EOS is still possible when forced
+    return logits
+
+
+# --- the cache -------------------------------------------------------------------------------------------
+
+
+def test_cached_decode_step_equals_full_recomputation_also_after_reorder():
+    model = make_model()
+    src, src_mask = sources(5, 9, 7)
+    gen = torch.Generator().manual_seed(1)
+    prefix = torch.cat([torch.full((3, 1), BOS_ID), torch.randint(4, 50, (3, 8), generator=gen)], 1)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        state = model.start_decoding(memory, src_mask)
+        for i in range(5):
+            step = model.decode_step(prefix[:, i], state)
+            full = model.decode(prefix[:, : i + 1], memory, src_mask)[:, -1]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+        # beam-style reorder: rows 2, 0, 0 continue; the cache must follow them
+        index = torch.tensor([2, 0, 0])
+        state.reorder(index)
+        prefix, memory, src_mask = prefix[index], memory[index], src_mask[index]
+        for i in range(5, 9):
+            step = model.decode_step(prefix[:, i], state)
+            full = model.decode(prefix[:, : i + 1], memory, src_mask)[:, -1]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+
+
+def test_encoder_keys_and_values_are_computed_once_per_sentence_not_per_beam_or_step():
+    model = make_model()
+    src, src_mask = sources(6, 4)
+    calls: list[int] = []
+    hooks = [
+        layer.cross_attn.k_proj.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+        for layer in model.decoder_layers
+    ]
+    try:
+        recorder = StepRecorder(model)
+        beam_search(model, src, src_mask, SearchConfig(beam=4, max_len_a=0, max_len_b=6))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(recorder.rows) > 1
+    assert calls == [2] * len(model.decoder_layers)  # one call per layer, batch of 2 sentences, not 8 rows
+
+
+# --- length penalty and maximum length -------------------------------------------------------------------
+
+
+def test_length_penalty_is_the_gnmt_form_of_the_paper():
+    # ((5 + |Y|) / 6) ** 0.6, computed by hand
+    assert length_penalty(1, 0.6) == pytest.approx(1.0)
+    assert length_penalty(7, 0.6) == pytest.approx(2**0.6) == pytest.approx(1.515716566510398)
+    assert length_penalty(10, 0.6) == pytest.approx(1.7328621)  # 2.5 ** 0.6
+    assert length_penalty(25, 0.6) == pytest.approx(5**0.6)
+    assert length_penalty(10, 0.6, "fairseq") == pytest.approx(3.9810717)  # 10 ** 0.6
+    assert length_penalty(10, 0.0) == 1.0
+    with pytest.raises(ValueError, match="gnmt"):
+        length_penalty(3, 0.6, "wu")
+
+
+def test_hypothesis_score_is_log_prob_over_gnmt_penalty_of_length_with_eos():
+    model = make_model()
+    src, src_mask = sources(5)
+    for hyp in beam_search(model, src, src_mask, SearchConfig(beam=4, max_len_a=0, max_len_b=8))[0]:
+        lp = ((5 + len(hyp.tokens) + 1) / 6) ** 0.6
+        assert hyp.score == pytest.approx(hyp.log_prob / lp, rel=1e-5)
+
+
+def test_maximum_output_length_is_input_length_plus_50():
+    model = make_model()
+    StepRecorder(model, never_eos)
+    src, src_mask = sources(3, 10, 1)
+    # input length = real source positions, the source </s> included: 4, 11, 2
+    expected = [4 + 50, 11 + 50, 2 + 50]
+    assert max_output_lengths(src_mask, 1.0, 50).tolist() == expected
+    assert [len(y) for y in greedy_search(model, src, src_mask)] == expected
+    assert [len(y) for y in translate_batch(model, src, src_mask, SearchConfig(beam=3))] == expected
+    capped = SearchConfig(beam=2, max_positions=30)  # never past the model's positions
+    assert [len(y) for y in translate_batch(model, src, src_mask, capped)] == [29, 29, 29]
+
+
+# --- greedy and beam -------------------------------------------------------------------------------------
+
+
+def test_beam_search_with_beam_1_equals_greedy():
+    def likelier_eos(logits):  # </s> more likely at each step, so sentences end at different lengths
+        logits = logits.clone()
+        logits[:, EOS_ID] += 0.4 * len(recorder.rows)
+        return logits
+
+    model = make_model()
+    recorder = StepRecorder(model, likelier_eos)
+    lengths = (4, 9, 6, 2, 12, 7, 7, 3)
+    src, src_mask = sources(*lengths)
+    config = SearchConfig(beam=1, max_len_a=1.0, max_len_b=5)
+    greedy = greedy_search(model, src, src_mask, 1.0, 5)
+    recorder.rows.clear()
+    beam = beam_search(model, src, src_mask, config)
+    assert [h[0].tokens for h in beam] == greedy
+    ended_early = [len(y) < n + 1 + 5 for y, n in zip(greedy, lengths, strict=True)]
+    assert any(ended_early) and not all(ended_early)
+    assert len({len(y) for y in greedy}) > 2
+
+
+def test_pad_and_bos_are_never_generated_but_unk_is():
+    def prefer_specials(logits):
+        logits = logits.clone()
+        logits[:, PAD_ID] += 100
+        logits[:, BOS_ID] += 100
+        logits[:, UNK_ID] += 50
+        return logits
+
+    model = make_model()
+    StepRecorder(model, prefer_specials)
+    src, src_mask = sources(3, 5)
+    for out in (
+        greedy_search(model, src, src_mask, 0, 4),
+        translate_batch(model, src, src_mask, SearchConfig()),
+    ):
+        for ids in out:
+            assert PAD_ID not in ids and BOS_ID not in ids
+            assert UNK_ID in ids
+
+
+def all_outputs(model, src, src_mask, tokens, max_len):
+    """``(log P(y </s>), y)`` for every ``y`` over ``tokens`` with ``|y| <= max_len``, by teacher forcing."""
+    memory = model.encode(src, src_mask)
+    results = []
+    for n in range(max_len + 1):
+        ys = torch.tensor(list(itertools.product(tokens, repeat=n)), dtype=torch.long).view(
+            len(tokens) ** n, n
+        )
+        tgt_in = torch.cat([torch.full((len(ys), 1), BOS_ID), ys], 1)
+        tgt_out = torch.cat([ys, torch.full((len(ys), 1), EOS_ID)], 1)
+        lprobs = torch.log_softmax(
+            model.decode(tgt_in, memory.expand(len(ys), -1, -1), src_mask.expand(len(ys), -1)).float(), -1
+        )
+        log_p = lprobs.gather(2, tgt_out.unsqueeze(2)).squeeze(2).sum(1)
+        results += zip(log_p.tolist(), ys.tolist(), strict=True)
+    return results
+
+
+def test_wide_beam_search_finds_the_exhaustive_optimum():
+    """Vocabulary of 7 (tokens UNK, 4, 5, 6 besides </s>), outputs up to 4 tokens: 341 candidates."""
+    torch.manual_seed(3)
+    model = make_model(vocab_size=7)
+    with torch.no_grad():  # sharper, non-trivial distributions
+        model.tgt_embedding.weight.mul_(4.0)
+    max_len = 4
+    for src_ids in ([4, 5, 6], [6, 6], [5, 4, 6, 5, 4]):
+        batch = collate([(src_ids, [])])
+        with torch.no_grad():
+            outputs = all_outputs(model, batch.src, batch.src_mask, [UNK_ID, 4, 5, 6], max_len)
+        assert len(outputs) == 1 + 4 + 16 + 64 + 256
+        for alpha, kind in [(0.6, "gnmt"), (1.0, "fairseq"), (2.0, "gnmt")]:
+            config = SearchConfig(
+                beam=400, alpha=alpha, length_penalty=kind, max_len_a=0.0, max_len_b=max_len
+            )
+            ranking = sorted(
+                ((lp / length_penalty(len(y) + 1, alpha, kind), y) for lp, y in outputs), reverse=True
+            )
+            assert ranking[0][0] - ranking[1][0] > 1e-4  # a unique optimum
+            nbest = beam_search(model, batch.src, batch.src_mask, config)[0]
+            assert nbest[0].tokens == ranking[0][1]
+            assert nbest[0].score == pytest.approx(ranking[0][0], abs=1e-4)
+            # the n-best list is a prefix of the exhaustive ranking (early termination loses nothing above it)
+            assert [h.tokens for h in nbest] == [y for _, y in ranking[: len(nbest)]]
+            # with one best wanted, termination is earlier and the answer the same
+            assert translate_batch(model, batch.src, batch.src_mask, config)[0] == ranking[0][1]
+
+
+class MarkovModel(torch.nn.Module):
+    """A toy decoder: next-token log-probs depend only on the position and the last token."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("table", table.log())  # (positions, V, V) probabilities
+        self.vocab_size = table.shape[-1]
+
+    def encode(self, src, src_mask):
+        return src.float().unsqueeze(-1)
+
+    def start_decoding(self, memory, src_mask):
+        return DecoderState(memory=memory, src_mask=src_mask)
+
+    def decode_step(self, tokens, state):
+        state.offset += 1
+        return self.table[state.offset - 1, tokens]
+
+    def decode(self, tgt_in, memory, src_mask):
+        return torch.stack([self.table[i, tgt_in[:, i]] for i in range(tgt_in.shape[1])], 1)
+
+
+def test_early_termination_bound_uses_the_largest_reachable_penalty():
+    """Every continuation looks poor after one step, yet one ends up best: a bound of ``s / lp(t + 1)``
+    would stop the search after the first step with the empty translation."""
+    v, eos, max_len = 10, EOS_ID, 4
+    table = torch.full((max_len + 1, v, v), 1e-3)
+    table[0, BOS_ID, eos] = 0.25  # </s> at once: score log(0.25) = -1.39
+    table[0, BOS_ID, 4:] = 0.75 / 6  # six continuations of -2.08 each
+    table[1:, :, :] = 0.01
+    table[1:max_len, 4, 4] = 0.97  # then one path with almost no further cost ...
+    table[max_len, 4, eos] = 0.97  # ... ending exactly at the maximum length
+    table /= table.sum(-1, keepdim=True)
+    model = MarkovModel(table)
+    batch = collate([([5, 6], [])])
+    for alpha, kind in [(2.0, "gnmt"), (1.0, "fairseq")]:
+        outputs = all_outputs(model, batch.src, batch.src_mask, list(range(4, v)), max_len)
+        best = max(outputs, key=lambda o: o[0] / length_penalty(len(o[1]) + 1, alpha, kind))
+        assert best[1] == [4, 4, 4, 4]
+        config = SearchConfig(beam=6, alpha=alpha, length_penalty=kind, max_len_a=0, max_len_b=max_len)
+        assert translate_batch(model, batch.src, batch.src_mask, config)[0] == [4, 4, 4, 4]
+        assert beam_search(model, batch.src, batch.src_mask, config)[0][0].tokens == [4, 4, 4, 4]
+
+
+def test_finished_sentences_leave_the_batch():
+    model = make_model()
+    recorder = StepRecorder(model, never_eos)
+    src, src_mask = sources(2, 9)  # maximum lengths 3 and 10 with a = 1, b = 0
+    beam_search(model, src, src_mask, SearchConfig(beam=4, max_len_a=1.0, max_len_b=0))
+    assert recorder.rows == [8] * 4 + [4] * 7  # step 4 forces </s> on the short one, then it is gone
+    recorder.rows.clear()
+    greedy_search(model, src, src_mask, 1.0, 0)
+    assert recorder.rows == [2] * 4 + [1] * 7
+
+
+def test_batched_search_equals_one_sentence_at_a_time():
+    model = make_model()
+    lengths = (7, 3, 12, 1, 5)
+    src, src_mask = sources(*lengths)
+    config = SearchConfig(beam=4, max_len_a=0.5, max_len_b=6)
+    batched = beam_search(model, src, src_mask, config)
+    greedy = greedy_search(model, src, src_mask, 0.5, 6)
+    for i, n in enumerate(lengths):
+        one_src, one_mask = src[i : i + 1, : n + 1], src_mask[i : i + 1, : n + 1]
+        alone = beam_search(model, one_src, one_mask, config)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in batched[i]], abs=1e-5)
+        assert greedy_search(model, one_src, one_mask, 0.5, 6)[0] == greedy[i]
+
+
+def test_search_restores_training_mode_and_needs_no_grad():
+    model = build_transformer(tiny_config(dropout=0.3)).train()
+    src, src_mask = sources(4, 4)
+    a = translate_batch(model, src, src_mask, SearchConfig(max_len_b=5))
+    b = translate_batch(model, src, src_mask, SearchConfig(max_len_b=5))
+    assert a == b  # dropout off while searching
+    assert model.training
+    assert math.isfinite(beam_search(model, src, src_mask, SearchConfig(max_len_b=5))[0][0].score)
