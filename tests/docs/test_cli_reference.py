@@ -1,0 +1,101 @@
+"""docs/cli.md is the live ``--help`` of every ``attnx`` command, so the page cannot drift from the CLI.
+
+Regenerate it after changing a command's options:
+
+    python -m tests.docs.test_cli_reference
+
+The help texts are captured in one fresh interpreter (commands in table order, 100 columns), so what
+LightningCLI lists as "known subclasses" does not depend on what the test session has imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from attnx.cli import COMMANDS
+from tests.conftest import REPO
+
+PAGE = REPO / "docs" / "cli.md"
+COLUMNS = "100"
+COLLAPSE_AFTER = 60  # lines: longer help texts are folded so the page stays readable
+
+CAPTURE = """
+import contextlib, io, json, sys
+from attnx.cli import COMMANDS, main
+texts = {}
+for argv in [["--help"]] + [[name, "--help"] for name in COMMANDS]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            main(argv)
+        except SystemExit:
+            pass
+    texts[" ".join(argv[:-1])] = out.getvalue()
+json.dump(texts, sys.stdout)
+"""
+
+INTRO = """\
+# CLI reference
+
+Every `attnx` command with its `--help`, exactly as the installed version prints it (100 columns wide).
+This page is generated: `tests/docs/test_cli_reference.py` fails when it differs from the live help, and
+`python -m tests.docs.test_cli_reference` rewrites it.
+
+`fit`, `validate`, `test` and `predict` are LightningCLI subcommands: every key of a config can also be given
+on the command line (`--trainer.max_steps 1000`, `--model.transformer.dropout 0.3`), several `--config` files
+are merged in order, and `--print_config` prints the merged result. See [Configs](configs.md).
+"""
+
+
+def live_help() -> dict[str, str]:
+    env = os.environ | {"COLUMNS": COLUMNS, "LINES": "50"}
+    done = subprocess.run(
+        [sys.executable, "-c", CAPTURE], env=env, capture_output=True, text=True, cwd=REPO, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def fence(text: str) -> str:
+    return "```text\n" + text.rstrip() + "\n```\n"
+
+
+def render(texts: dict[str, str]) -> str:
+    parts = [INTRO, "\n## attnx\n\n", fence(texts[""])]
+    for name, (_, summary) in COMMANDS.items():
+        text = texts[name]
+        parts.append(f"\n## attnx {name}\n\n{summary[0].upper() + summary[1:]}.\n\n")
+        if text.count("\n") > COLLAPSE_AFTER:
+            parts.append(f'??? note "attnx {name} --help ({text.count(chr(10))} lines)"\n\n')
+            parts.append(textwrap.indent(fence(text), "    "))
+        else:
+            parts.append(fence(text))
+    return "".join(parts)
+
+
+@pytest.fixture(scope="module")
+def texts() -> dict[str, str]:
+    return live_help()
+
+
+def test_every_command_prints_help(texts):
+    for name in COMMANDS:
+        assert texts[name].startswith("usage:"), f"attnx {name} --help:\n{texts[name][-2000:]}"
+
+
+def test_cli_page_is_the_live_help(texts):
+    expected = render(texts)
+    assert PAGE.read_text(encoding="utf-8") == expected, (
+        f"{PAGE.relative_to(REPO)} differs from the live --help; run `python -m tests.docs.test_cli_reference`"
+    )
+
+
+if __name__ == "__main__":
+    PAGE.write_text(render(live_help()), encoding="utf-8")
+    print(f"wrote {PAGE}")
