@@ -80,6 +80,29 @@ def test_cached_decode_step_equals_full_recomputation_also_after_reorder():
             torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
 
 
+def test_beam_reorder_within_sentences_moves_only_the_self_attention_cache():
+    model = make_model()
+    src, src_mask = sources(5, 9)
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.cat([torch.full((4, 1), BOS_ID), torch.randint(4, 50, (4, 6), generator=gen)], 1)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask).repeat_interleave(2, 0)  # rows 0-1: sentence 0, 2-3: 1
+        mask = src_mask.repeat_interleave(2, 0)
+        state = model.start_decoding(model.encode(src, src_mask), src_mask)
+        state.expand(2)
+        for i in range(3):
+            model.decode_step(prefix[:, i], state)
+        index = torch.tensor([1, 1, 3, 2])  # back-pointers within each sentence
+        cross_before = state.caches[0][1].k
+        state.reorder(index, same_sources=True)
+        assert state.caches[0][1].k is cross_before  # the source side was not copied
+        prefix = prefix[index]
+        for i in range(3, 6):
+            step = model.decode_step(prefix[:, i], state)
+            full = model.decode(prefix[:, : i + 1], memory, mask)[:, -1]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+
+
 def test_encoder_keys_and_values_are_computed_once_per_sentence_not_per_beam_or_step():
     model = make_model()
     src, src_mask = sources(6, 4)
@@ -263,7 +286,7 @@ def test_early_termination_bound_uses_the_largest_reachable_penalty():
         outputs = all_outputs(model, batch.src, batch.src_mask, list(range(4, v)), max_len)
         best = max(outputs, key=lambda o: o[0] / length_penalty(len(o[1]) + 1, alpha, kind))
         assert best[1] == [4, 4, 4, 4]
-        config = SearchConfig(beam=6, alpha=alpha, length_penalty=kind, max_len_a=0, max_len_b=max_len)
+        config = SearchConfig(beam=8, alpha=alpha, length_penalty=kind, max_len_a=0, max_len_b=max_len)
         assert translate_batch(model, batch.src, batch.src_mask, config)[0] == [4, 4, 4, 4]
         assert beam_search(model, batch.src, batch.src_mask, config)[0][0].tokens == [4, 4, 4, 4]
 

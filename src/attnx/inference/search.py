@@ -105,17 +105,22 @@ def _decoding(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def _next_log_probs(model: nn.Module, tokens: Tensor, state, at_max: Tensor) -> Tensor:
-    """Log-probabilities ``(N, V)`` of the next token, with PAD/BOS banned and ``</s>`` forced at ``at_max``."""
-    logits = model.decode_step(tokens, state)  # (N, V)
-    lprobs = torch.log_softmax(logits.float(), dim=-1)
-    lprobs[:, PAD_ID] = -math.inf
-    lprobs[:, BOS_ID] = -math.inf
+def _next_scores(model: nn.Module, tokens: Tensor, state, at_max: Tensor) -> tuple[Tensor, Tensor]:
+    """Logits ``(N, V)`` of the next token with PAD/BOS banned and ``</s>`` forced at ``at_max``, and the
+    ``(N, 1)`` log-normalizer of the *unrestricted* distribution: ``log p = logit - normalizer``.
+
+    Log-probabilities stay the model's own (banned tokens are not renormalized away); only the few
+    candidates kept are ever turned into log-probabilities, never the whole ``(N, V)`` table.
+    """
+    logits = model.decode_step(tokens, state).float()  # (N, V)
+    normalizer = logits.logsumexp(dim=-1, keepdim=True)
+    logits[:, PAD_ID] = -math.inf
+    logits[:, BOS_ID] = -math.inf
     if bool(at_max.any()):
-        eos = lprobs[:, EOS_ID].clone()
-        lprobs[at_max] = -math.inf
-        lprobs[:, EOS_ID] = eos
-    return lprobs
+        eos = logits[:, EOS_ID].clone()
+        logits[at_max] = -math.inf
+        logits[:, EOS_ID] = eos
+    return logits, normalizer
 
 
 def greedy_search(
@@ -138,8 +143,8 @@ def greedy_search(
         results: list[list[int]] = [[] for _ in range(b)]
         step = 0
         while rows.numel():
-            lprobs = _next_log_probs(model, last, state, limits == step)
-            last = lprobs.argmax(dim=-1)  # (N,)
+            logits, _ = _next_scores(model, last, state, limits == step)
+            last = logits.argmax(dim=-1)  # (N,)
             history = torch.cat([history, last.unsqueeze(1)], dim=1)
             ended = last == EOS_ID
             if bool(ended.any()):
@@ -190,10 +195,13 @@ def beam_search(
         while sentences.numel():
             n = sentences.numel()
             at_max = (limits == t).repeat_interleave(k)
-            lprobs = _next_log_probs(model, last, state, at_max)  # (B'K, V)
-            cand = (scores.view(-1, 1) + lprobs).view(n, k * v)
+            logits, normalizer = _next_scores(model, last, state, at_max)  # (B'K, V), (B'K, 1)
+            # The K best extensions of a sentence are among the K best tokens of each of its rows.
+            row_top, row_token = logits.topk(min(k, v), dim=1)  # (B'K, K')
+            cand = (scores.view(-1, 1) + (row_top - normalizer)).view(n, -1)  # (B', K K') log P
             top, index = cand.topk(k, dim=1)  # (B', K) best extensions, sorted
-            origin, token = index // v, index % v  # beam slot extended, token appended
+            origin = index // row_top.shape[1]  # beam slot extended
+            token = row_token.view(n, -1).gather(1, index)  # token appended
             taken = (rank < slots.unsqueeze(1)) & (top > -math.inf)
             ends = taken & (token == EOS_ID)
             live = taken & (token != EOS_ID)
@@ -227,7 +235,7 @@ def beam_search(
 
             keep = (~done).nonzero().squeeze(1)
             rows = (keep.unsqueeze(1) * k + origin[keep]).view(-1)  # back-pointers of surviving sentences
-            state.reorder(rows)
+            state.reorder(rows, same_sources=keep.numel() == n)  # sources move only when sentences leave
             last = token[keep].view(-1)
             history = torch.cat([history[rows], last.unsqueeze(1)], dim=1)
             sentences, slots, scores = sentences[keep], slots[keep], scores[keep]

@@ -25,13 +25,20 @@ class DecoderState:
     caches: list[tuple[AttentionCache, AttentionCache]] = field(default_factory=list)
     offset: int = 0  # target positions decoded so far
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep rows ``index``, in that order: follows beam back-pointers and drops finished sentences."""
-        self.memory = self.memory.index_select(0, index)
-        self.src_mask = self.src_mask.index_select(0, index)
+    def reorder(self, index: Tensor, same_sources: bool = False) -> None:
+        """Keep rows ``index``, in that order: follows beam back-pointers and drops finished sentences.
+
+        ``same_sources=True`` promises that each new row has the same source sentence as the row it
+        replaces (beam back-pointers within each sentence's rows): the source side (memory, mask,
+        encoder-decoder keys/values) is then already right and only the self-attention caches move.
+        """
+        if not same_sources:
+            self.memory = self.memory.index_select(0, index)
+            self.src_mask = self.src_mask.index_select(0, index)
         for self_cache, cross_cache in self.caches:
             self_cache.reorder(index)
-            cross_cache.reorder(index)
+            if not same_sources:
+                cross_cache.reorder(index)
 
     def expand(self, beam: int) -> None:
         """Repeat every sentence ``beam`` times (rows ``b*beam .. b*beam+beam-1`` belong to sentence ``b``)."""

@@ -1,0 +1,240 @@
+"""Decoding speed: beam search over Multi30k test_2016_flickr, with and without the key/value cache.
+
+    python bench/bench_decode.py [--data DIR] [--ckpt_path CKPT] [--sentences 1000] [--beam 4]
+        [--batch_size 64] [--batch_sizes 1 16 64 128 256] [--threads 2]
+
+Without ``--ckpt_path`` the model is the 3+3-layer, d_model 256, 4-head, d_ff 1024 Transformer with
+random weights over a joint 8k SentencePiece BPE vocabulary trained on Multi30k train (cached in
+``--cache_dir``). A random model hardly ever ends a sentence, so its output length is set by the maximum-length
+rule: the default for random weights is ``--max_len_a 1.1 --max_len_b 0`` (German is about 1.1× the English
+token count here), which gives output lengths like a trained model's. With a trained checkpoint the
+defaults are the paper's (input length + 50) and the model decides. Output tokens count every generated
+token, ``</s>`` included.
+
+The no-cache reference re-runs the decoder over the whole prefix at every step (what decoding costs without
+:class:`DecoderState`'s cached keys/values); it decodes the same hypotheses, which the benchmark checks.
+Results go to stdout as Markdown; docs/benchmarks.md records them with the machine they ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+import torch
+from torch import Tensor, nn
+
+from attnx.checkpoint import load_model
+from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, UNK_ID, collate
+from attnx.data.tokenizer import Tokenizer
+from attnx.inference.search import SearchConfig, translate_batch
+from attnx.model import Transformer, TransformerConfig, build_transformer
+from attnx.model.transformer import DecoderState
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH_MODEL = dict(
+    d_model=256, n_heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3, dropout=0.1, max_len=256
+)
+
+
+def read_gz(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def multi30k_tokenizer(data: Path, cache_dir: Path, vocab_size: int = 8000) -> Tokenizer:
+    """Joint BPE over Multi30k train (English + German), trained once and cached."""
+    path = cache_dir / f"multi30k_bpe{vocab_size}.model"
+    if not path.is_file():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        text = read_gz(data / "multi30k" / "train.en.gz") + read_gz(data / "multi30k" / "train.de.gz")
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(text),
+            model_prefix=str(path.with_suffix("")),
+            model_type="bpe",
+            vocab_size=vocab_size,
+            character_coverage=1.0,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            minloglevel=2,
+        )
+    return Tokenizer.load(path)
+
+
+class PrefixState(DecoderState):
+    """Decoder state without a cache: just the prefix decoded so far, reordered like the cache would be."""
+
+    prefix: Tensor
+
+    def reorder(self, index: Tensor) -> None:
+        super().reorder(index)
+        self.prefix = self.prefix.index_select(0, index)
+
+
+class NoCache(nn.Module):
+    """The same model decoding step by step by re-running :meth:`Transformer.decode` over the whole prefix."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+        self.vocab_size = model.vocab_size
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
+        return self.model.encode(src, src_mask)
+
+    def start_decoding(self, memory: Tensor, src_mask: Tensor) -> PrefixState:
+        state = PrefixState(memory=memory, src_mask=src_mask)
+        state.prefix = torch.empty(memory.shape[0], 0, dtype=torch.long, device=memory.device)
+        return state
+
+    def decode_step(self, tokens: Tensor, state: PrefixState) -> Tensor:
+        state.prefix = torch.cat([state.prefix, tokens.unsqueeze(1)], dim=1)
+        state.offset += 1
+        return self.model.decode(state.prefix, state.memory, state.src_mask)[:, -1]  # (B, V)
+
+
+@dataclass
+class Run:
+    name: str
+    batch_size: int
+    sentences: int
+    seconds: float
+    src_tokens: int
+    out_tokens: int
+    outputs: list[list[int]]
+
+    def row(self) -> str:
+        return (
+            f"| {self.name} | {self.batch_size} | {self.sentences} | {self.seconds:.1f} | "
+            f"{self.sentences / self.seconds:.1f} | {self.out_tokens / self.seconds:.0f} | "
+            f"{self.out_tokens / self.sentences:.1f} |"
+        )
+
+
+def decode_all(
+    model: nn.Module, ids: list[list[int]], batch_size: int, config: SearchConfig, name: str
+) -> Run:
+    """Decode ``ids`` sorted by length in batches of ``batch_size`` sentences; outputs in input order."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    outputs: list[list[int]] = [[] for _ in ids]
+    start = time.perf_counter()
+    for first in range(0, len(order), batch_size):
+        rows = order[first : first + batch_size]
+        batch = collate([(ids[i], []) for i in rows])
+        for i, out in zip(rows, translate_batch(model, batch.src, batch.src_mask, config), strict=True):
+            outputs[i] = out
+    seconds = time.perf_counter() - start
+    return Run(
+        name=name,
+        batch_size=batch_size,
+        sentences=len(ids),
+        seconds=seconds,
+        src_tokens=sum(len(x) + 1 for x in ids),
+        out_tokens=sum(len(y) + 1 for y in outputs),
+        outputs=outputs,
+    )
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{platform.python_version()}; load average at the end {load}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=Path(os.environ.get("ATTNX_DATA_DIR", REPO.parent / "shared" / "data")),
+        help="folder holding multi30k/ (default $ATTNX_DATA_DIR or ../shared/data)",
+    )
+    parser.add_argument("--ckpt_path", type=Path, help="a trained checkpoint (default: random weights)")
+    parser.add_argument(
+        "--cache_dir", type=Path, default=Path("/tmp/attnx-bench"), help="where the 8k BPE model is cached"
+    )
+    parser.add_argument("--sentences", type=int, default=1000, help="test sentences to decode (default all)")
+    parser.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
+    parser.add_argument(
+        "--batch_size", type=int, default=64, help="sentences per batch, main runs (default 64)"
+    )
+    parser.add_argument(
+        "--batch_sizes", type=int, nargs="*", default=[1, 16, 64, 128, 256], help="batch sizes to sweep"
+    )
+    parser.add_argument("--sweep_sentences", type=int, default=1000, help="sentences per sweep point")
+    parser.add_argument("--no_cache_sentences", type=int, default=1000, help="sentences for the no-cache run")
+    parser.add_argument("--max_len_a", type=float, default=None, help="default 1.1 (random) or 1.0 (trained)")
+    parser.add_argument("--max_len_b", type=int, default=None, help="default 0 (random) or 50 (trained)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    if args.ckpt_path:
+        loaded = load_model(args.ckpt_path)
+        model, tokenizer, label = loaded.model, loaded.tokenizer, f"checkpoint {args.ckpt_path}"
+        a, b = 1.0, 50
+    else:
+        tokenizer = multi30k_tokenizer(args.data, args.cache_dir)
+        config = TransformerConfig(vocab_size=tokenizer.vocab_size, **BENCH_MODEL)
+        model, label = build_transformer(config).eval(), "random weights"
+        a, b = 1.1, 0
+    a = a if args.max_len_a is None else args.max_len_a
+    b = b if args.max_len_b is None else args.max_len_b
+    search = SearchConfig(beam=args.beam, max_len_a=a, max_len_b=b)
+    params = sum(p.numel() for p in model.parameters())
+    src = read_gz(args.data / "multi30k" / "test_2016_flickr.en.gz")[: args.sentences]
+    ids = tokenizer.encode_batch(src)
+    print(
+        f"model: {label}, {params / 1e6:.1f}M parameters, vocabulary {tokenizer.vocab_size}", file=sys.stderr
+    )
+    print(f"search: {search}", file=sys.stderr)
+
+    header = "| run | batch | sentences | seconds | sentences/s | output tokens/s | output tokens/sentence |"
+    print(header)
+    print("|---|---:|---:|---:|---:|---:|---:|")
+
+    decode_all(model, ids[:64], 64, search, "warm-up")
+    cached = decode_all(model, ids, args.batch_size, search, f"beam {args.beam}, cache")
+    print(cached.row(), flush=True)
+
+    n = min(args.no_cache_sentences, len(ids))
+    if n > 0:
+        no_cache = decode_all(NoCache(model), ids[:n], args.batch_size, search, f"beam {args.beam}, no cache")
+        print(no_cache.row(), flush=True)
+        same = sum(x == y for x, y in zip(no_cache.outputs, cached.outputs[:n], strict=True))
+        speedup = (cached.sentences / cached.seconds) / (no_cache.sentences / no_cache.seconds)
+        print(f"\ncache speed-up {speedup:.1f}x; no-cache outputs equal to cached ones: {same}/{n}\n")
+    greedy = decode_all(model, ids, args.batch_size, SearchConfig(beam=1, max_len_a=a, max_len_b=b), "greedy")
+    print(greedy.row(), flush=True)
+    m = min(args.sweep_sentences, len(ids))
+    for size in args.batch_sizes:
+        run = decode_all(model, ids[:m], size, search, f"beam {args.beam}, cache")
+        print(run.row(), flush=True)
+    print(f"\nmachine: {machine()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
