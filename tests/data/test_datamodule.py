@@ -119,3 +119,61 @@ def test_lightning_resume_mid_epoch_continues_with_the_next_batch(multi30k: Path
         second, datamodule=TranslationDataModule(str(multi30k), max_tokens=8192, seed=3), ckpt_path=path
     )
     assert first.seen + second.seen == straight.seen
+
+
+DDP_SCRIPT = """
+import json, sys
+import lightning as L, torch
+from attnx.data.datamodule import TranslationDataModule
+
+class Recorder(L.LightningModule):
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(vocab_size, 4)
+        self.seen = []
+    def training_step(self, batch, batch_idx):
+        self.seen.append(batch.index.tolist())
+        return self.embedding(batch.src).mean()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+    def on_train_end(self):
+        sampler = self.trainer.train_dataloader.sampler
+        with open(f"{sys.argv[2]}/rank{self.global_rank}.json", "w") as f:
+            json.dump({"sampler": type(sampler).__name__, "replicas": sampler.num_replicas, "seen": self.seen}, f)
+
+if __name__ == "__main__":
+    dm = TranslationDataModule(sys.argv[1], max_tokens=8192)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0)
+    trainer.fit(Recorder(dm.vocab_size), datamodule=dm)
+"""
+
+
+@pytest.mark.slow
+def test_real_ddp_ranks_split_the_epoch(multi30k: Path, tmp_path: Path) -> None:
+    """Two CPU processes under Lightning's DDP: Lightning keeps our sampler, the ranks split the corpus evenly."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), str(multi30k), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["sampler"] == "TokenBatchSampler" and r["replicas"] == 2 for r in ranks)
+    assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) > 0
+    first, second = ({i for batch in r["seen"] for i in batch} for r in ranks)
+    n = len(TranslationDataModule(str(multi30k)).corpus.dataset("train"))
+    assert first | second == set(range(n))
+    padding = (
+        2 * len(ranks[0]["seen"])
+        - TranslationDataModule(str(multi30k), max_tokens=8192).train_sampler.num_batches
+    )
+    assert padding in (0, 1) and (padding or not first & second)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -41,6 +42,8 @@ from attnx.data.text import read_chunks, read_pairs, resolve
 from attnx.data.tokenizer import Tokenizer
 
 TRAIN = "train"
+ENCODE_LINES = 20_000
+"""Lines encoded at once: SentencePiece returns Python lists of ints, about 36 bytes a token, so keep it modest."""
 SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -202,7 +205,10 @@ def encode_split(
     files = {side: open(out / f"{name}.{lang}.bin", "wb") for side, lang in langs.items()}  # noqa: SIM115
     try:
         with tqdm(desc=f"encode {name}", unit=" pairs", disable=None, leave=False) as bar:
-            for s, t in zip(read_chunks(src_text), read_chunks(tgt_text), strict=True):
+            chunks = zip(
+                read_chunks(src_text, ENCODE_LINES), read_chunks(tgt_text, ENCODE_LINES), strict=True
+            )
+            for s, t in chunks:
                 ids = {"src": tokenizer.encode_batch(s, workers), "tgt": tokenizer.encode_batch(t, workers)}
                 lens = {side: np.fromiter(map(len, x), np.int32, len(x)) for side, x in ids.items()}
                 if name == TRAIN:
@@ -211,7 +217,7 @@ def encode_split(
                         ids = {side: [x[i] for i in np.flatnonzero(keep)] for side, x in ids.items()}
                         lens = {side: x[keep] for side, x in lens.items()}
                 for side, x in ids.items():
-                    flat = np.fromiter((i for seq in x for i in seq), dtype, int(lens[side].sum()))
+                    flat = np.fromiter(itertools.chain.from_iterable(x), dtype, int(lens[side].sum()))
                     files[side].write(flat.tobytes())
                     lengths[side].append(lens[side])
                 bar.update(len(s))
@@ -279,10 +285,12 @@ def prepare(
                 0, 0, 0, read, dict(dropped), {"src": list(map(str, srcs)), "tgt": list(map(str, tgts))}
             )
 
+        seconds = {"read": time.perf_counter() - start}
         reuse_spm = old is not None and old.get("spm_fingerprint") == spm_fp and (out / SPM_MODEL).is_file()
         if not reuse_spm:
             train_sentencepiece(list(texts[TRAIN]), out, settings, workers)
         tokenizer = Tokenizer.load(out / SPM_MODEL)
+        seconds["sentencepiece"] = time.perf_counter() - start - sum(seconds.values())
 
         for name, (src_text, tgt_text) in texts.items():
             dropped = Counter(stats[name].dropped)
@@ -291,6 +299,7 @@ def prepare(
             )
             stats[name].pairs, stats[name].src_tokens, stats[name].tgt_tokens = pairs, src_tokens, tgt_tokens
             stats[name].dropped = {k: v for k, v in dropped.items() if v}
+        seconds["encode"] = time.perf_counter() - start - sum(seconds.values())
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -304,7 +313,7 @@ def prepare(
         "settings": asdict(settings),
         "fingerprint": corpus_fp,
         "spm_fingerprint": spm_fp,
-        "seconds": round(time.perf_counter() - start, 2),
+        "seconds": {step: round(t, 2) for step, t in seconds.items()},
     }
     _remove_stale(out, meta)
     (out / META).write_text(json.dumps(meta, indent=2) + "\n")

@@ -1,0 +1,243 @@
+"""Data pipeline benchmarks: prepare throughput and memory, batch fill, DataModule memory on a WMT-sized corpus.
+
+    python bench/bench_data.py [--data DIR] [--tmp DIR] [--pairs 1000000] [--big_pairs 4500000] [--only NAME ...]
+
+Each measurement runs in its own child process so that peak RSS (``ru_maxrss``) is that measurement's alone.
+Results go to stdout as a Markdown table; docs/benchmarks.md records them with the machine they ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rss_mb(kind: str = "VmRSS") -> float:
+    """Current resident set size of this process: all of it (VmRSS), private memory (RssAnon), or mapped files
+    (RssFile: page cache of memory-mapped corpora, shared between processes and reclaimable)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{kind}:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_prepare(argv: list[str]) -> dict[str, float]:
+    """``attnx prepare ARGV`` in a child process: wall time and that child's peak RSS."""
+    start = time.perf_counter()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "attnx", "prepare", *argv], stdout=subprocess.PIPE, text=True
+    )
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - start
+    output = child.stdout.read() if child.stdout else ""
+    if status != 0:
+        raise SystemExit(f"attnx prepare failed:\n{output}")
+    out = Path(argv[argv.index("--out") + 1])
+    meta = json.loads((out / "meta.json").read_text())
+    pairs = meta["splits"]["train"]["read"] + sum(
+        s["read"] for n, s in meta["splits"].items() if n != "train"
+    )
+    return {
+        "seconds": seconds,
+        "pairs": pairs,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+        "steps": meta["seconds"],
+    }
+
+
+# --- synthetic corpora ----------------------------------------------------------------------------------
+
+
+def synthetic_text(prefix: Path, pairs: int, seed: int = 0) -> None:
+    """``prefix.en``/``prefix.de``: Zipf-distributed words of a 30k-word vocabulary, ~22 words a sentence."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyzäöü"))
+    vocab = np.array(["".join(rng.choice(letters, rng.integers(2, 10))) for _ in range(30_000)])
+    mapping = rng.permutation(len(vocab))
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{prefix}.en", "w") as en, open(f"{prefix}.de", "w") as de:
+        for start in range(0, pairs, 100_000):
+            n = min(100_000, pairs - start)
+            lengths = np.clip(rng.lognormal(3.0, 0.5, n).astype(int), 1, 200)
+            words = np.minimum(rng.zipf(1.3, int(lengths.sum())) - 1, len(vocab) - 1)
+            cuts = np.cumsum(lengths)[:-1]
+            src = [" ".join(s) for s in np.split(vocab[words], cuts)]
+            tgt = [" ".join(s) for s in np.split(vocab[mapping[words]], cuts)]
+            en.write("\n".join(src) + "\n")
+            de.write("\n".join(tgt) + "\n")
+
+
+def synthetic_binarized(out: Path, pairs: int, spm_model: Path, seed: int = 0) -> None:
+    """A prepared-corpus directory of ``pairs`` random training pairs (WMT14-like lengths), written directly."""
+    from attnx.data.corpus import FORMAT_VERSION
+
+    rng = np.random.default_rng(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(spm_model, out / "spm.model")
+    totals = {}
+    for lang in ("en", "de"):
+        lengths = np.clip(rng.lognormal(3.2, 0.6, pairs).astype(np.int32), 1, 250)
+        offsets = np.zeros(pairs + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        with open(out / f"train.{lang}.bin", "wb") as f:
+            for start in range(0, int(offsets[-1]), 50_000_000):
+                n = min(50_000_000, int(offsets[-1]) - start)
+                f.write(rng.integers(4, 8000, n, dtype=np.uint16).tobytes())
+        np.save(out / f"train.{lang}.len.npy", lengths)
+        np.save(out / f"train.{lang}.idx.npy", offsets)
+        totals[lang] = int(offsets[-1])
+    split = {
+        "pairs": pairs,
+        "src_tokens": totals["en"],
+        "tgt_tokens": totals["de"],
+        "read": pairs,
+        "dropped": {},
+    }
+    meta = {"format_version": FORMAT_VERSION, "src_lang": "en", "tgt_lang": "de", "vocab_size": 8000}
+    meta |= {"dtype": "uint16", "splits": {"train": split | {"inputs": {}}}}
+    (out / "meta.json").write_text(json.dumps(meta))
+
+
+# --- measurements in child processes --------------------------------------------------------------------
+
+
+def child_fill(data_dir: str, max_tokens: int) -> dict[str, float]:
+    """Share of the padded tensors (and of the budget) that is real tokens, over one epoch of training batches."""
+    from attnx.data.datamodule import TranslationDataModule
+
+    dm = TranslationDataModule(data_dir, max_tokens=max_tokens)
+    real = padded = budget_used = 0.0
+    real_s = real_t = pad_s = pad_t = 0
+    n = 0
+    for batch in dm.train_dataloader():
+        real_s, real_t = real_s + batch.n_src_tokens, real_t + batch.n_tgt_tokens
+        pad_s, pad_t = pad_s + batch.src.numel(), pad_t + batch.tgt_out.numel()
+        budget_used += max(batch.src.numel(), batch.tgt_out.numel()) / max_tokens
+        n += 1
+    real, padded = real_s + real_t, pad_s + pad_t
+    return {
+        "batches": n,
+        "src_fill": real_s / pad_s,
+        "tgt_fill": real_t / pad_t,
+        "fill": real / padded,
+        "budget_used": budget_used / n,
+        "real_of_budget": real / (2 * n * max_tokens),
+    }
+
+
+def child_datamodule(data_dir: str, max_tokens: int, batches: int) -> dict[str, float]:
+    """RSS before and after building a DataModule, its batch plan, and iterating ``batches`` batches."""
+    import lightning  # noqa: F401  (imports count in the baseline, not in the DataModule)
+
+    from attnx.data.datamodule import TranslationDataModule
+
+    base, base_anon, base_peak = rss_mb(), rss_mb("RssAnon"), peak_mb()
+    start = time.perf_counter()
+    dm = TranslationDataModule(data_dir, max_tokens=max_tokens)
+    loader = dm.train_dataloader()
+    setup = time.perf_counter() - start
+    start = time.perf_counter()
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    per_batch = (time.perf_counter() - start) / batches
+    return {
+        "pairs": len(dm.corpus.dataset("train")),
+        "batches_per_epoch": len(loader),
+        "setup_seconds": setup,
+        "ms_per_batch": per_batch * 1000,
+        "baseline_rss_mb": base,
+        "baseline_anon_mb": base_anon,
+        "baseline_peak_mb": base_peak,
+        "rss_mb": rss_mb(),
+        "anon_mb": rss_mb("RssAnon"),
+        "file_mb": rss_mb("RssFile"),
+        "peak_mb": peak_mb(),
+    }
+
+
+def rounded(value: object) -> object:
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    return value
+
+
+def in_child(name: str, *args: object) -> dict[str, float]:
+    argv = [sys.executable, __file__, "--child", name, *map(str, args)]
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode:
+        raise SystemExit(result.stderr)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+CHILDREN = {"fill": (child_fill, (str, int)), "datamodule": (child_datamodule, (str, int, int))}
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        fn, types = CHILDREN[sys.argv[2]]
+        print(json.dumps(fn(*(t(a) for t, a in zip(types, sys.argv[3:], strict=True)))))
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="folder holding multi30k/")
+    p.add_argument("--tmp", default="/tmp/attnx-bench-data", help="scratch folder (deleted at the end)")
+    p.add_argument("--pairs", type=int, default=1_000_000, help="pairs of the synthetic text corpus")
+    p.add_argument("--big_pairs", type=int, default=4_500_000, help="pairs of the synthetic binarized corpus")
+    p.add_argument(
+        "--sample_size", type=int, default=2_000_000, help="SentencePiece sample on the synthetic corpus"
+    )
+    p.add_argument("--only", nargs="*", default=["multi30k", "synthetic", "fill", "datamodule"])
+    args = p.parse_args()
+    tmp = Path(args.tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    m30k = Path(args.data) / "multi30k"
+    print(f"# {platform.node()} · {os.cpu_count()} cores · Python {platform.python_version()}")
+    results: dict[str, object] = {}
+    langs = ["--src_lang", "en", "--tgt_lang", "de", "--vocab_size", "8000"]
+    prepared = tmp / "multi30k"
+    if {"multi30k", "fill", "datamodule"} & set(args.only) or not (prepared / "meta.json").exists():
+        splits = ["--train", m30k / "train", "--valid", m30k / "val", "--test", m30k / "test_2016_flickr"]
+        shutil.rmtree(prepared, ignore_errors=True)
+        results["prepare multi30k"] = run_prepare([*langs, *map(str, splits), "--out", str(prepared)])
+    if "synthetic" in args.only:
+        start = time.perf_counter()
+        synthetic_text(tmp / "raw" / "train", args.pairs)
+        print(f"generated {args.pairs:,} synthetic pairs in {time.perf_counter() - start:.0f} s")
+        argv = [*langs, "--train", str(tmp / "raw" / "train"), "--sample_size", str(args.sample_size)]
+        results[f"prepare synthetic {args.pairs:,}"] = run_prepare([*argv, "--out", str(tmp / "synthetic")])
+        shutil.rmtree(tmp / "raw"), shutil.rmtree(tmp / "synthetic")
+    if "fill" in args.only:
+        for max_tokens in (4096, 25_000 // 8, 1024):
+            results[f"fill multi30k max_tokens {max_tokens}"] = in_child("fill", prepared, max_tokens)
+    if "datamodule" in args.only:
+        big = tmp / "big"
+        start = time.perf_counter()
+        synthetic_binarized(big, args.big_pairs, prepared / "spm.model")
+        print(f"wrote a {args.big_pairs:,}-pair binarized corpus in {time.perf_counter() - start:.0f} s")
+        results[f"datamodule {args.big_pairs:,} pairs"] = in_child("datamodule", big, 4096, 200)
+        results["datamodule multi30k"] = in_child("datamodule", prepared, 4096, 100)
+    for name, r in results.items():
+        print(f"{name}: {json.dumps(rounded(r))}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
