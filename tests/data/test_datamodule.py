@@ -121,6 +121,33 @@ def test_lightning_resume_mid_epoch_continues_with_the_next_batch(multi30k: Path
     assert first.seen + second.seen == straight.seen
 
 
+class Echo(Recorder):
+    def predict_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        return batch.index
+
+
+def test_lightning_predict_returns_every_test_pair_once(multi30k: Path, tmp_path: Path) -> None:
+    dm = TranslationDataModule(str(multi30k), eval_max_tokens=2000)
+    indices = torch.cat(trainer(tmp_path).predict(Echo(dm.vocab_size), datamodule=dm))
+    assert sorted(indices.tolist()) == list(range(1000))
+
+
+def test_state_before_training_round_trips(multi30k: Path) -> None:
+    dm = TranslationDataModule(str(multi30k))
+    assert dm.state_dict() == {}
+    state = {
+        "epoch": 3,
+        "consumed": 2,
+        "seed": 1,
+        "num_batches": dm.train_sampler.num_batches,
+        "num_replicas": 1,
+    }
+    fresh = TranslationDataModule(str(multi30k))
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state  # kept until the sampler exists
+    assert fresh.train_sampler.epoch == 3 and len(list(fresh.train_sampler)) == len(fresh.train_sampler) - 2
+
+
 DDP_SCRIPT = """
 import json, sys
 import lightning as L, torch

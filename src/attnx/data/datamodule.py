@@ -30,14 +30,13 @@ class TranslationDataModule(L.LightningDataModule):
 
     Args:
         data_dir: directory written by ``attnx prepare``.
-        max_tokens: padded tokens per side in a training batch (the paper: about 25,000 over 8 GPUs).
+        max_tokens: padded tokens per side in a training batch, per device (the paper: about 25,000 per step over 8 GPUs).
         eval_max_tokens: the same for validation/test/predict batches; default ``max_tokens``.
         seed: seeds the batches' composition and their order in each epoch.
         num_workers: DataLoader worker processes; 0 gathers and pads batches in the training process.
         train_split: split name used for training.
         valid_split: split name used for validation.
         test_split: split name used for test and predict.
-        pin_memory: page-lock batches for faster copies to a GPU.
     """
 
     def __init__(
@@ -50,7 +49,6 @@ class TranslationDataModule(L.LightningDataModule):
         train_split: str = "train",
         valid_split: str = "valid",
         test_split: str = "test",
-        pin_memory: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -60,7 +58,6 @@ class TranslationDataModule(L.LightningDataModule):
         self.seed = seed
         self.num_workers = num_workers
         self.train_split, self.valid_split, self.test_split = train_split, valid_split, test_split
-        self.pin_memory = pin_memory
         self._corpus = PreparedCorpus(data_dir)
         self._train_sampler: TokenBatchSampler | None = None
         self._resume: dict[str, Any] | None = None
@@ -113,7 +110,6 @@ class TranslationDataModule(L.LightningDataModule):
             collate_fn=no_collate,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            pin_memory=self.pin_memory,
         )
 
     def _eval_loader(self, split: str) -> DataLoader:
