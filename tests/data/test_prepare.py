@@ -218,3 +218,19 @@ def test_gzip_and_plain_inputs_agree(tmp_path: Path) -> None:
     assert run(tmp_path / "b", tmp_path / "out_b") == 0
     for name in ("train.en.bin", "train.de.bin", "train.de.len.npy", "spm.vocab"):
         assert (tmp_path / "out_a" / name).read_bytes() == (tmp_path / "out_b" / name).read_bytes(), name
+
+
+def test_several_training_corpora_are_concatenated(toy: Path, tmp_path: Path) -> None:
+    extra = sentences(50, 9)
+    write_pair(tmp_path / "more" / "train", extra, translate(extra), gz=True)
+    argv = ["--train", str(tmp_path / "more" / "train"), "--valid", f"dev={toy / 'valid'}"]
+    assert run(toy, tmp_path / "out", *argv) == 0
+    corpus = PreparedCorpus(tmp_path / "out")
+    assert corpus.splits == ["train", "dev"] and len(corpus.dataset("train")) == 350
+    assert corpus.meta["splits"]["train"]["inputs"]["src"][1].endswith("more/train.en.gz")
+
+
+def test_unwritable_output_is_an_error_not_a_traceback(toy: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("x")
+    err = error_of(capsys, base(toy, tmp_path / "file" / "out") + ["--vocab_size", "60"])
+    assert "file" in err

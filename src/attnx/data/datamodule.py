@@ -21,7 +21,9 @@ class TranslationDataModule(L.LightningDataModule):
     EOS/BOS included. They are fixed for a ``seed`` and visited in a new seeded order each epoch, identical on
     every run with the same seed. Under DDP each rank gets different batches and all ranks the same number
     (the list is padded by repeating batches). The position in the epoch is saved in checkpoints
-    (:meth:`state_dict`), so a run resumed mid-epoch continues with the very next batch.
+    (:meth:`state_dict`), so a run resumed mid-epoch continues with the very next batch. (Lightning still warns
+    that the dataloader "is not resumable" when resuming mid-epoch: it only knows of resumable dataloaders, not of
+    a DataModule that restores its sampler.)
 
     Validation, test and predict batches are sorted by length, in a fixed order, each pair exactly once and
     carrying ``Batch.index`` (its line in the split) to restore corpus order. They are not sharded: under DDP every

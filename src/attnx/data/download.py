@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 written = download(corpus, out)
             print(f"{corpus}: {len(written)} files in {out / corpus}")
-    except DataError as e:
+    except (DataError, OSError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
     return 0
 

@@ -460,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         inputs = Inputs.from_prefixes(prefixes, args.src_lang, args.tgt_lang)
         meta = prepare(inputs, args.out, settings, args.workers)
-    except DataError as e:
+    except (DataError, OSError) as e:  # OSError: unwritable --out, disk full; the system's message says which
         p.exit(2, f"{p.prog}: error: {e}\n")
     print(report(meta))
     print(f"corpus: {args.out}")
