@@ -1,7 +1,7 @@
 """Decoding speed: beam search over Multi30k test_2016_flickr, with and without the key/value cache.
 
     python bench/bench_decode.py [--data DIR] [--ckpt_path CKPT] [--sentences 1000] [--beam 4]
-        [--batch_size 64] [--batch_sizes 1 16 64 128 256] [--threads 2]
+        [--batch_size 64] [--batch_sizes 1 16 64 128 256] [--repeats 2] [--threads 2]
 
 Without ``--ckpt_path`` the model is the 3+3-layer, d_model 256, 4-head, d_ff 1024 Transformer with
 random weights over a joint 8k SentencePiece BPE vocabulary trained on Multi30k train (cached in
@@ -22,6 +22,7 @@ import argparse
 import gzip
 import os
 import platform
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -75,8 +76,8 @@ class PrefixState(DecoderState):
 
     prefix: Tensor
 
-    def reorder(self, index: Tensor) -> None:
-        super().reorder(index)
+    def reorder(self, index: Tensor, same_sources: bool = False) -> None:
+        super().reorder(index, same_sources)
         self.prefix = self.prefix.index_select(0, index)
 
 
@@ -107,38 +108,48 @@ class Run:
     name: str
     batch_size: int
     sentences: int
-    seconds: float
-    src_tokens: int
+    times: list[float]  # seconds of each repeat
     out_tokens: int
     outputs: list[list[int]]
 
+    @property
+    def best(self) -> float:
+        return min(self.times)
+
     def row(self) -> str:
         return (
-            f"| {self.name} | {self.batch_size} | {self.sentences} | {self.seconds:.1f} | "
-            f"{self.sentences / self.seconds:.1f} | {self.out_tokens / self.seconds:.0f} | "
-            f"{self.out_tokens / self.sentences:.1f} |"
+            f"| {self.name} | {self.batch_size} | {self.sentences} | {self.best:.1f} | "
+            f"{statistics.median(self.times):.1f} | {self.sentences / self.best:.1f} | "
+            f"{self.out_tokens / self.best:.0f} | {self.out_tokens / self.sentences:.1f} |"
         )
 
 
+HEADER = (
+    "| run | batch | sentences | best s | median s | sentences/s (best) | output tokens/s (best) "
+    "| output tokens/sentence |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
 def decode_all(
-    model: nn.Module, ids: list[list[int]], batch_size: int, config: SearchConfig, name: str
+    model: nn.Module, ids: list[list[int]], batch_size: int, config: SearchConfig, name: str, repeats: int = 1
 ) -> Run:
-    """Decode ``ids`` sorted by length in batches of ``batch_size`` sentences; outputs in input order."""
+    """Decode ``ids`` sorted by length in batches of ``batch_size`` sentences, ``repeats`` times."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    outputs: list[list[int]] = [[] for _ in ids]
-    start = time.perf_counter()
-    for first in range(0, len(order), batch_size):
-        rows = order[first : first + batch_size]
-        batch = collate([(ids[i], []) for i in rows])
-        for i, out in zip(rows, translate_batch(model, batch.src, batch.src_mask, config), strict=True):
-            outputs[i] = out
-    seconds = time.perf_counter() - start
+    batches = [order[first : first + batch_size] for first in range(0, len(order), batch_size)]
+    times = []
+    for _ in range(repeats):
+        outputs: list[list[int]] = [[] for _ in ids]
+        start = time.perf_counter()
+        for rows in batches:
+            batch = collate([(ids[i], []) for i in rows])
+            for i, out in zip(rows, translate_batch(model, batch.src, batch.src_mask, config), strict=True):
+                outputs[i] = out
+        times.append(time.perf_counter() - start)
     return Run(
         name=name,
         batch_size=batch_size,
         sentences=len(ids),
-        seconds=seconds,
-        src_tokens=sum(len(x) + 1 for x in ids),
+        times=times,
         out_tokens=sum(len(y) + 1 for y in outputs),
         outputs=outputs,
     )
@@ -181,8 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch_sizes", type=int, nargs="*", default=[1, 16, 64, 128, 256], help="batch sizes to sweep"
     )
-    parser.add_argument("--sweep_sentences", type=int, default=1000, help="sentences per sweep point")
-    parser.add_argument("--no_cache_sentences", type=int, default=1000, help="sentences for the no-cache run")
+    parser.add_argument(
+        "--sweep_sentences", type=int, default=400, help="sentences per batch-size point (default 400)"
+    )
+    parser.add_argument(
+        "--no_cache_sentences", type=int, default=1000, help="sentences for the no-cache run (default 1000)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs of each measurement; the best is reported (default 2)"
+    )
     parser.add_argument("--max_len_a", type=float, default=None, help="default 1.1 (random) or 1.0 (trained)")
     parser.add_argument("--max_len_b", type=int, default=None, help="default 0 (random) or 50 (trained)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
@@ -211,27 +229,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"search: {search}", file=sys.stderr)
 
-    header = "| run | batch | sentences | seconds | sentences/s | output tokens/s | output tokens/sentence |"
-    print(header)
-    print("|---|---:|---:|---:|---:|---:|---:|")
-
+    print(HEADER)
+    r = args.repeats
     decode_all(model, ids[:64], 64, search, "warm-up")
-    cached = decode_all(model, ids, args.batch_size, search, f"beam {args.beam}, cache")
+    cached = decode_all(model, ids, args.batch_size, search, f"beam {args.beam}, cache", r)
     print(cached.row(), flush=True)
-
     n = min(args.no_cache_sentences, len(ids))
     if n > 0:
-        no_cache = decode_all(NoCache(model), ids[:n], args.batch_size, search, f"beam {args.beam}, no cache")
+        no_cache = decode_all(
+            NoCache(model), ids[:n], args.batch_size, search, f"beam {args.beam}, no cache", r
+        )
         print(no_cache.row(), flush=True)
+    greedy_config = SearchConfig(beam=1, max_len_a=a, max_len_b=b)
+    print(decode_all(model, ids, args.batch_size, greedy_config, "greedy, cache", r).row(), flush=True)
+    if n > 0:
         same = sum(x == y for x, y in zip(no_cache.outputs, cached.outputs[:n], strict=True))
-        speedup = (cached.sentences / cached.seconds) / (no_cache.sentences / no_cache.seconds)
-        print(f"\ncache speed-up {speedup:.1f}x; no-cache outputs equal to cached ones: {same}/{n}\n")
-    greedy = decode_all(model, ids, args.batch_size, SearchConfig(beam=1, max_len_a=a, max_len_b=b), "greedy")
-    print(greedy.row(), flush=True)
+        speedup = (cached.sentences / cached.best) / (no_cache.sentences / no_cache.best)
+        print(f"\ncache speed-up {speedup:.1f}x; no-cache outputs equal to cached ones: {same}/{n}")
+
     m = min(args.sweep_sentences, len(ids))
+    print(f"\nbatch size sweep, beam {args.beam}, cache, first {m} sentences\n\n{HEADER}")
     for size in args.batch_sizes:
-        run = decode_all(model, ids[:m], size, search, f"beam {args.beam}, cache")
-        print(run.row(), flush=True)
+        print(decode_all(model, ids[:m], size, search, f"beam {args.beam}, cache", r).row(), flush=True)
     print(f"\nmachine: {machine()}")
     return 0
 
