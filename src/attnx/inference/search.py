@@ -25,6 +25,10 @@ length during inference to input length + 50, but terminate early when possible"
   stops once the best live hypothesis's bound cannot beat the ``nbest``-th best finished score, so the
   ``nbest`` best hypotheses returned are exactly those the full search would return. Stopped sentences
   leave the batch (:meth:`DecoderState.reorder`), so work shrinks as sentences finish.
+* **Vectorized.** A step is a few tensor operations over the rows of all live sentences at once: the ``beam``
+  best tokens of each row, then the ``beam`` best of each sentence's ``beam × beam`` candidates. Python
+  only files away finished hypotheses. Following back-pointers inside a sentence moves only the
+  self-attention caches (``same_sources=True``); the source side is copied only when sentences leave.
 
 ``PAD`` and ``BOS`` are never generated; ``UNK`` is allowed. Encoder keys/values for the encoder-decoder
 attention are computed once per sentence (:meth:`Transformer.start_decoding`) and then repeated for the
@@ -87,10 +91,9 @@ def max_output_lengths(
     src_mask: Tensor, max_len_a: float, max_len_b: int, max_positions: int | None = None
 ) -> Tensor:
     """Per-sentence ``L = floor(a * input length + b)`` ``(B,)``: tokens allowed before the forced ``</s>``."""
-    lengths = torch.floor(src_mask.sum(1).double() * max_len_a + max_len_b).long().clamp(min=0)
-    if max_positions is not None:
-        lengths = lengths.clamp(max=max_positions - 1)  # L tokens + </s> need L + 1 decoder positions
-    return lengths
+    cap = math.inf if max_positions is None else max_positions - 1  # L tokens + </s>: L + 1 positions
+    lengths = [max(0, min(cap, math.floor(max_len_a * n + max_len_b))) for n in src_mask.sum(1).tolist()]
+    return torch.tensor(lengths, dtype=torch.long, device=src_mask.device)
 
 
 @contextlib.contextmanager
@@ -177,7 +180,7 @@ def beam_search(
         limits = max_output_lengths(src_mask, config.max_len_a, config.max_len_b, config.max_positions)
         limits = limits.to(device)  # (B,) per live sentence
         # Largest penalty a live hypothesis can still reach (see the module docstring); lp is monotone.
-        lp_final = length_penalty(limits.double() + 1, config.alpha, config.length_penalty)
+        lp_final = length_penalty(limits.float() + 1, config.alpha, config.length_penalty)
         state = model.start_decoding(model.encode(src, src_mask), src_mask)
         state.expand(k)
 
@@ -230,8 +233,8 @@ def beam_search(
             t += 1
 
             lp_now = length_penalty(float(t + 1), config.alpha, config.length_penalty)
-            bound = scores[:, 0].double() / torch.clamp(lp_final, min=lp_now)
-            done = (slots == 0) | (bound <= best_finished[:, -1].double())
+            bound = scores[:, 0] / torch.clamp(lp_final, min=lp_now)
+            done = (slots == 0) | (bound <= best_finished[:, -1])
 
             keep = (~done).nonzero().squeeze(1)
             rows = (keep.unsqueeze(1) * k + origin[keep]).view(-1)  # back-pointers of surviving sentences
