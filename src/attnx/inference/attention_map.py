@@ -28,6 +28,7 @@ from torch import Tensor  # noqa: E402
 from attnx.checkpoint import CheckpointError, LoadedModel, load_model  # noqa: E402
 from attnx.data.batch import BOS_ID, EOS_ID, collate  # noqa: E402
 from attnx.inference.search import SearchConfig, translate_batch  # noqa: E402
+from attnx.inference.translate import parse_device  # noqa: E402
 
 COLUMNS = 4
 """Heads per row of panels."""
@@ -159,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--source is empty")
     if args.beam < 1:
         parser.error("--beam must be at least 1")
+    device = parse_device(parser, args.device)
     try:
-        loaded = load_model(args.ckpt_path, device=args.device)
+        loaded = load_model(args.ckpt_path, device=device)
     except CheckpointError as err:
         print(f"attnx attention: {err}", file=sys.stderr)
         return 2

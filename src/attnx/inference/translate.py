@@ -108,6 +108,17 @@ def _write(lines: list[str], target: str | None) -> None:
         Path(target).write_bytes(data)
 
 
+def parse_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
+    """``--device`` as a torch device that exists here, else a usage error."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        parser.error(f"--device {name!r}: {err}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {name}: this torch build or machine has no CUDA device; use --device cpu")
+    return device
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnx translate",
@@ -164,10 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max_tokens must be at least 1")
     if args.input != "-" and not Path(args.input).is_file():
         parser.error(f"input file {args.input} does not exist")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as err:
-        parser.error(f"--device {args.device!r}: {err}")
+    device = parse_device(parser, args.device)
     try:
         loaded = load_model(args.ckpt_path, device=device)
     except CheckpointError as err:
