@@ -108,12 +108,23 @@ class Transformer(nn.Module):
             x = layer(x, src_mask, weights)
         return self.encoder_norm(x)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
-        """Teacher-forced decoding of ``tgt_in`` ``(B, T)`` -> logits ``(B, T, V)``; position i sees ``tgt_in[:, :i+1]``."""
+    def decode_features(
+        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, weights: list | None = None
+    ) -> Tensor:
+        """Teacher-forced decoder output before the pre-softmax projection, ``(B, T, D)``.
+
+        Training projects only the rows it scores (padding never reaches the ``V``-wide softmax).
+        """
         x = self._embed(tgt_in, self.tgt_embedding, self.tgt_positional)
         for layer in self.decoder_layers:
             x = layer(x, memory, src_mask, weights=weights)
-        return F.linear(self.decoder_norm(x), self.output_weight)  # (B, T, V)
+        return self.decoder_norm(x)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
+        """Teacher-forced decoding of ``tgt_in`` ``(B, T)`` -> logits ``(B, T, V)``; position i sees ``tgt_in[:, :i+1]``."""
+        return F.linear(
+            self.decode_features(tgt_in, memory, src_mask, weights), self.output_weight
+        )  # (B, T, V)
 
     def forward(self, src: Tensor, tgt_in: Tensor, src_mask: Tensor) -> Tensor:
         return self.decode(tgt_in, self.encode(src, src_mask), src_mask)

@@ -62,6 +62,13 @@ class AttnxCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.vocab_size", "model.transformer.vocab_size", apply_on="instantiate")
+        parser.add_argument(
+            "--torch_threads",
+            type=int | None,
+            default=None,
+            help="CPU threads for PyTorch's kernels (torch.set_num_threads); None keeps PyTorch's default "
+            "(one per core). On a CPU shared with other jobs, fewer threads than cores avoids stalls.",
+        )
 
     def _parse_ckpt_path(self) -> None:
         """With ``--ckpt_path``, the model architecture comes from the checkpoint (it must fit the weights);
@@ -82,6 +89,9 @@ class AttnxCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         check_devices(self._get(self.config, "trainer", default={}))
+        threads = self._get(self.config, "torch_threads")
+        if threads:
+            torch.set_num_threads(threads)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         plugins = self._get(self.config_init, "trainer", default={}).get("plugins") or []

@@ -21,7 +21,7 @@ from attnx.data.batch import Batch
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.search import SearchConfig, translate_batch
 from attnx.model import TransformerConfig, build_transformer
-from attnx.training.loss import label_smoothed_nll
+from attnx.training.loss import LossSums, translation_loss
 from attnx.training.schedule import lr_lambda
 
 CPU_PEAK_FLOPS = 180e9
@@ -160,9 +160,8 @@ class TranslationTask(pl.LightningModule):
     def forward(self, src: Tensor, tgt_in: Tensor, src_mask: Tensor) -> Tensor:
         return self.model(src, tgt_in, src_mask)
 
-    def _loss(self, batch: Batch):
-        logits = self.model(batch.src, batch.tgt_in, batch.src_mask)  # (B, T, V)
-        return label_smoothed_nll(logits, batch.tgt_out, self.label_smoothing, self.config.pad_id)
+    def _loss(self, batch: Batch) -> LossSums:
+        return translation_loss(self.model, batch, self.label_smoothing)
 
     def _reseed(self, batch_idx: int) -> None:
         micro = batch_idx % self.trainer.accumulate_grad_batches
@@ -223,8 +222,14 @@ class TranslationTask(pl.LightningModule):
         return self.peak_flops
 
     def configure_optimizers(self) -> dict[str, Any]:
+        # fused: one kernel for all parameters (4x faster than the per-tensor loop on CPU)
         optimizer = torch.optim.AdamW(
-            self.parameters(), lr=1.0, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay
+            self.parameters(),
+            lr=1.0,
+            betas=self.betas,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            fused=self.device.type in ("cpu", "cuda"),
         )
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(self.config.d_model, self.warmup_steps, self.lr_factor)
@@ -284,8 +289,8 @@ class TranslationTask(pl.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         report = self._score("test", write=True)
-        if report is not None:
-            rank_zero_info("\n".join(report.lines()))
+        if report is not None:  # rank 0: the scores are the command's result, printed to stdout
+            print("\n".join(report.lines()), flush=True)
         for name in ("bleu", "chrf"):
             value = getattr(report, name) if report is not None else 0.0
             self.log(f"test/{name}", self.trainer.strategy.broadcast(value, src=0))

@@ -1,0 +1,135 @@
+"""`attnx fit | test | predict` end to end on a slice of Multi30k, and the CLI's clear errors."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from attnx.checkpoint import load_model
+from attnx.cli import main as attnx
+from attnx.training.cli import check_devices
+from tests.training.conftest import fit_args, read_metrics
+
+
+@pytest.fixture(scope="module")
+def run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 8-step tiny fit (validation at steps 4 and 8, a checkpoint every step, the last 3 averaged)."""
+    work = tmp_path_factory.mktemp("fit")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(work)
+        assert attnx(fit_args(corpus)) == 0
+    return work / "runs" / "tiny" / "version_0"
+
+
+def test_fit_logs_every_metric_to_csv_and_tensorboard(run: Path) -> None:
+    rows = read_metrics(run)
+    columns = set(rows[0])
+    for name in ("loss", "nll", "ppl", "lr", "tokens_per_s", "mfu"):
+        assert f"train/{name}" in columns
+    for name in ("loss", "nll", "ppl", "bleu"):
+        assert f"val/{name}" in columns
+    train = [r for r in rows if r["train/loss"]]
+    assert len(train) == 8
+    assert all(math.isfinite(float(r["train/loss"])) for r in train)
+    assert float(train[-1]["train/loss"]) < float(train[0]["train/loss"])
+    nll = float(train[3]["train/nll"])
+    assert float(train[3]["train/ppl"]) == pytest.approx(math.exp(nll), rel=1e-4)  # perplexity of the NLL
+    assert 0 < float(train[-1]["train/mfu"]) < 1 and float(train[-1]["train/tokens_per_s"]) > 0
+    assert list(run.glob("events.out.tfevents.*"))
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["model"]["transformer"]["d_model"] == 32 and saved["data"]["max_tokens"] == 512
+
+
+def test_checkpoints_are_plain_and_averaged(run: Path) -> None:
+    checkpoints = run / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("*.ckpt")) == [
+        "averaged.ckpt",
+        "last.ckpt",
+        "step=6.ckpt",
+        "step=7.ckpt",
+        "step=8.ckpt",
+    ]
+    for path in checkpoints.glob("*.ckpt"):
+        checkpoint = torch.load(path, weights_only=True)  # no pickled classes anywhere
+        assert checkpoint["attnx"]["transformer"]["vocab_size"] == 300  # linked from the data
+    assert not list(checkpoints.glob(".*.tmp"))  # atomic writes leave no temporary files
+    states = [torch.load(checkpoints / f"step={s}.ckpt", weights_only=True)["state_dict"] for s in (6, 7, 8)]
+    averaged = load_model(checkpoints / "averaged.ckpt")
+    name = "decoder_layers.1.ffn.w2.weight"
+    expected = sum(s[f"model.{name}"] for s in states) / 3
+    torch.testing.assert_close(averaged.model.state_dict()[name], expected)
+
+
+def test_test_decodes_the_averaged_checkpoint_and_prints_scores(run: Path, corpus: Path, capsys) -> None:
+    hyp = run.parent / "test.hyp"
+    ckpt = run / "checkpoints" / "averaged.ckpt"
+    extra = ["--ckpt_path", str(ckpt), "--model.output_file", str(hyp), "--model.search.beam", "3"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(run.parents[2])
+        assert attnx(fit_args(corpus, *extra, subcommand="test")) == 0
+    out = capsys.readouterr()
+    assert "sacreBLEU BLEU = " in out.err + out.out and "nrefs:1|case:mixed" in out.err + out.out
+    assert "paper-style tokenized BLEU" in out.err + out.out
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 50
+    test_run = sorted((run.parent).glob("version_*"))[-1]
+    assert yaml.safe_load((test_run / "config.yaml").read_text())["model"]["search"]["beam"] == 3
+    assert "test/bleu" in read_metrics(test_run)[0]
+
+
+def test_predict_writes_translations_in_corpus_order(run: Path, corpus: Path) -> None:
+    out = run.parent / "predict.txt"
+    extra = ["--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--model.output_file", str(out)]
+    extra += ["--model.search.beam", "1"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(run.parents[2])
+        assert attnx(fit_args(corpus, *extra, subcommand="predict")) == 0
+    lines = out.read_text(encoding="utf-8").splitlines()
+    loaded = load_model(run / "checkpoints" / "last.ckpt")
+    sources = (corpus / "test.en").read_text(encoding="utf-8").splitlines()
+    from attnx.data.batch import collate
+    from attnx.inference.search import SearchConfig, translate_batch
+
+    for i in (0, 17, 49):  # one sentence at a time, as the file must list them
+        batch = collate([(loaded.tokenizer.encode(sources[i]), [])])
+        ids = translate_batch(
+            loaded.model, batch.src, batch.src_mask, SearchConfig(beam=1, max_len_b=20, max_positions=256)
+        )[0]
+        assert lines[i] == loaded.tokenizer.decode(ids)
+
+
+def test_unknown_config_key_is_named(corpus: Path, tmp_path: Path, capsys) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("model:\n  transformer:\n    d_modle: 64\n")
+    with pytest.raises(SystemExit) as exit_info:
+        attnx(fit_args(corpus, "--config", str(config)))
+    assert exit_info.value.code == 2
+    assert "d_modle" in capsys.readouterr().err
+
+
+def test_unknown_component_lists_known_names_without_traceback(corpus: Path, tmp_path: Path, capsys) -> None:
+    rc = attnx(fit_args(corpus, "--model.transformer.feedforward.name", "swiglu", "--trainer.max_steps", "1"))
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "unknown feedforward component 'swiglu'" in err and "relu" in err
+    assert "Traceback" not in err
+
+
+def test_missing_gpus_is_one_sentence_with_the_override(corpus: Path, capsys) -> None:
+    rc = attnx(fit_args(corpus, "--trainer.accelerator", "gpu", "--trainer.devices", "8"))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2
+    assert (
+        "8 GPUs" in err and "--trainer.accelerator cpu --trainer.devices 1 --trainer.precision 32-true" in err
+    )
+    check_devices({"accelerator": "gpu", "devices": 2}, available=2)  # enough GPUs: no error
+
+
+def test_checkpoint_of_another_program_is_a_clear_error(corpus: Path, tmp_path: Path, capsys) -> None:
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {}}, foreign)
+    assert attnx(fit_args(corpus, "--ckpt_path", str(foreign), subcommand="test")) == 2
+    assert "not an attnx checkpoint" in capsys.readouterr().err

@@ -1,0 +1,91 @@
+"""§5.4 label smoothing against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnx.training.loss import label_smoothed_nll
+
+PAD = 0
+
+
+def test_hand_computed_values() -> None:
+    # One sentence, vocabulary of 3, two real positions and one padded one.
+    logits = torch.tensor([[[0.0, 0.0, math.log(2.0)], [0.0, math.log(3.0), 0.0], [5.0, -1.0, 2.0]]])
+    target = torch.tensor([[2, 1, PAD]])
+    sums = label_smoothed_nll(logits, target, epsilon=0.1, ignore_index=PAD)
+    # Position 1: p = (1/4, 1/4, 2/4), reference 2.   Position 2: p = (1/5, 3/5, 1/5), reference 1.
+    nll = -math.log(2 / 4) - math.log(3 / 5)
+    uniform = (-math.log(1 / 4) * 2 - math.log(2 / 4)) / 3 + (-math.log(1 / 5) * 2 - math.log(3 / 5)) / 3
+    assert sums.tokens.item() == 2
+    assert sums.nll.item() == pytest.approx(nll, rel=1e-6)
+    assert sums.loss.item() == pytest.approx(0.9 * nll + 0.1 * uniform, rel=1e-6)
+
+
+def test_equals_torch_cross_entropy_with_label_smoothing() -> None:
+    logits = torch.randn(3, 5, 11)
+    target = torch.randint(1, 11, (3, 5))
+    target[0, 3:] = PAD
+    sums = label_smoothed_nll(logits, target, epsilon=0.1, ignore_index=PAD)
+    expected = F.cross_entropy(
+        logits.reshape(-1, 11), target.reshape(-1), ignore_index=PAD, label_smoothing=0.1, reduction="sum"
+    )
+    assert sums.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert sums.tokens.item() == 13
+
+
+def test_padding_is_ignored_and_zero_smoothing_is_nll() -> None:
+    logits = torch.randn(2, 4, 7, requires_grad=True)
+    target = torch.tensor([[3, 4, PAD, PAD], [5, 6, 1, PAD]])
+    sums = label_smoothed_nll(logits, target, epsilon=0.0, ignore_index=PAD)
+    assert sums.loss.item() == pytest.approx(sums.nll.item())
+    sums.loss.backward()
+    assert torch.all(logits.grad[target == PAD] == 0)  # padded positions get no gradient
+
+
+def test_bf16_logits_are_scored_in_float32() -> None:
+    logits = torch.randn(2, 3, 9)
+    target = torch.randint(1, 9, (2, 3))
+    full = label_smoothed_nll(logits, target, 0.1, PAD)
+    half = label_smoothed_nll(logits.bfloat16(), target, 0.1, PAD)
+    assert half.loss.dtype == torch.float32
+    assert half.loss.item() == pytest.approx(full.loss.item(), rel=2e-2)
+
+
+def test_rejects_bad_epsilon() -> None:
+    with pytest.raises(ValueError, match="label smoothing"):
+        label_smoothed_nll(torch.zeros(1, 1, 3), torch.ones(1, 1, dtype=torch.long), 1.0, PAD)
+
+
+def test_training_loss_equals_the_loss_of_the_full_forward() -> None:
+    from attnx.data.batch import collate
+    from attnx.model import build_transformer
+    from attnx.training.loss import translation_loss
+    from tests.conftest import tiny_config
+
+    model = build_transformer(tiny_config())
+    batch = collate([([5, 6, 7, 8], [9, 10]), ([11], [12, 13, 14, 15, 16])])
+    logits = model(batch.src, batch.tgt_in, batch.src_mask)  # (B, T, V), padding included
+    full = label_smoothed_nll(logits, batch.tgt_out, 0.1, PAD)
+    projected = translation_loss(model, batch, 0.1)
+    assert projected.tokens.item() == batch.n_tgt_tokens == 9
+    torch.testing.assert_close(projected.loss, full.loss)
+    torch.testing.assert_close(projected.nll, full.nll)
+
+
+def test_fused_gradient_equals_autograd_through_log_softmax() -> None:
+    logits = torch.randn(4, 6, 13, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 13, (4, 6))
+    target[1, 2:] = PAD
+    sums = label_smoothed_nll(logits, target, epsilon=0.1, ignore_index=PAD)
+    (fused,) = torch.autograd.grad(sums.loss, logits)
+    lprobs = torch.log_softmax(logits, dim=-1)
+    keep = (target != PAD).unsqueeze(-1)
+    reference = -(0.9 * lprobs.gather(-1, target.unsqueeze(-1)) + 0.1 * lprobs.mean(-1, keepdim=True))
+    (expected,) = torch.autograd.grad((reference * keep).sum(), logits)
+    torch.testing.assert_close(fused, expected)
+    assert torch.all(fused[1, 2:] == 0)
