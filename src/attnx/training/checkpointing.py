@@ -17,11 +17,13 @@ from attnx.inference.average import average_checkpoints
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, made atomic: a kill during a save never leaves a truncated checkpoint.
+    """Checkpoint files that are whole or absent, read with ``weights_only=True``.
 
-    Saving goes through :func:`attnx.checkpoint.atomic_save` (write a temporary file, fsync, rename);
-    loading through :func:`attnx.checkpoint.read_checkpoint` (``weights_only=True``; a truncated file or a
-    checkpoint of another program raises :class:`attnx.checkpoint.CheckpointError` naming the file).
+    Saving goes through :func:`attnx.checkpoint.atomic_save`: stream to a temporary file beside the target,
+    fsync, rename. (Lightning 2.6's own writer also renames, through an fsspec transaction, but first holds
+    the whole serialized checkpoint in memory and never fsyncs, so a power cut can still leave an empty file.)
+    Loading goes through :func:`attnx.checkpoint.read_checkpoint`: a truncated file or a checkpoint of another
+    program raises :class:`attnx.checkpoint.CheckpointError` naming the file.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:

@@ -1,0 +1,71 @@
+"""Checkpoint writing survives kills; checkpoints of another model are refused with the difference named."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnx.checkpoint import CheckpointError
+from attnx.training.checkpointing import AtomicCheckpointIO
+from attnx.training.module import TranslationTask
+from tests.conftest import tiny_config
+
+WRITER = """
+import sys, torch
+from attnx.training.checkpointing import AtomicCheckpointIO
+io, path, n = AtomicCheckpointIO(), sys.argv[1], 0
+while True:
+    n += 1
+    io.save_checkpoint({"attnx": {"format_version": 1}, "state_dict": {"w": torch.full((4_000_000,), float(n))}}, path)
+"""
+
+
+def test_a_kill_during_saves_leaves_the_last_checkpoint_whole(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)])
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # several 16 MB saves are under way now
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    state = AtomicCheckpointIO().load_checkpoint(path)["state_dict"]["w"]
+    assert state.shape == (4_000_000,) and torch.all(state == state[0])
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("disk full")
+
+
+def test_a_failed_save_keeps_the_previous_file_and_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"attnx": {"format_version": 1}, "state_dict": {"w": torch.ones(3)}}, path)
+    before = path.read_bytes()
+    with pytest.raises(RuntimeError, match="disk full"):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(10_000)}, "bad": Unpicklable()}, path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_loading_a_truncated_checkpoint_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "step=3.ckpt"
+    path.write_bytes(b"PK\x03\x04 not a whole zip")
+    with pytest.raises(CheckpointError, match=r"step=3\.ckpt cannot be read.*truncated"):
+        AtomicCheckpointIO().load_checkpoint(path)
+
+
+def test_checkpoint_of_another_model_is_refused_with_the_difference() -> None:
+    ours = TranslationTask(tiny_config(vocab_size=300))
+    theirs = tiny_config(vocab_size=300, d_ff=128).to_dict()
+    with pytest.raises(CheckpointError, match="d_ff: checkpoint 128 vs config 64"):
+        ours.on_load_checkpoint({"attnx": {"transformer": theirs}, "state_dict": {}})
