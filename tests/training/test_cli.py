@@ -133,3 +133,15 @@ def test_checkpoint_of_another_program_is_a_clear_error(corpus: Path, tmp_path: 
     torch.save({"state_dict": {}}, foreign)
     assert attnx(fit_args(corpus, "--ckpt_path", str(foreign), subcommand="test")) == 2
     assert "not an attnx checkpoint" in capsys.readouterr().err
+
+
+def test_lightning_loads_the_checkpoints_back(run: Path) -> None:
+    from attnx.training.module import TranslationTask
+
+    for name in ("last.ckpt", "averaged.ckpt"):
+        task = TranslationTask.load_from_checkpoint(
+            run / "checkpoints" / name
+        )  # torch.load(weights_only=True)
+        decodable = load_model(run / "checkpoints" / name)
+        assert task.config == decodable.config
+        torch.testing.assert_close(task.model.state_dict(), decodable.model.state_dict())
