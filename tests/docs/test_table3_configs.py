@@ -20,6 +20,7 @@ from attnx.model.builders import count_parameters
 from attnx.training.cli import main as attnx_cli
 from tests.conftest import REPO
 
+BASE = REPO / "configs" / "base.yaml"
 TABLE3 = REPO / "configs" / "table3"
 VOCAB = 37000  # §5.1, the shared en-de BPE vocabulary the paper's parameter counts assume
 PAPER_BASE_PARAMS = 65e6
@@ -64,7 +65,7 @@ def build(transformer: dict):
 
 @pytest.fixture(scope="module")
 def base() -> tuple[dict, int]:
-    model = parsed_model_section()
+    model = parsed_model_section(BASE)
     return model, count_parameters(build(model["transformer"]))
 
 
@@ -76,7 +77,7 @@ def test_every_shipped_variation_is_tested():
 def test_table3_variation(name, base):
     base_model, base_params = base
     transformer_fields, model_fields, paper_params = ROWS[name]
-    model_section = parsed_model_section(TABLE3 / f"{name}.yaml")
+    model_section = parsed_model_section(BASE, TABLE3 / f"{name}.yaml")
     transformer = model_section["transformer"]
     module = build(transformer)
     attn = module.encoder_layers[0].self_attn

@@ -1,0 +1,116 @@
+"""Every command of docs/quickstart.md, executed in order in a fresh directory, so the page cannot drift.
+
+The ```bash blocks of the page run one after the other with ``bash -euo pipefail`` in a temporary directory
+holding a link to ``configs/`` (the page runs from a clone's root), with ``ATTNX_DATA_DIR`` pointing at the
+shared corpora, so ``attnx download --from_dir`` copies them instead of fetching them. The ```sh block
+(installation) is not run: this test already runs inside the installed environment.
+
+The page's commands run exactly as written, except that this test appends options to three of them, because
+the page's real run takes about half an hour on a CPU and this test must take a few minutes:
+
+``attnx fit``
+    ``--config SHORT``, an override config (:data:`SHORT_FIT`) merged over the page's: 30 optimizer steps
+    instead of 30 minutes, validation after 15 steps on 2 batches with greedy BLEU of 16 sentences, and a
+    checkpoint every 3 seconds instead of every 2 minutes, so that ``attnx average --last 5`` finds several
+    (it averages those there are when fewer than 5 were kept, and says so).
+``attnx test``
+    one test batch (a few hundred sentences) with greedy search and at most 10 tokens beyond the source
+    length: a 30-step model rambles to the length limit, which with beam 4 on all 1,000 sentences would take
+    minutes alone.
+``attnx translate``
+    greedy search with the same length limit, for the same reason.
+
+Everything else — download, prepare with the page's vocabulary, the config itself, averaging, the outputs'
+paths — is the page's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+PAGE = REPO / "docs" / "quickstart.md"
+
+SHORT_FIT = """\
+trainer:
+  max_steps: 30
+  val_check_interval: 15
+  limit_val_batches: 2
+  callbacks:
+    - class_path: attnx.training.checkpointing.PeriodicCheckpoint
+      init_args: {minutes: 0.05, keep: 5}
+    - class_path: attnx.training.checkpointing.AverageCheckpoints
+      init_args: {last: 5}
+model:
+  val_bleu_samples: 16
+"""
+
+OVERRIDES: dict[str, str] = {
+    "attnx fit": "--config short_fit.yaml",
+    "attnx test": "--trainer.limit_test_batches 1 --model.search.beam 1 --model.search.max_len_b 10",
+    "attnx translate": "--beam 1 --max_len_b 10",
+}
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", PAGE.read_text(encoding="utf-8"), flags=re.S | re.M)
+
+
+def with_overrides(block: str, applied: list[str]) -> str:
+    """``block`` with the test's options appended to each command that :data:`OVERRIDES` names."""
+    lines = block.replace("\\\n", " ").splitlines()  # one line per command
+    for i, line in enumerate(lines):
+        for command, options in OVERRIDES.items():
+            if re.search(rf"(^|\| *){command} ", line):
+                lines[i] = f"{line} {options}"
+                applied.append(command)
+    return "\n".join(lines) + "\n"
+
+
+def test_page_has_the_quickstart_commands():
+    text = "\n".join(blocks("bash"))
+    for command in ("attnx download", "attnx prepare", "attnx fit", "attnx average", "attnx test"):
+        assert command in text, f"{PAGE.name} lost its `{command}` step"
+    assert "attnx translate" in text
+    install = "\n".join(blocks("sh"))
+    assert 'pip install -e ".[dev,docs]" -e plugins/restricted_attention' in install
+
+
+@pytest.mark.slow
+def test_quickstart_runs_as_written(shared_data: Path, tmp_path: Path):
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    (tmp_path / "short_fit.yaml").write_text(SHORT_FIT, encoding="utf-8")
+    env = os.environ | {
+        "ATTNX_DATA_DIR": str(shared_data),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "COLUMNS": "100",
+    }
+    applied: list[str] = []
+    outputs = []
+    for block in blocks("bash"):
+        script = with_overrides(block, applied)
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
+        assert done.returncode == 0, f"$ {script}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+        outputs.append(done.stdout)
+    assert sorted(set(applied)) == sorted(OVERRIDES), f"overrides applied to {applied}"
+    assert "sacreBLEU BLEU = " in outputs[-2]  # attnx test scored the averaged checkpoint
+    assert outputs[-1].strip(), "attnx translate printed no translation"
+    # The files the page points the reader to exist where it says.
+    hyp = "runs/multi30k_cpu/version_1/test.test.hyp"
+    assert hyp in PAGE.read_text(encoding="utf-8")
+    for path in (hyp, "runs/multi30k_cpu/version_0/checkpoints/averaged.ckpt", "multi30k.ckpt"):
+        assert (tmp_path / path).is_file(), path
