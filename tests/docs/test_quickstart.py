@@ -9,7 +9,7 @@ The page's commands run exactly as written, except that this test appends option
 the page's real run takes about half an hour on a CPU and this test must take a few minutes:
 
 ``attnx fit``
-    ``--config SHORT``, an override config (:data:`SHORT_FIT`) merged over the page's: 30 optimizer steps
+    ``--config short_fit.yaml``, an override config (:func:`short_fit`) merged over the page's: 30 optimizer steps
     instead of 30 minutes, validation after 15 steps on 2 batches with greedy BLEU of 16 sentences, and a
     checkpoint every 3 seconds instead of every 2 minutes, so that ``attnx average --last 5`` finds several
     (it averages those there are when fewer than 5 were kept, and says so).
@@ -33,24 +33,36 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 
 PAGE = REPO / "docs" / "quickstart.md"
 
-SHORT_FIT = """\
-trainer:
-  max_steps: 30
-  val_check_interval: 15
-  limit_val_batches: 2
-  callbacks:
-    - class_path: attnx.training.checkpointing.PeriodicCheckpoint
-      init_args: {minutes: 0.05, keep: 5}
-    - class_path: attnx.training.checkpointing.AverageCheckpoints
-      init_args: {last: 5}
-model:
-  val_bleu_samples: 16
-"""
+CONFIG = REPO / "configs" / "multi30k_cpu.yaml"
+
+
+def short_fit() -> str:
+    """The override config for ``attnx fit``: the page's config, shortened, with its own callbacks.
+
+    A list replaces a list when configs merge, so the callbacks are the page config's own, with only
+    ``PeriodicCheckpoint``'s interval shortened.
+    """
+    callbacks = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))["trainer"]["callbacks"]
+    periodic = [c for c in callbacks if c["class_path"].endswith(".PeriodicCheckpoint")]
+    assert len(periodic) == 1, f"{CONFIG.name} should keep exactly one PeriodicCheckpoint"
+    periodic[0]["init_args"]["minutes"] = 0.05
+    override = {
+        "trainer": {
+            "max_steps": 30,
+            "val_check_interval": 15,
+            "limit_val_batches": 2,
+            "callbacks": callbacks,
+        },
+        "model": {"val_bleu_samples": 16},
+    }
+    return yaml.safe_dump(override, sort_keys=False)
+
 
 OVERRIDES: dict[str, str] = {
     "attnx fit": "--config short_fit.yaml",
@@ -81,12 +93,20 @@ def test_page_has_the_quickstart_commands():
     assert "attnx translate" in text
     install = "\n".join(blocks("sh"))
     assert 'pip install -e ".[dev,docs]" -e plugins/restricted_attention' in install
+    assert f"attnx fit --config configs/{CONFIG.name}" in text
+
+
+def test_short_fit_keeps_the_configs_callbacks():
+    override = yaml.safe_load(short_fit())
+    page_config = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    kinds = [c["class_path"] for c in override["trainer"]["callbacks"]]
+    assert kinds == [c["class_path"] for c in page_config["trainer"]["callbacks"]]
 
 
 @pytest.mark.slow
 def test_quickstart_runs_as_written(shared_data: Path, tmp_path: Path):
     (tmp_path / "configs").symlink_to(REPO / "configs")
-    (tmp_path / "short_fit.yaml").write_text(SHORT_FIT, encoding="utf-8")
+    (tmp_path / "short_fit.yaml").write_text(short_fit(), encoding="utf-8")
     env = os.environ | {
         "ATTNX_DATA_DIR": str(shared_data),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
