@@ -91,7 +91,8 @@ class TranslationTask(pl.LightningModule):
                 are ``search``'s.
             search: Beam search for ``test`` and ``predict`` (§6.1: beam 4, α 0.6, max length input + 50).
             peak_flops: Peak FLOP/s of one device, the denominator of ``train/mfu``. None: the fp32 matmul
-                ceiling measured on the 2-core development CPU (180e9) on CPU, Lightning's table on GPUs.
+                ceiling of one core of the 2-core development CPU (180e9) on CPU, so both cores busy can read
+                above 100%; Lightning's table on GPUs.
             output_file: Where ``test`` and ``predict`` write translations, one a line in corpus order.
                 None: ``<log_dir>/test.<split>.hyp`` and ``<log_dir>/predict.<split>.hyp``.
         """
@@ -201,7 +202,10 @@ class TranslationTask(pl.LightningModule):
         self.log("train/mfu", flops_per_s / self._peak_flops())
 
     def on_train_epoch_start(self) -> None:
-        self._throughput.clear()  # do not count the epoch boundary (validation, loader start) as training time
+        self._throughput.clear()  # the epoch boundary (loader start) is not training time
+
+    def on_validation_end(self) -> None:
+        self._throughput.clear()  # nor is validation
 
     def _batch_flops(self, batch: Batch) -> float:
         """Model FLOPs of one training step on ``batch`` (forward + backward, real tokens only)."""
@@ -258,13 +262,14 @@ class TranslationTask(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         loss, nll, tokens = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum").tolist()
         tokens = max(tokens, 1.0)
-        self.log("val/loss", loss / tokens, prog_bar=True)
-        self.log("val/nll", nll / tokens)
-        self.log("val/ppl", math.exp(min(nll / tokens, 50.0)))
+        # every rank holds the same values: sync_dist only averages equal numbers (and keeps Lightning quiet)
+        self.log("val/loss", loss / tokens, prog_bar=True, sync_dist=True)
+        self.log("val/nll", nll / tokens, sync_dist=True)
+        self.log("val/ppl", math.exp(min(nll / tokens, 50.0)), sync_dist=True)
         if self.val_bleu_samples > 0:
             report = self._score("valid")
             bleu = self.trainer.strategy.broadcast(report.bleu if report is not None else 0.0, src=0)
-            self.log("val/bleu", bleu, prog_bar=True)
+            self.log("val/bleu", bleu, prog_bar=True, sync_dist=True)
 
     # ------------------------------------------------------------------------------------ test and predict
 
@@ -293,7 +298,7 @@ class TranslationTask(pl.LightningModule):
             print("\n".join(report.lines()), flush=True)
         for name in ("bleu", "chrf"):
             value = getattr(report, name) if report is not None else 0.0
-            self.log(f"test/{name}", self.trainer.strategy.broadcast(value, src=0))
+            self.log(f"test/{name}", self.trainer.strategy.broadcast(value, src=0), sync_dist=True)
 
     def on_predict_epoch_start(self) -> None:
         self._translations = []
