@@ -49,7 +49,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
             if checkpoint["attnx"]["transformer"] != reference["attnx"]["transformer"]:
                 raise CheckpointError(
                     f"cannot average {path}: its model config differs from that of {first_path} "
-                    f"({_config_difference(reference['attnx']['transformer'], checkpoint['attnx']['transformer'])}); "
+                    f"({config_difference(reference['attnx']['transformer'], checkpoint['attnx']['transformer'])}); "
                     "average only checkpoints of one training run"
                 )
             theirs = {k: (v.shape, v.dtype) for k, v in state.items()}
@@ -74,9 +74,11 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     return result
 
 
-def _config_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+def config_difference(a: dict[str, Any], b: dict[str, Any], a_name: str = "", b_name: str = "") -> str:
+    """``key: A vs B`` for every key whose value differs between two model configs, e.g. ``d_ff: 64 vs 128``."""
     keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    return ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in keys)
+    a_name, b_name = (f"{a_name} " if a_name else ""), (f"{b_name} " if b_name else "")
+    return ", ".join(f"{k}: {a_name}{a.get(k)!r} vs {b_name}{b.get(k)!r}" for k in keys)
 
 
 def checkpoint_step(path: Path) -> int | None:

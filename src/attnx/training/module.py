@@ -19,6 +19,7 @@ from attnx.checkpoint import CheckpointError, make_metadata
 from attnx.commands import training_flops_per_token
 from attnx.data.batch import Batch
 from attnx.data.tokenizer import Tokenizer
+from attnx.inference.average import config_difference
 from attnx.inference.search import SearchConfig, translate_batch
 from attnx.model import TransformerConfig, build_transformer
 from attnx.training.loss import LossSums, translation_loss
@@ -362,10 +363,6 @@ class TranslationTask(pl.LightningModule):
             raise CheckpointError("checkpoint has no attnx metadata; it was not written by `attnx fit`")
         theirs, ours = meta["transformer"], self.config.to_dict()
         if theirs != ours:
-            diff = ", ".join(
-                f"{k}: checkpoint {theirs.get(k)!r} vs config {ours.get(k)!r}"
-                for k in sorted(set(theirs) | set(ours))
-                if theirs.get(k) != ours.get(k)
-            )
+            diff = config_difference(theirs, ours, "checkpoint", "config")
             raise CheckpointError(f"checkpoint is of another model than the config describes ({diff})")
         self.seed = checkpoint.get("attnx_training", {}).get("seed", self.seed)
