@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, UNK_ID, collate
+from attnx.inference import search
 from attnx.inference.search import (
     SearchConfig,
     beam_search,
@@ -46,10 +47,17 @@ class StepRecorder:
     def __call__(self, tokens, state):
         self.rows.append(tokens.shape[0])
         logits = self.inner(tokens, state)
-        return logits if self.edit is None else self.edit(logits)
+        return logits if self.edit is None else self.edit(logits, state.offset - 1)
 
 
-def never_eos(logits):
+def likelier_eos(logits, position):
+    """</s> more likely at every position, so hypotheses and sentences end at different lengths."""
+    logits = logits.clone()
+    logits[:, EOS_ID] += 0.4 * position
+    return logits
+
+
+def never_eos(logits, position):
     logits = logits.clone()
     logits[:, EOS_ID] = -1e4  # finite: EOS is still possible when forced
     return logits
@@ -161,11 +169,6 @@ def test_maximum_output_length_is_input_length_plus_50():
 
 
 def test_beam_search_with_beam_1_equals_greedy():
-    def likelier_eos(logits):  # </s> more likely at each step, so sentences end at different lengths
-        logits = logits.clone()
-        logits[:, EOS_ID] += 0.4 * len(recorder.rows)
-        return logits
-
     model = make_model()
     recorder = StepRecorder(model, likelier_eos)
     lengths = (4, 9, 6, 2, 12, 7, 7, 3)
@@ -181,7 +184,7 @@ def test_beam_search_with_beam_1_equals_greedy():
 
 
 def test_pad_and_bos_are_never_generated_but_unk_is():
-    def prefer_specials(logits):
+    def prefer_specials(logits, position):
         logits = logits.clone()
         logits[:, PAD_ID] += 100
         logits[:, BOS_ID] += 100
@@ -296,15 +299,23 @@ def test_finished_sentences_leave_the_batch():
     recorder = StepRecorder(model, never_eos)
     src, src_mask = sources(2, 9)  # maximum lengths 3 and 10 with a = 1, b = 0
     beam_search(model, src, src_mask, SearchConfig(beam=4, max_len_a=1.0, max_len_b=0))
-    assert recorder.rows == [8] * 4 + [4] * 7  # step 4 forces </s> on the short one, then it is gone
+    # one row per sentence for <s>, then 4 each; step 4 forces </s> on the short one, then it is gone
+    assert recorder.rows == [2] + [8] * 3 + [4] * 7
     recorder.rows.clear()
     greedy_search(model, src, src_mask, 1.0, 0)
     assert recorder.rows == [2] * 4 + [1] * 7
 
 
-def test_batched_search_equals_one_sentence_at_a_time():
+@pytest.mark.parametrize(
+    ("ending", "compact_after"),
+    [(None, 0.2), (likelier_eos, 0.2), (likelier_eos, 0.0), (likelier_eos, math.inf)],
+)
+def test_batched_search_equals_one_sentence_at_a_time(ending, compact_after, monkeypatch):
+    """Also whether dead rows are re-packed at once (0), lazily (0.2) or only when rows must grow (inf)."""
+    monkeypatch.setattr(search, "COMPACT_AFTER", compact_after)
     model = make_model()
-    lengths = (7, 3, 12, 1, 5)
+    recorder = StepRecorder(model, ending)
+    lengths = (7, 3, 12, 1, 5, 9, 9, 2)
     src, src_mask = sources(*lengths)
     config = SearchConfig(beam=4, max_len_a=0.5, max_len_b=6)
     batched = beam_search(model, src, src_mask, config)
@@ -315,6 +326,9 @@ def test_batched_search_equals_one_sentence_at_a_time():
         assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in batched[i]], abs=1e-5)
         assert greedy_search(model, one_src, one_mask, 0.5, 6)[0] == greedy[i]
+    if ending is not None:  # hypotheses ended at many lengths, so rows went dead and were re-packed
+        assert len({len(h.tokens) for hyps in batched for h in hyps}) > 3
+        assert len(set(recorder.rows)) > 3
 
 
 def test_search_restores_training_mode_and_needs_no_grad():

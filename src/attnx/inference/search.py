@@ -23,16 +23,18 @@ length during inference to input length + 50, but terminate early when possible"
   ``s / max(lp(t + 1), lp(L + 1))``: ``s`` is negative, so dividing it by the *largest* reachable penalty
   gives the largest value (for α >= 0 that is ``lp(L + 1)``, the GNMT form grows with length). A sentence
   stops once the best live hypothesis's bound cannot beat the ``nbest``-th best finished score, so the
-  ``nbest`` best hypotheses returned are exactly those the full search would return. Stopped sentences
-  leave the batch (:meth:`DecoderState.reorder`), so work shrinks as sentences finish.
-* **Vectorized.** A step is a few tensor operations over the rows of all live sentences at once: the ``beam``
-  best tokens of each row, then the ``beam`` best of each sentence's ``beam × beam`` candidates. Python
-  only files away finished hypotheses. Following back-pointers inside a sentence moves only the
-  self-attention caches (``same_sources=True``); the source side is copied only when sentences leave.
+  ``nbest`` best hypotheses returned are exactly those the full search would return.
+* **Vectorized, and shrinking.** A step is a few tensor operations over the decoder rows of all sentences at
+  once: the ``beam`` best tokens of each row, then the ``beam`` best of each sentence's candidates. Python
+  only files away finished hypotheses. Rows of finished hypotheses and stopped sentences go dead; following
+  back-pointers within a sentence moves only the self-attention caches (``same_sources=True``), and once
+  the dead rows decoded reach :data:`COMPACT_AFTER` of the live ones, the rows are re-packed to the live
+  hypotheses of the sentences still searched (:meth:`DecoderState.reorder`), so work shrinks as
+  hypotheses and sentences finish.
 
 ``PAD`` and ``BOS`` are never generated; ``UNK`` is allowed. Encoder keys/values for the encoder-decoder
-attention are computed once per sentence (:meth:`Transformer.start_decoding`) and then repeated for the
-beam (:meth:`DecoderState.expand`). Nothing here needs Lightning.
+attention are computed once per sentence (:meth:`Transformer.start_decoding`, one row per sentence for the
+first step) and then copied to the rows of that sentence's hypotheses. Nothing here needs Lightning.
 """
 
 from __future__ import annotations
@@ -160,6 +162,12 @@ def greedy_search(
         return results
 
 
+COMPACT_AFTER = 0.2
+"""Re-pack the decoder rows once the dead rows decoded since the last re-pack reach this fraction of the
+live ones. Re-packing copies each kept row's source side (memory and encoder-decoder keys/values), which
+costs about a tenth of one decoding step of that row; decoding a dead row costs a whole step."""
+
+
 def beam_search(
     model: nn.Module,
     src: Tensor,
@@ -168,7 +176,14 @@ def beam_search(
     *,
     nbest: int | None = None,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search (module docstring); per sentence, up to ``nbest`` (default: beam) hypotheses, best first."""
+    """Batched beam search (module docstring); per sentence, up to ``nbest`` (default: beam) hypotheses, best first.
+
+    Decoder rows are grouped by sentence, at most ``beam`` each: ``row_sent``/``row_pos`` say which sentence
+    and which of its positions a row holds. Each step ranks every sentence's candidates in a dense
+    ``(sentences, beam)`` table; the next hypotheses then either reuse the current rows (a row stays with its
+    sentence: only self-attention caches move) or, when a sentence needs more rows or enough rows have gone
+    dead (finished hypotheses, finished sentences), the rows are re-packed to exactly the live hypotheses.
+    """
     k = config.beam
     if k < 1:
         raise ValueError(f"beam must be >= 1, got {k}")
@@ -177,46 +192,51 @@ def beam_search(
     with _decoding(model):
         b = src.shape[0]
         v = model.vocab_size
+        kk = min(k, v)  # tokens kept per row
         limits = max_output_lengths(src_mask, config.max_len_a, config.max_len_b, config.max_positions)
-        limits = limits.to(device)  # (B,) per live sentence
+        limits = limits.to(device)  # (B',) per sentence still searched
         # Largest penalty a live hypothesis can still reach (see the module docstring); lp is monotone.
         lp_final = length_penalty(limits.float() + 1, config.alpha, config.length_penalty)
-        state = model.start_decoding(model.encode(src, src_mask), src_mask)
-        state.expand(k)
+        state = model.start_decoding(model.encode(src, src_mask), src_mask)  # one row per sentence
 
-        sentences = torch.arange(b, device=device)  # (B',) original index of each live sentence
+        sentences = torch.arange(b, device=device)  # (B',) original index of each sentence still searched
         slots = torch.full((b,), k, dtype=torch.long, device=device)  # beam slots not taken by finished
         best_finished = torch.full((b, nbest), -math.inf, device=device)  # (B', nbest) sorted scores
-        scores = torch.full((b, k), -math.inf, device=device)  # (B', K) log P of live hypotheses
-        scores[:, 0] = 0.0  # one live hypothesis (<s>) per sentence at first
-        history = torch.empty(b * k, 0, dtype=torch.long, device=device)  # (B'K, t) tokens so far
-        last = torch.full((b * k,), BOS_ID, dtype=torch.long, device=device)
+        row_sent = torch.arange(b, device=device)  # (N,) sentence of each decoder row
+        row_pos = torch.zeros(b, dtype=torch.long, device=device)  # (N,) its position within the sentence
+        scores = torch.zeros(b, device=device)  # (N,) log P of each row's hypothesis; -inf: dead row
+        history = torch.empty(b, 0, dtype=torch.long, device=device)  # (N, t) tokens so far
+        last = torch.full((b,), BOS_ID, dtype=torch.long, device=device)
         finished: list[list[Hypothesis]] = [[] for _ in range(b)]
         rank = torch.arange(k, device=device)
+        dead_rows = 0  # dead rows decoded since the last re-pack
 
         t = 0  # tokens in every live hypothesis
         while sentences.numel():
-            n = sentences.numel()
-            at_max = (limits == t).repeat_interleave(k)
-            logits, normalizer = _next_scores(model, last, state, at_max)  # (B'K, V), (B'K, 1)
-            # The K best extensions of a sentence are among the K best tokens of each of its rows.
-            row_top, row_token = logits.topk(min(k, v), dim=1)  # (B'K, K')
-            cand = (scores.view(-1, 1) + (row_top - normalizer)).view(n, -1)  # (B', K K') log P
-            top, index = cand.topk(k, dim=1)  # (B', K) best extensions, sorted
-            origin = index // row_top.shape[1]  # beam slot extended
-            token = row_token.view(n, -1).gather(1, index)  # token appended
+            n, rows_now = sentences.numel(), row_sent.numel()
+            logits, normalizer = _next_scores(model, last, state, limits[row_sent] == t)  # (N, V), (N, 1)
+            # A sentence's K best extensions are among the K best tokens of each of its rows.
+            row_top, row_token = logits.topk(kk, dim=1)  # (N, K')
+            cand = torch.full((n, k, kk), -math.inf, device=device)
+            cand[row_sent, row_pos] = scores.unsqueeze(1) + (row_top - normalizer)  # log P
+            cand_token = torch.zeros((n, k, kk), dtype=torch.long, device=device)
+            cand_token[row_sent, row_pos] = row_token
+            slot_row = torch.zeros((n, k), dtype=torch.long, device=device)  # (B', K) row at each position
+            slot_row[row_sent, row_pos] = torch.arange(rows_now, device=device)
+
+            top, index = cand.view(n, -1).topk(k, dim=1)  # (B', K) best extensions, sorted
+            source = slot_row.gather(1, index // kk)  # row each extension continues
+            token = cand_token.view(n, -1).gather(1, index)  # token appended
             taken = (rank < slots.unsqueeze(1)) & (top > -math.inf)
             ends = taken & (token == EOS_ID)
             live = taken & (token != EOS_ID)
 
             if bool(ends.any()):
-                lp = length_penalty(t + 1, config.alpha, config.length_penalty)
-                normalized = top / lp
+                normalized = top / length_penalty(t + 1, config.alpha, config.length_penalty)
                 sent, col = ends.nonzero(as_tuple=True)
-                src_rows = sent * k + origin[sent, col]
                 for s, ids, score, logp in zip(
                     sentences[sent].tolist(),
-                    history[src_rows].tolist(),
+                    history[source[sent, col]].tolist(),
                     normalized[sent, col].tolist(),
                     top[sent, col].tolist(),
                     strict=True,
@@ -226,23 +246,41 @@ def beam_search(
                 merged = torch.cat([best_finished, normalized.masked_fill(~ends, -math.inf)], dim=1)
                 best_finished = merged.topk(nbest, dim=1).values
 
-            # Live extensions first, in score order, into the K slots; the rest are dead (-inf).
+            # Live extensions first, in score order; the rest of the K positions are dead (-inf).
             order = (~live).to(torch.int8).argsort(dim=1, stable=True)
-            scores = top.gather(1, order).masked_fill(~live.gather(1, order), -math.inf)
-            origin, token = origin.gather(1, order), token.gather(1, order)
+            live, top = live.gather(1, order), top.gather(1, order)
+            source, token = source.gather(1, order), token.gather(1, order)
             t += 1
 
             lp_now = length_penalty(float(t + 1), config.alpha, config.length_penalty)
-            bound = scores[:, 0] / torch.clamp(lp_final, min=lp_now)
+            bound = top[:, 0].masked_fill(~live[:, 0], -math.inf) / torch.clamp(lp_final, min=lp_now)
             done = (slots == 0) | (bound <= best_finished[:, -1])
-
-            keep = (~done).nonzero().squeeze(1)
-            rows = (keep.unsqueeze(1) * k + origin[keep]).view(-1)  # back-pointers of surviving sentences
-            state.reorder(rows, same_sources=keep.numel() == n)  # sources move only when sentences leave
-            last = token[keep].view(-1)
+            if bool(done.all()):
+                break
+            live &= ~done.unsqueeze(1)
+            n_live = live.sum(1)  # (B',)
+            have = torch.bincount(row_sent, minlength=n)
+            dead_rows += rows_now - int(n_live.sum())
+            if bool((n_live > have).any()) or dead_rows >= COMPACT_AFTER * int(n_live.sum()):
+                # Re-pack: exactly one row per live hypothesis, sentences still searched only.
+                sent, col = live.nonzero(as_tuple=True)  # grouped by sentence, positions 0, 1, ...
+                rows = source[sent, col]
+                state.reorder(rows)
+                keep = ~done
+                row_sent, row_pos = (keep.cumsum(0) - 1)[sent], col
+                scores, last = top[sent, col], token[sent, col]
+                sentences, slots, limits = sentences[keep], slots[keep], limits[keep]
+                lp_final, best_finished = lp_final[keep], best_finished[keep]
+                dead_rows = 0
+            else:
+                # Same rows, same sentences: row (j, c) takes the c-th live hypothesis of sentence j.
+                alive = live[row_sent, row_pos]
+                rows = torch.where(alive, source[row_sent, row_pos], torch.arange(rows_now, device=device))
+                state.reorder(rows, same_sources=True)
+                scores = top[row_sent, row_pos].masked_fill(~alive, -math.inf)
+                last = token[row_sent, row_pos]
+                slots = slots.masked_fill(done, 0)  # a finished sentence rides along, dead, until re-packed
             history = torch.cat([history[rows], last.unsqueeze(1)], dim=1)
-            sentences, slots, scores = sentences[keep], slots[keep], scores[keep]
-            limits, lp_final, best_finished = limits[keep], lp_final[keep], best_finished[keep]
 
         return [sorted(h, key=lambda h: h.score, reverse=True)[:nbest] for h in finished]
 
