@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnx import hookimpl
-from attnx.components.protocols import AttentionCache, attention_mask
+from attnx.components.protocols import AttentionCache, attention_mask, cached_keys_values
 
 
 class MultiHeadAttention(nn.Module):
@@ -67,18 +67,9 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         b, t, _ = query.shape
         q = self._heads(self.q_proj(query))  # (B, H, T, d_k)
-        offset = 0
-        if cache is not None and cache.static and cache.k is not None:
-            k, v = cache.k, cache.v
-        else:
-            k = self._heads(self.k_proj(key_value))  # (B, H, S, d_k)
-            v = self._heads(self.v_proj(key_value))
-            if cache is not None:
-                if not cache.static and cache.k is not None:
-                    offset = cache.length
-                    k = torch.cat([cache.k, k], dim=2)
-                    v = torch.cat([cache.v, v], dim=2)
-                cache.k, cache.v = k, v
+        k, v, offset = cached_keys_values(
+            cache, lambda: (self._heads(self.k_proj(key_value)), self._heads(self.v_proj(key_value)))
+        )  # (B, H, S, d_k), (B, H, S, d_v)
         s = k.shape[2]
         dropout = self.dropout if self.training else 0.0
         weights = None

@@ -7,6 +7,7 @@ and must behave as the matching protocol. Tensor shapes: ``B`` batch, ``T`` quer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +36,26 @@ class AttentionCache:
         if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
+
+
+def cached_keys_values(
+    cache: AttentionCache | None, project: Callable[[], tuple[Tensor, Tensor]]
+) -> tuple[Tensor, Tensor, int]:
+    """Keys and values ``(B, H, S, d)`` to attend over, and the position of the first new query.
+
+    ``project()`` computes this call's keys and values; it is skipped when a filled static cache already
+    holds them. A growing cache gets them appended, and the offset is the number of positions it held before.
+    """
+    if cache is not None and cache.static and cache.k is not None:
+        return cache.k, cache.v, 0
+    k, v = project()
+    offset = 0
+    if cache is not None:
+        if not cache.static and cache.k is not None:
+            offset = cache.length
+            k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+        cache.k, cache.v = k, v
+    return k, v, offset
 
 
 class Attention(Protocol):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnx import hookimpl
-from attnx.components.protocols import AttentionCache
+from attnx.components.protocols import AttentionCache, cached_keys_values
 
 __all__ = ["RestrictedSelfAttention"]
 
@@ -46,16 +46,9 @@ class RestrictedSelfAttention(nn.Module):
         b, t, d = query.shape
         q_proj, k_proj, v_proj = self.qkv
         q = self._heads(q_proj(query))
-        offset = 0
-        if cache is not None and cache.static and cache.k is not None:
-            k, v = cache.k, cache.v
-        else:
-            k, v = self._heads(k_proj(key_value)), self._heads(v_proj(key_value))
-            if cache is not None:
-                if not cache.static and cache.k is not None:
-                    offset = cache.length
-                    k, v = torch.cat([cache.k, k], 2), torch.cat([cache.v, v], 2)
-                cache.k, cache.v = k, v
+        k, v, offset = cached_keys_values(
+            cache, lambda: (self._heads(k_proj(key_value)), self._heads(v_proj(key_value)))
+        )
         s = k.shape[2]
         q_pos = torch.arange(t, device=query.device).unsqueeze(1) + offset  # (T, 1)
         k_pos = torch.arange(s, device=query.device).unsqueeze(0)  # (1, S)
