@@ -84,6 +84,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
     return LoadedModel(model.to(device).eval(), tokenizer, config, checkpoint)
 
 
+def config_difference(a: dict[str, Any], b: dict[str, Any], a_name: str = "", b_name: str = "") -> str:
+    """``key: A vs B`` for every key whose value differs between two model configs, e.g. ``d_ff: 64 vs 128``."""
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    a_name, b_name = (f"{a_name} " if a_name else ""), (f"{b_name} " if b_name else "")
+    return ", ".join(f"{k}: {a_name}{a.get(k)!r} vs {b_name}{b.get(k)!r}" for k in keys)
+
+
 def make_metadata(config: TransformerConfig, tokenizer: Tokenizer) -> dict[str, Any]:
     return {
         "format_version": FORMAT_VERSION,

@@ -1,28 +1,63 @@
-"""The ``attnx`` command: one table of subcommands, each a module with ``main(argv) -> int``."""
+"""The ``attnx`` command: one table of subcommands, one parser (jsonargparse) for all of them.
+
+``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (:mod:`attnx.training.cli`); every other
+command is a typed function in :mod:`attnx.commands` whose signature is its schema and whose docstring is its
+help, parsed the same way, so ``--config``, ``--print_config``, ``ATTNX_<COMMAND>__<OPTION>`` environment
+defaults and error messages work alike everywhere.
+
+Expected failures (a missing file, a bad option, a corrupt checkpoint, a diverged run, a full disk) print one
+line on standard error and exit with 2 (usage) or 1 (runtime); ``--debug`` (or ``ATTNX_DEBUG=1``) shows the
+traceback instead.
+"""
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
+import json
+import os
+import re
 import sys
+from collections.abc import Callable
+from typing import Any
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "download": (
-        "attnx.data.download",
-        "fetch Multi30k / WMT14 en-de raw text (or copy from a local directory)",
-    ),
-    "prepare": ("attnx.data.prepare", "train the joint SentencePiece model and binarize a parallel corpus"),
-    "fit": ("attnx.training.cli", "train a model from a config (LightningCLI)"),
-    "validate": ("attnx.training.cli", "compute validation loss/BLEU of a checkpoint (LightningCLI)"),
-    "test": ("attnx.training.cli", "beam-search a test set and score it with sacreBLEU (LightningCLI)"),
-    "predict": ("attnx.training.cli", "decode the test split of a config's data (LightningCLI)"),
-    "average": ("attnx.inference.average", "average the weights of several checkpoints into one"),
-    "translate": ("attnx.inference.translate", "translate text (file or stdin) with a checkpoint"),
-    "attention": ("attnx.inference.attention_map", "draw a layer's attention heads for a sentence to a PNG"),
-    "plugins": ("attnx.commands", "list every registered component by kind, with its distribution"),
-    "describe": ("attnx.commands", "parameter count and training FLOPs per token of a model config"),
+LIGHTNING_COMMANDS: dict[str, str] = {
+    "fit": "train a model from a config (LightningCLI; e.g. attnx fit --config base)",
+    "validate": "validation loss and BLEU of a checkpoint on a config's data (LightningCLI)",
+    "test": "beam-search a config's test split with a checkpoint and score it with sacreBLEU (LightningCLI)",
+    "predict": "beam-search a config's test split with a checkpoint and write the translations (LightningCLI)",
 }
 
-LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+COMMANDS: dict[str, str] = {
+    "download": "attnx.commands.data:download",
+    "prepare": "attnx.commands.data:prepare",
+    **dict.fromkeys(LIGHTNING_COMMANDS, "attnx.training.cli:main"),
+    "average": "attnx.commands.models:average",
+    "translate": "attnx.commands.translate:translate",
+    "attention": "attnx.commands.translate:attention",
+    "score": "attnx.commands.translate:score",
+    "configs": "attnx.commands.models:configs",
+    "plugins": "attnx.commands.models:plugins",
+    "describe": "attnx.commands.models:describe",
+}
+"""Command name → ``module:function``; modules are imported only when their command runs."""
+
+
+class UsageError(Exception):
+    """A command line or config that cannot work as given (exit status 2)."""
+
+
+def command_function(name: str) -> Callable[..., Any]:
+    module, _, function = COMMANDS[name].partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def summary(name: str) -> str:
+    if name in LIGHTNING_COMMANDS:
+        return LIGHTNING_COMMANDS[name]
+    doc = command_function(name).__doc__ or ""
+    return doc.strip().splitlines()[0].rstrip(".") if doc.strip() else ""
 
 
 def usage() -> str:
@@ -32,12 +67,103 @@ def usage() -> str:
         "",
         "commands:",
     ]
-    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<{width}}  {summary(name)}" for name in COMMANDS]
+    lines += ["", "options: --version, --debug (show tracebacks; or ATTNX_DEBUG=1)"]
     return "\n".join(lines)
+
+
+def debugging() -> bool:
+    return os.environ.get("ATTNX_DEBUG", "") not in ("", "0")
+
+
+def one_line(message: str) -> str:
+    """An error message folded onto one line (jsonargparse's nested messages span several)."""
+    lines = [re.sub(r"^\s*-\s+", "", line).strip() for line in str(message).strip().splitlines()]
+    lines = [line for line in lines if line]
+    text = "; ".join(dict.fromkeys(lines))  # repeated lines once
+    return re.sub(r"\s+", " ", text)
+
+
+def suggest(message: str, options: list[str]) -> str:
+    """Add "did you mean --x?" to an unrecognized-option message when an option is close."""
+    unknown = re.findall(r"(--[\w.\-]+)", message)
+    hints = []
+    for option in unknown:
+        if option in options:
+            continue
+        close = difflib.get_close_matches(option.split("=")[0], options, n=1, cutoff=0.75)
+        if close:
+            hints.append(f"{option}: did you mean {close[0]}?")
+    return f"{message} ({'; '.join(hints)})" if hints else message
+
+
+def option_names(function: Callable[..., Any]) -> list[str]:
+    """``--name`` for each parameter of ``function``, and ``--name.field`` for a dataclass parameter's fields."""
+    import dataclasses
+    import typing
+
+    names = ["--config", "--print_config", "--help"]
+    hints = typing.get_type_hints(function)
+    for parameter in inspect.signature(function).parameters:
+        names.append(f"--{parameter}")
+        kind = hints.get(parameter)
+        if dataclasses.is_dataclass(kind):
+            names += [f"--{parameter}.{field.name}" for field in dataclasses.fields(kind)]
+    return names
+
+
+def bare_flags(function: Callable[..., Any], argv: list[str]) -> list[str]:
+    """``--link`` alone means ``--link=true`` for a bool option (jsonargparse wants a value)."""
+    import typing
+
+    flags = {f"--{name}" for name, kind in typing.get_type_hints(function).items() if kind is bool}
+    out = []
+    for i, arg in enumerate(argv):
+        following = argv[i + 1] if i + 1 < len(argv) else "--"
+        if arg in flags and following.startswith("-") and following.lower() not in ("true", "false"):
+            arg += "=true"
+        out.append(arg)
+    return out
+
+
+def run_function(name: str, argv: list[str]) -> int:
+    """Parse ``argv`` against command ``name``'s signature and run it."""
+    from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
+
+    from attnx.commands import configure_parsing
+
+    configure_parsing()
+    function = command_function(name)
+    doc = inspect.cleandoc(function.__doc__ or "")
+    parser = ArgumentParser(
+        prog=f"attnx {name}",
+        description=doc.split("\n\nArgs:")[0] if doc else None,
+        default_env=True,
+        env_prefix=f"ATTNX_{name.upper()}",
+        exit_on_error=False,
+    )
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file with values for these options")
+    argv = bare_flags(function, argv)
+    positional = getattr(function, "positional_list", None)
+    if positional:  # `attnx download a b --output x`: the names before the first option form one list
+        count = next((i for i, arg in enumerate(argv) if arg.startswith("-")), len(argv))
+        argv = [json.dumps(argv[:count]), *argv[count:]] if count else argv
+    parser.add_function_arguments(function, as_group=False, as_positional=bool(positional))
+    try:
+        config = parser.parse_args(argv)
+    except ArgumentError as err:
+        raise UsageError(suggest(one_line(str(err)), option_names(function))) from err
+    values = parser.instantiate(config).as_dict()
+    values.pop("config", None)
+    result = function(**values)
+    return int(result or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "--debug" in argv:
+        argv.remove("--debug")
+        os.environ["ATTNX_DEBUG"] = "1"
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0
@@ -48,14 +174,67 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"attnx: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f"; did you mean `attnx {close[0]}`?" if close else ""
+        print(f"attnx: error: unknown command {name!r}{hint} (`attnx --help` lists them)", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    if name in LIGHTNING_COMMANDS:
-        return module.main([name, *rest])
-    if module.__name__ == "attnx.commands":
-        return getattr(module, name)(rest)
-    return module.main(rest)
+    try:
+        if name in LIGHTNING_COMMANDS:
+            from attnx.training.cli import main as lightning_main
+
+            return lightning_main([name, *rest])
+        return run_function(name, rest)
+    except Exception as err:
+        status = exit_status(err)
+        if status is None or debugging():
+            raise
+        print(f"attnx {name}: error: {one_line(str(err))}", file=sys.stderr)
+        return status
+    except KeyboardInterrupt:
+        print(f"attnx {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+def exit_status(err: BaseException) -> int | None:
+    """2 for a usage or config error, 1 for an expected runtime failure, None for a bug (traceback)."""
+    from attnx.registry import DuplicateComponentError, UnknownComponentError
+
+    usage_errors: tuple[type[BaseException], ...] = (
+        UsageError,
+        UnknownComponentError,
+        DuplicateComponentError,
+    )
+    try:
+        from jsonargparse import ArgumentError
+
+        usage_errors += (ArgumentError,)
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(err, usage_errors):
+        return 2
+    if (
+        type(err) is ValueError
+    ):  # what attnx raises for impossible settings (e.g. d_model not divisible by heads)
+        return 2
+    runtime: list[type[BaseException]] = [OSError]
+    for module, names in {
+        "attnx.data.errors": ["DataError"],
+        "attnx.checkpoint": ["CheckpointError"],
+        "attnx.training.module": ["NonFiniteLossError"],
+        "attnx.export.errors": ["ExportError"],
+    }.items():
+        if module in sys.modules:
+            runtime += [getattr(sys.modules[module], n) for n in names]
+    if isinstance(err, tuple(runtime)):
+        return 1
+    config_errors = [
+        getattr(sys.modules[m], n)
+        for m, n in (("attnx.training.cli", "ConfigError"), ("attnx.configs", "ConfigNotFound"))
+        if m in sys.modules and hasattr(sys.modules[m], n)
+    ]
+    if config_errors and isinstance(err, tuple(config_errors)):
+        return 2
+    return None
 
 
 if __name__ == "__main__":

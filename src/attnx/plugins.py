@@ -19,6 +19,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "attnx.components.feedforward",
     "attnx.components.positional",
     "attnx.components.norm",
+    "attnx.training.loss",
 )
 
 ENTRY_POINT_GROUP = "attnx"

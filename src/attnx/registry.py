@@ -8,12 +8,13 @@ from typing import Any
 
 
 class Kind(StrEnum):
-    """The four kinds of component a Transformer is assembled from."""
+    """The four kinds of component a Transformer is assembled from, and the training loss."""
 
     ATTENTION = "attention"
     FEEDFORWARD = "feedforward"
     POSITIONAL = "positional"
     NORM = "norm"
+    LOSS = "loss"
 
 
 class UnknownComponentError(LookupError):
@@ -73,6 +74,9 @@ class ComponentRegistry:
 
     def add_norm(self, name: str, factory: type) -> None:
         self.add(Kind.NORM, name, factory)
+
+    def add_loss(self, name: str, factory: type) -> None:
+        self.add(Kind.LOSS, name, factory)
 
     def entry(self, kind: Kind | str, name: str) -> Entry:
         kind = Kind(kind)

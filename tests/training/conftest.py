@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnx.data.prepare import main as prepare_main
+from attnx.cli import main as attnx
 from tests.conftest import REPO
 
 TINY = REPO / "configs" / "tiny.yaml"
@@ -44,7 +44,7 @@ def corpus(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         "300",
         "--workers",
         "1",
-        "--out",
+        "--output",
         str(out),
     ]
     argv += [
@@ -55,7 +55,7 @@ def corpus(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--test",
         str(root / "test_2016_flickr"),
     ]
-    assert prepare_main(argv) == 0
+    assert attnx(["prepare", *argv]) == 0
     return out
 
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-"""Special ids fixed in every SentencePiece model attnx trains."""
+from attnx.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Batch", "collate"]
 
 
 @dataclass

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
 
 from attnx.data.errors import DataError
 from attnx.data.tokenizer import Tokenizer
@@ -43,7 +42,7 @@ def _open(path: Path, dtype: np.dtype | str) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-class ParallelDataset(Dataset):
+class ParallelDataset:
     """One binarized split: ``dataset[i]`` is ``(src_ids, tgt_ids)``, two small numpy arrays without BOS/EOS.
 
     ``src_lengths``/``tgt_lengths`` are memory-mapped int32 arrays, what token-budget batching sorts on.

@@ -19,10 +19,8 @@ directory in this layout, e.g. a shared data folder; that is also how tests and 
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import shutil
-import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -176,54 +174,3 @@ def _from_sacrebleu(test_set: str, split: str, folder: Path) -> list[Path]:
     for lang, path in zip(LANGS, (src, ref), strict=True):
         _gzip_lines(Path(path), folder / f"{split}.{lang}.gz")
     return [folder / f"{split}.{lang}.gz" for lang in LANGS]
-
-
-# --- command line ---------------------------------------------------------------------------------------
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="attnx download",
-        description=(
-            "Fetch raw English-German parallel text into OUT/{corpus}/{split}.{lang}.gz: "
-            + "; ".join(f"{name}: {', '.join(splits)}" for name, splits in CORPORA.items())
-            + ". Offline, use --from_dir."
-        ),
-        epilog="example: attnx download multi30k --out data/raw --from_dir /work/shared/data",
-    )
-    p.add_argument(
-        "corpora",
-        nargs="+",
-        choices=sorted(CORPORA),
-        metavar="CORPUS",
-        help=f"one or more of {', '.join(CORPORA)}",
-    )
-    p.add_argument(
-        "--out", default="data/raw", help="directory receiving one folder per corpus (default data/raw)"
-    )
-    p.add_argument(
-        "--from_dir", metavar="DIR",
-        help="copy the files from DIR/{corpus}/{split}.{lang}[.gz] instead of downloading",
-    )  # fmt: skip
-    p.add_argument("--link", action="store_true", help="with --from_dir, symlink instead of copying")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = parser()
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    try:
-        for corpus in args.corpora:
-            if args.from_dir:
-                written = copy_from(corpus, Path(args.from_dir), out, link=args.link)
-            else:
-                written = download(corpus, out)
-            print(f"{corpus}: {len(written)} files in {out / corpus}")
-    except (DataError, OSError) as e:
-        p.exit(2, f"{p.prog}: error: {e}\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,7 +6,7 @@ Pipeline, one pass per step over each split:
    training pairs with a blank side are dropped and counted, any other split must be complete;
 2. train one SentencePiece BPE model on the source and target training text together (§5.1, shared vocabulary),
    with attnx's fixed special ids (pad 0, unk 1, bos 2, eos 3);
-3. encode every split on all cores, drop training pairs over ``--max_len`` tokens or the ``--max_ratio`` length
+3. encode every split on all cores, drop training pairs over ``--max_sentence_tokens`` tokens or the ``--max_ratio`` length
    ratio (counted, never validation or test pairs), and write the flat id arrays, offsets and lengths;
 4. write ``meta.json`` last: a directory without it is incomplete, whatever else is there.
 
@@ -16,14 +16,12 @@ input or setting rebuilds it (and retrains SentencePiece only if its own inputs 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
 import os
 import re
 import shutil
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -35,11 +33,10 @@ import numpy as np
 import sentencepiece as spm
 from tqdm import tqdm
 
-from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from attnx.data.corpus import FORMAT_VERSION, META, SPM_MODEL, ids_dtype
 from attnx.data.errors import DataError
 from attnx.data.text import read_chunks, read_pairs, resolve
-from attnx.data.tokenizer import Tokenizer
+from attnx.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 TRAIN = "train"
 ENCODE_LINES = 20_000
@@ -54,7 +51,7 @@ class Settings:
     src_lang: str
     tgt_lang: str
     vocab_size: int = 8000
-    max_len: int = 250
+    max_sentence_tokens: int = 250
     max_ratio: float = 3.0
     sample_size: int = 10_000_000
     character_coverage: float = 1.0
@@ -197,7 +194,7 @@ def encode_split(
 ) -> tuple[int, int, int]:
     """Encode one normalized split into ``{name}.{lang}.bin/.idx.npy/.len.npy``; return (pairs, src, tgt tokens).
 
-    Training pairs over ``max_len`` tokens or the ``max_ratio`` length ratio are dropped and counted.
+    Training pairs over ``max_sentence_tokens`` tokens or the ``max_ratio`` length ratio are dropped and counted.
     """
     dtype = ids_dtype(tokenizer.vocab_size)
     lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
@@ -235,7 +232,7 @@ def encode_split(
     n = len(lengths["src"]) and sum(map(len, lengths["src"]))
     if n == 0:
         raise DataError(
-            f"no training pair is left after dropping pairs over --max_len {settings.max_len} tokens or "
+            f"no training pair is left after dropping pairs over --max_sentence_tokens {settings.max_sentence_tokens} tokens or "
             f"--max_ratio {settings.max_ratio} ({dict(dropped)})"
         )
     return n, totals[0], totals[1]
@@ -243,7 +240,7 @@ def encode_split(
 
 def _keep(src: np.ndarray, tgt: np.ndarray, settings: Settings, dropped: Counter[str]) -> np.ndarray:
     """fairseq/Moses-style cleaning: tokens in [1, max_len] on both sides and a bounded length ratio."""
-    too_long = (src > settings.max_len) | (tgt > settings.max_len)
+    too_long = (src > settings.max_sentence_tokens) | (tgt > settings.max_sentence_tokens)
     empty = ~too_long & ((src == 0) | (tgt == 0))  # text that encodes to nothing
     ratio = np.maximum(src, tgt) / np.maximum(np.minimum(src, tgt), 1)
     bad_ratio = ~too_long & ~empty & (ratio > settings.max_ratio)
@@ -356,7 +353,7 @@ def report(meta: dict[str, Any]) -> str:
         if s["dropped"]:
             reasons = {
                 "blank": "with a blank side",
-                "too_long": f"over {meta['settings']['max_len']} tokens",
+                "too_long": f"over {meta['settings']['max_sentence_tokens']} tokens",
                 "ratio": f"over length ratio {meta['settings']['max_ratio']}",
                 "empty": "that encode to no token",
             }
@@ -377,95 +374,38 @@ def _named(value: str, default: str) -> tuple[str, str]:
     return name, prefix
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="attnx prepare",
-        description=(
-            "Train one joint SentencePiece BPE model on the training text of both languages and write a "
-            "memory-mapped binarized corpus (plus the normalized text of every non-training split). A split "
-            "PREFIX means the files PREFIX.SRC_LANG and PREFIX.TGT_LANG, each plain or .gz, one segment a line."
-        ),
-        epilog=(
-            "example: attnx prepare --src_lang en --tgt_lang de --train data/raw/multi30k/train "
-            "--valid data/raw/multi30k/val --test data/raw/multi30k/test_2016_flickr --vocab_size 8000 "
-            "--out data/multi30k"
-        ),
-    )
-    p.add_argument("--src_lang", required=True, help="source language code: the file suffix, e.g. en")
-    p.add_argument("--tgt_lang", required=True, help="target language code: the file suffix, e.g. de")
-    p.add_argument(
-        "--train", required=True, action="append", metavar="PREFIX",
-        help="training corpus prefix; repeat to concatenate several corpora (e.g. europarl, commoncrawl)",
-    )  # fmt: skip
-    p.add_argument("--valid", metavar="[NAME=]PREFIX", help="validation set prefix (split name: valid)")
-    p.add_argument(
-        "--test", action="append", default=[], metavar="[NAME=]PREFIX",
-        help="test set prefix, split name 'test' unless NAME= is given; repeat for more (newstest2014=PATH)",
-    )  # fmt: skip
-    p.add_argument(
-        "--out", required=True, help="output directory (created; reused when inputs and settings match)"
-    )
-    p.add_argument(
-        "--vocab_size", type=int, default=8000, help="pieces in the joint BPE vocabulary (default 8000)"
-    )
-    p.add_argument(
-        "--max_len", type=int, default=250,
-        help="drop training pairs with more tokens than this on either side (default 250)",
-    )  # fmt: skip
-    p.add_argument(
-        "--max_ratio", type=float, default=3.0,
-        help="drop training pairs whose longer side has more than this many times the tokens of the shorter (default 3.0)",
-    )  # fmt: skip
-    p.add_argument(
-        "--sample_size", type=int, default=10_000_000,
-        help="SentencePiece trains on a random sample of this many sentences (default 10,000,000)",
-    )  # fmt: skip
-    p.add_argument(
-        "--character_coverage", type=float, default=1.0,
-        help="share of characters the vocabulary must cover; rarer ones become <unk> (default 1.0)",
-    )  # fmt: skip
-    p.add_argument("--seed", type=int, default=1, help="seed of SentencePiece's sampling (default 1)")
-    p.add_argument(
-        "--workers", type=int, default=None,
-        help="threads for SentencePiece training and encoding (default: every core)",
-    )  # fmt: skip
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = parser()
-    args = p.parse_args(argv)
-    try:
-        if args.vocab_size < 8 or args.max_len < 1 or args.max_ratio < 1 or args.sample_size < 1:
-            raise DataError("--vocab_size must be ≥ 8, --max_len ≥ 1, --max_ratio ≥ 1 and --sample_size ≥ 1")
-        if args.src_lang == args.tgt_lang:
-            raise DataError(f"--src_lang and --tgt_lang are both {args.src_lang!r}")
-        prefixes: dict[str, list[str]] = {TRAIN: args.train}
-        for value, default in [(args.valid, "valid")] * bool(args.valid) + [(t, "test") for t in args.test]:
-            name, prefix = _named(value, default)
-            if name in prefixes:
-                raise DataError(
-                    f"split {name!r} is given twice; name extra test sets with --test NAME=PREFIX"
-                )
-            prefixes[name] = [prefix]
-        settings = Settings(
-            src_lang=args.src_lang,
-            tgt_lang=args.tgt_lang,
-            vocab_size=args.vocab_size,
-            max_len=args.max_len,
-            max_ratio=args.max_ratio,
-            sample_size=args.sample_size,
-            character_coverage=args.character_coverage,
-            seed=args.seed,
+def prepare_command(
+    settings: Settings,
+    train: Sequence[str],
+    output: str | Path,
+    valid: str | None = None,
+    test: Sequence[str] = (),
+    workers: int | None = None,
+) -> int:
+    """``attnx prepare`` (see ``attnx.commands.data.prepare`` for the options): check, build, report."""
+    if (
+        settings.vocab_size < 8
+        or settings.max_sentence_tokens < 1
+        or settings.max_ratio < 1
+        or settings.sample_size < 1
+    ):
+        raise DataError(
+            "--vocab_size must be ≥ 8, --max_sentence_tokens ≥ 1, --max_ratio ≥ 1 and --sample_size ≥ 1"
         )
-        inputs = Inputs.from_prefixes(prefixes, args.src_lang, args.tgt_lang)
-        meta = prepare(inputs, args.out, settings, args.workers)
-    except (DataError, OSError) as e:  # OSError: unwritable --out, disk full; the system's message says which
-        p.exit(2, f"{p.prog}: error: {e}\n")
+    if settings.src_lang == settings.tgt_lang:
+        raise DataError(f"--src_lang and --tgt_lang are both {settings.src_lang!r}")
+    if isinstance(train, str):
+        train = [train]
+    if isinstance(test, str):
+        test = [test]
+    prefixes: dict[str, list[str]] = {TRAIN: list(train)}
+    for value, default in [(valid, "valid")] * bool(valid) + [(t, "test") for t in test]:
+        name, prefix = _named(value, default)
+        if name in prefixes:
+            raise DataError(f"split {name!r} is given twice; name extra test sets with --test NAME=PREFIX")
+        prefixes[name] = [prefix]
+    inputs = Inputs.from_prefixes(prefixes, settings.src_lang, settings.tgt_lang)
+    meta = prepare(inputs, output, settings, workers)
     print(report(meta))
-    print(f"corpus: {args.out}")
+    print(f"corpus: {output}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

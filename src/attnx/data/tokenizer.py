@@ -6,7 +6,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+"""Special ids fixed in every SentencePiece model attnx trains."""
 
 
 class Tokenizer:

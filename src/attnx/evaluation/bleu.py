@@ -12,9 +12,7 @@ to sacreBLEU**; it exists only to set our numbers beside the paper's Table 2.
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -93,32 +91,12 @@ def read_lines(path: str | Path) -> list[str]:
         return [line.rstrip() for line in f]
 
 
-def bleu_cli(hyp_path: str | Path, ref_path: str | Path, lang: str = "de") -> BleuReport:
-    """Score a hypothesis file against a reference file, line by line."""
-    return score(read_lines(hyp_path), read_lines(ref_path), lang)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m attnx.evaluation.bleu",
-        description="Score a detokenized hypothesis file against a reference file: sacreBLEU BLEU and chrF "
-        "(with signatures) and the paper-style tokenized BLEU.",
-    )
-    parser.add_argument("hypotheses", type=Path, help="translations, one segment a line")
-    parser.add_argument("references", type=Path, help="references, one segment a line, same order")
-    parser.add_argument("--lang", default="de", help="target language for the Moses tokenizer (default de)")
-    args = parser.parse_args(argv)
-    for path in (args.hypotheses, args.references):
-        if not path.is_file():
-            parser.error(f"{path} does not exist")
-    try:
-        report = bleu_cli(args.hypotheses, args.references, args.lang)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print("\n".join(report.lines()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def score_files(hyp_path: str | Path, ref_path: str | Path, lang: str = "de") -> BleuReport:
+    """Score a hypothesis file against a reference file, line by line (``attnx score``)."""
+    hypotheses, references = read_lines(hyp_path), read_lines(ref_path)
+    if len(hypotheses) != len(references):
+        raise ValueError(
+            f"{hyp_path} has {len(hypotheses)} lines but {ref_path} has {len(references)}; "
+            "they must pair up line by line"
+        )
+    return score(hypotheses, references, lang)

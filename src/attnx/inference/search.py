@@ -43,32 +43,14 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
+from attnx.inference.config import LengthPenalty, SearchConfig
 
-LengthPenalty = Literal["gnmt", "fairseq"]
-
-
-@dataclass
-class SearchConfig:
-    """How to decode (§6.1 defaults: beam 4, α = 0.6, maximum length input + 50)."""
-
-    beam: int = 4
-    """Beam size; 1 = greedy search."""
-    alpha: float = 0.6
-    """Length penalty exponent α."""
-    length_penalty: LengthPenalty = "gnmt"
-    """``gnmt``: ``((5 + |Y|) / 6) ** α`` (the paper's, §6.1); ``fairseq``: ``|Y| ** α``."""
-    max_len_a: float = 1.0
-    """Maximum output length = ``max_len_a * input length + max_len_b`` (paper: input length + 50)."""
-    max_len_b: int = 50
-    """See ``max_len_a``."""
-    max_positions: int | None = None
-    """Target positions the model accepts (its ``max_len``); caps the maximum output length. None: no cap."""
+__all__ = ["Hypothesis", "SearchConfig", "beam_search", "greedy_search", "length_penalty", "translate_batch"]
 
 
 @dataclass

@@ -168,7 +168,24 @@ def build_transformer(config: TransformerConfig, registry: ComponentRegistry | N
         output_projection=output_projection,
         dropout=config.dropout,
         pad_id=config.pad_id,
+        max_positions=config.max_len,
     )
+
+
+def training_flops_per_token(config: TransformerConfig, src_len: float, tgt_len: float) -> dict[str, float]:
+    """Training FLOPs (forward + backward = 3 × forward, 2 FLOPs per multiply-add) per real token.
+
+    Counts every matmul: projections and FFNs of each layer, attention scores and weighted sums
+    (``2·len·d`` each per query, full square as the kernels compute it), and the output projection.
+    ``per_token`` divides by source + target tokens, ``per_target_token`` by target tokens only.
+    """
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
+    enc_layer = 4 * d * d + 2 * d * f + 2 * src_len * d  # MACs per source token per layer
+    dec_layer = 8 * d * d + 2 * d * f + 2 * tgt_len * d + 2 * src_len * d
+    fwd_src = 2 * config.encoder_layers * enc_layer
+    fwd_tgt = 2 * (config.decoder_layers * dec_layer + d * v)
+    total = 3 * (fwd_src * src_len + fwd_tgt * tgt_len)
+    return {"per_token": total / (src_len + tgt_len), "per_target_token": total / tgt_len}
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -68,6 +68,7 @@ class Transformer(nn.Module):
         output_projection: nn.Linear | None,
         dropout: float,
         pad_id: int,
+        max_positions: int,
     ) -> None:
         super().__init__()
         self.src_embedding = src_embedding
@@ -81,6 +82,7 @@ class Transformer(nn.Module):
         self.output_projection = output_projection
         self.dropout = dropout
         self.pad_id = pad_id
+        self.max_positions = max_positions  # longest source or target (with </s> or <s>) it reads
         self.d_model = tgt_embedding.embedding_dim
         self.embed_scale = math.sqrt(self.d_model)
 

@@ -3,12 +3,15 @@ written atomically, and the last k averaged at the end of training (§6.1: 5 for
 
 from __future__ import annotations
 
-from datetime import timedelta
+import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
@@ -35,11 +38,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return read_checkpoint(path)
 
 
-class PeriodicCheckpoint(ModelCheckpoint):
+class PeriodicCheckpoint(Checkpoint):
     """Save a checkpoint every ``minutes`` of training and at its end, keeping the newest ``keep``.
 
-    Files are ``step=N.ckpt`` in ``dirpath`` (default: ``<log_dir>/checkpoints``), plus ``last.ckpt`` (the
-    newest, what ``--ckpt_path`` resumes from). ``minutes: 0`` saves after every optimizer step.
+    Files are ``step=N.ckpt`` in ``dirpath`` (default: ``<log_dir>/checkpoints``), plus ``last.ckpt`` (a copy
+    of the newest, what ``--ckpt_path`` resumes from). ``minutes: 0`` saves after every optimizer step.
+    Saves happen only at optimizer-step boundaries (never mid-accumulation), and rank 0 decides when, so every
+    rank joins the same saves.
     """
 
     def __init__(self, minutes: float = 10.0, keep: int = 5, dirpath: str | None = None) -> None:
@@ -51,31 +56,83 @@ class PeriodicCheckpoint(ModelCheckpoint):
         """
         if minutes < 0 or keep < 1:
             raise ValueError(f"PeriodicCheckpoint needs minutes >= 0 and keep >= 1, got {minutes} and {keep}")
-        super().__init__(
-            dirpath=dirpath,
-            filename="step={step}",
-            auto_insert_metric_name=False,
-            monitor="step",  # "best" k by step = the newest k
-            mode="max",
-            save_top_k=keep,
-            save_last=True,
-            train_time_interval=timedelta(minutes=minutes),
-        )
+        self.minutes = minutes
+        self.keep = keep
+        self.dirpath = dirpath
+        self.saved: list[str] = []  # step checkpoints on disk, oldest first
+        self._last_time = 0.0
+        self._last_step = -1
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.dirpath)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = str(Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints")
+        self.dirpath = trainer.strategy.broadcast(self.dirpath, src=0)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_time = time.monotonic()
+        self._last_step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx
+    ) -> None:
+        if (batch_idx + 1) % trainer.accumulate_grad_batches or trainer.global_step == self._last_step:
+            return
+        due = self.minutes == 0 or time.monotonic() - self._last_time >= 60 * self.minutes
+        if trainer.strategy.broadcast(due, src=0):
+            self.save(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The weights training ends with are a checkpoint too (the last one averaged)."""
-        if self._last_global_step_saved != trainer.global_step and trainer.global_step > 0:
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
-        super().on_train_end(trainer, pl_module)
+        if trainer.global_step > 0 and trainer.global_step != self._last_step:
+            self.save(trainer)
+
+    def save(self, trainer: pl.Trainer) -> Path:
+        """Write ``step=N.ckpt`` and ``last.ckpt`` now; drop the oldest step checkpoints beyond ``keep``."""
+        step = trainer.global_step
+        path = self.directory / f"step={step}.ckpt"
+        trainer.save_checkpoint(path, weights_only=False)
+        if trainer.is_global_zero:
+            copy_atomically(path, self.directory / "last.ckpt")
+        if str(path) not in self.saved:
+            self.saved.append(str(path))
+        while len(self.saved) > self.keep:
+            old = self.saved.pop(0)
+            if trainer.is_global_zero:
+                Path(old).unlink(missing_ok=True)
+        trainer.strategy.barrier("PeriodicCheckpoint")
+        self._last_time = time.monotonic()
+        self._last_step = step
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"saved": list(self.saved), "dirpath": self.dirpath}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("dirpath") == self.dirpath or self.dirpath is None:
+            self.saved = [p for p in state_dict.get("saved", []) if Path(p).is_file()]
+
+
+def copy_atomically(source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target`` through a temporary file beside it: ``target`` is whole or the old one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 class AverageCheckpoints(Callback):
     """At the end of ``fit``, average the weights of the newest ``last`` checkpoints into ``averaged.ckpt``.
 
-    Reads the checkpoints the run's :class:`ModelCheckpoint` kept (e.g. :class:`PeriodicCheckpoint`) and
-    writes the result beside them; ``attnx test --ckpt_path .../averaged.ckpt`` decodes it.
+    Reads the checkpoints the run's [PeriodicCheckpoint][attnx.training.checkpointing.PeriodicCheckpoint]
+    kept and writes the result beside them; ``attnx test --ckpt_path .../averaged.ckpt`` decodes it.
     """
 
     def __init__(self, last: int = 5, filename: str = "averaged.ckpt") -> None:
@@ -91,12 +148,11 @@ class AverageCheckpoints(Callback):
         self.path: Path | None = None
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        checkpointer = trainer.checkpoint_callback
-        if not isinstance(checkpointer, ModelCheckpoint) or not checkpointer.best_k_models:
+        periodic = [c for c in trainer.callbacks if isinstance(c, PeriodicCheckpoint)]
+        if not periodic or not periodic[0].saved:
             rank_zero_warn("AverageCheckpoints: the run kept no checkpoints, so there is nothing to average")
             return
-        newest = sorted(checkpointer.best_k_models, key=lambda p: float(checkpointer.best_k_models[p]))
-        paths = newest[-self.last :]
+        paths = periodic[0].saved[-self.last :]
         if len(paths) < self.last:
             rank_zero_warn(
                 f"AverageCheckpoints: only {len(paths)} checkpoints were kept, averaging those instead of "

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from attnx.evaluation.bleu import BleuReport, main, paper_bleu, paper_tokenize, score
+from attnx.cli import main as attnx
+from attnx.evaluation.bleu import BleuReport, paper_bleu, paper_tokenize, score
 from tests.inference.conftest import multi30k_lines
 
 
@@ -26,7 +27,7 @@ def test_printed_bleu_and_chrf_equal_the_sacrebleu_command_line(shared_data, tmp
     ref.write_text("\n".join(refs) + "\n", encoding="utf-8")
     hyp.write_text("\n".join(hyps) + "\n", encoding="utf-8")
 
-    assert main([str(hyp), str(ref)]) == 0
+    assert attnx(["score", "--hypotheses", str(hyp), "--references", str(ref)]) == 0
     printed = capsys.readouterr().out
     bleu = re.search(r"sacreBLEU BLEU = (\S+)", printed).group(1)
     chrf = re.search(r"sacreBLEU chrF2 = (\S+)", printed).group(1)

@@ -1,0 +1,98 @@
+"""``attnx download`` and ``attnx prepare``: raw parallel text in, a binarized corpus out (no torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from attnx.data.prepare import Settings
+
+Corpus = Literal["multi30k", "wmt14_ende", "wmt14_ende_test"]
+
+
+def download(
+    corpora: list[Corpus],
+    output: Path = Path("data/raw"),
+    from_dir: Path | None = None,
+    link: bool = False,
+) -> int:
+    """Fetch raw English-German parallel text into OUTPUT/{corpus}/{split}.{lang}.gz.
+
+    multi30k: train, val, test_2016_flickr; wmt14_ende: europarl_v7, commoncrawl, news_commentary_v9 (4.5M
+    pairs); wmt14_ende_test: newstest2013, newstest2014 (full). Offline, copy them with --from_dir.
+    Example: attnx download multi30k --output data/raw --from_dir shared/data
+
+    Args:
+        corpora: One or more of multi30k, wmt14_ende, wmt14_ende_test.
+        output: Directory receiving one folder per corpus.
+        from_dir: Copy the files from FROM_DIR/{corpus}/{split}.{lang}[.gz] instead of downloading.
+        link: With --from_dir, symlink instead of copying.
+    """
+    from attnx.data.download import copy_from
+    from attnx.data.download import download as fetch_corpus
+
+    for corpus in corpora:
+        written = copy_from(corpus, from_dir, output, link=link) if from_dir else fetch_corpus(corpus, output)
+        print(f"{corpus}: {len(written)} files in {output / corpus}")
+    return 0
+
+
+download.positional_list = "corpora"  # named without an option: `attnx download multi30k wmt14_ende_test`
+
+
+def prepare(
+    src_lang: str,
+    tgt_lang: str,
+    train: str | list[str],
+    output: Path,
+    valid: str | None = None,
+    test: str | list[str] | None = None,
+    vocab_size: int = Settings.vocab_size,
+    max_sentence_tokens: int = Settings.max_sentence_tokens,
+    max_ratio: float = Settings.max_ratio,
+    sample_size: int = Settings.sample_size,
+    character_coverage: float = Settings.character_coverage,
+    seed: int = Settings.seed,
+    workers: int | None = None,
+) -> int:
+    """Train one joint SentencePiece BPE model on both languages and write a memory-mapped binarized corpus.
+
+    A split PREFIX means the files PREFIX.SRC_LANG and PREFIX.TGT_LANG, each plain or .gz, one segment a line.
+    A re-run with the same inputs and settings reuses the output directory.
+    Example: attnx prepare --src_lang en --tgt_lang de --train raw/multi30k/train --valid raw/multi30k/val
+    --test raw/multi30k/test_2016_flickr --vocab_size 8000 --output data/multi30k
+
+    Args:
+        src_lang: Source language code: the file suffix, e.g. en.
+        tgt_lang: Target language code: the file suffix, e.g. de.
+        train: Training corpus prefix; a list concatenates several corpora: --train '[europarl, commoncrawl]'.
+        output: Output directory (created; reused when inputs and settings match).
+        valid: Validation set prefix (split name: valid), or NAME=PREFIX.
+        test: Test set prefixes, split name 'test' unless written NAME=PREFIX: --test newstest2014=PATH.
+        vocab_size: Pieces in the joint BPE vocabulary (§5.1: about 37,000 for WMT14 en-de).
+        max_sentence_tokens: Drop training pairs with more tokens than this on either side.
+        max_ratio: Drop training pairs whose longer side has more than this many times the shorter's tokens.
+        sample_size: SentencePiece trains on a random sample of this many sentences.
+        character_coverage: Share of characters the vocabulary must cover; rarer ones become <unk>.
+        seed: Seed of SentencePiece's sampling.
+        workers: Threads for SentencePiece training and encoding (default: every core).
+    """
+    from attnx.data.prepare import prepare_command
+
+    return prepare_command(
+        Settings(
+            src_lang=src_lang,
+            tgt_lang=tgt_lang,
+            vocab_size=vocab_size,
+            max_sentence_tokens=max_sentence_tokens,
+            max_ratio=max_ratio,
+            sample_size=sample_size,
+            character_coverage=character_coverage,
+            seed=seed,
+        ),
+        train=train,
+        output=output,
+        valid=valid,
+        test=test or [],
+        workers=workers,
+    )

@@ -1,0 +1,166 @@
+"""``attnx average``, ``attnx configs``, ``attnx plugins`` and ``attnx describe``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+
+def average(
+    checkpoints: Path | list[Path] | None = None,
+    dir: Path | None = None,
+    last: int = 5,
+    output: Path = Path("averaged.ckpt"),
+) -> int:
+    """Average the weights of several checkpoints of one run into one decodable checkpoint.
+
+    §6.1: the last 5 checkpoints for the base model, the last 20 for the big one. The result carries no
+    optimizer state: it decodes (attnx test, attnx translate) but does not resume training.
+    Example: attnx average --dir runs/base/version_0/checkpoints --last 5 --output base.ckpt
+
+    Args:
+        checkpoints: Checkpoint files to average: --checkpoints '[a.ckpt, b.ckpt]'.
+        dir: Take the newest step checkpoints (step=N.ckpt) from this directory instead.
+        last: With --dir: how many of the newest.
+        output: Where to write the averaged checkpoint.
+    """
+    import sys
+
+    from attnx.checkpoint import CheckpointError, atomic_save
+    from attnx.inference.average import average_checkpoints, last_checkpoints
+
+    if bool(checkpoints) == bool(dir):
+        raise ValueError("give either --checkpoints or --dir (with --last k), not both and not neither")
+    if last < 1:
+        raise ValueError(f"--last must be at least 1, got {last}")
+    if isinstance(checkpoints, Path):
+        checkpoints = [checkpoints]
+    paths = last_checkpoints(dir, last) if dir else list(checkpoints or [])
+    if dir and len(paths) < last:
+        print(f"attnx average: only {len(paths)} step checkpoints in {dir}; averaging those", file=sys.stderr)
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    atomic_save(average_checkpoints(paths), output)
+    print(f"averaged {len(paths)} checkpoints into {output}:")
+    for path in paths:
+        print(f"  {path}")
+    return 0
+
+
+def configs() -> int:
+    """List the configs shipped with attnx, one line each; pass a name to --config (attnx fit --config base)."""
+    from attnx.configs import available
+
+    found = available()
+    width = max(map(len, found), default=0)
+    for name, line in found.items():
+        print(f"{name:<{width}}  {line}")
+    return 0
+
+
+def plugins() -> int:
+    """List every registered component by kind, with the plugin and distribution it came from."""
+    from attnx.plugins import registry
+    from attnx.registry import Kind
+
+    reg = registry()
+    for kind in Kind:
+        print(f"{kind}:")
+        for entry in (e for e in reg.entries() if e.kind == kind):
+            cls = f"{entry.factory.__module__}.{entry.factory.__qualname__}"
+            print(f"  {entry.name:<16} {cls}  [{entry.distribution}]")
+    return 0
+
+
+def transformer_section(values: Any, source: str) -> dict[str, Any]:
+    """The transformer settings in a fit config (``model.transformer``) or a bare transformer config."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{source} is not a YAML mapping")
+    model = values.get("model")
+    if isinstance(model, dict):
+        model = model.get("init_args", model)
+        if isinstance(model.get("transformer"), dict):
+            return model["transformer"]
+        raise ValueError(f"{source} has a 'model' section but no 'model.transformer' in it")
+    return values.get("transformer", values)
+
+
+def data_vocab_size(values: Any, base: Path) -> int | None:
+    """The vocabulary size of the prepared corpus a fit config trains on, if that corpus exists here."""
+    import json
+
+    data = values.get("data") if isinstance(values, dict) else None
+    data = data.get("init_args", data) if isinstance(data, dict) else None
+    if not isinstance(data, dict) or "data_dir" not in data:
+        return None
+    for root in (Path.cwd(), base):
+        meta = root / str(data["data_dir"]) / "meta.json"
+        if meta.is_file():
+            return int(json.loads(meta.read_text(encoding="utf-8"))["vocab_size"])
+    return None
+
+
+def describe(
+    config: str | None = None,
+    preset: Literal["base", "big"] | None = None,
+    vocab_size: int | None = None,
+    seq_len: int = 25,
+) -> int:
+    """Print the parameter count and training FLOPs per token of a model; needs no data and no GPU.
+
+    The vocabulary size is, in this order: --vocab_size, the config's model.transformer.vocab_size, that of
+    the prepared corpus the config's data.data_dir names (when it exists here), else the paper's 37,000.
+
+    Args:
+        config: A fit config (its model.transformer section) or a transformer YAML: a path or a packaged name.
+        preset: The paper's base or big model (Table 3).
+        vocab_size: Shared vocabulary size.
+        seq_len: Source and target length for the FLOPs count.
+    """
+    import yaml
+
+    from attnx.model import TransformerConfig, build_transformer
+    from attnx.model.builders import count_parameters, training_flops_per_token
+
+    if (config is None) == (preset is None):
+        raise ValueError("give either --config or --preset")
+    vocab_source = "--vocab_size"
+    if preset:
+        model_config = getattr(TransformerConfig, preset)()
+        label = f"preset {preset}"
+        vocab_source = "the paper's"
+    else:
+        from attnx.configs import resolve
+
+        path = resolve(config)
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        section = dict(transformer_section(values, str(path)) or {})
+        model_config = TransformerConfig.from_dict(section)
+        label = str(path)
+        if "vocab_size" in section:
+            vocab_source = "the config's"
+        elif (found := data_vocab_size(values, path.parent)) is not None:
+            model_config.vocab_size, vocab_source = found, "the prepared corpus's"
+        else:
+            vocab_source = "the paper's (no prepared corpus found; pass --vocab_size)"
+    if vocab_size:
+        model_config.vocab_size, vocab_source = vocab_size, "--vocab_size"
+    model = build_transformer(model_config)
+    params = count_parameters(model)
+    flops = training_flops_per_token(model_config, seq_len, seq_len)
+    c = model_config
+    print(f"model: {label}")
+    print(
+        f"  d_model {c.d_model}, d_ff {c.d_ff}, heads {c.n_heads}, layers {c.encoder_layers}+{c.decoder_layers}, "
+        f"dropout {c.dropout}, vocab {c.vocab_size} ({vocab_source}), shared embeddings {c.share_embeddings}"
+    )
+    print(
+        f"  components: self-attention {c.self_attention.name}, cross-attention {c.cross_attention.name}, "
+        f"feed-forward {c.feedforward.name}, positional {c.positional.name}, norm {c.norm.name} ({c.norm_position})"
+    )
+    print(f"parameters: {params:,} ({params / 1e6:.1f}M)")
+    print(
+        f"training FLOPs per token (source+target, length {seq_len} each): "
+        f"{flops['per_token'] / 1e6:.1f} MFLOP; per target token: {flops['per_target_token'] / 1e6:.1f} MFLOP"
+    )
+    return 0

@@ -1,0 +1,183 @@
+"""§6 evaluation during ``attnx fit``/``validate``/``test``/``predict``: translate, gather, write, score.
+
+[TranslationEvaluator][attnx.training.evaluation.TranslationEvaluator] is a callback: the LightningModule
+only computes losses. It decodes through the module's [Translator][attnx.inference.translator.Translator]
+(the same path as ``attnx translate`` and the Python API), splits each evaluation batch between the ranks,
+gathers the translations on rank 0 in corpus order, writes them (test, predict) and scores them with
+sacreBLEU against the raw references (validation, test).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from attnx.data.batch import Batch
+from attnx.evaluation.bleu import BleuReport, score
+from attnx.inference.search import SearchConfig
+
+PAPER_SEARCH = SearchConfig()
+"""§6.1's beam 4, α 0.6, maximum length input + 50 (copied, never modified)."""
+
+
+class TranslationEvaluator(Callback):
+    """Translate the evaluation splits with the model and score them (config section ``evaluation``).
+
+    * validation (during ``fit`` and in ``validate``): the sentences with corpus position below
+      ``bleu_samples``, with ``search`` at beam ``valid_beam``; logs ``val/bleu``.
+    * test: every sentence of the test split with ``search``; writes the translations in corpus order, prints
+      sacreBLEU BLEU and chrF (with signatures) and the paper-style BLEU, logs ``test/bleu`` and ``test/chrf``.
+    * predict: every sentence of the test split with ``search``; writes the translations.
+    """
+
+    def __init__(
+        self,
+        search: SearchConfig = PAPER_SEARCH,
+        bleu_samples: int = 500,
+        valid_beam: int = 1,
+        output_file: str | None = None,
+    ) -> None:
+        """
+        Args:
+            search: How ``test`` and ``predict`` decode (§6.1: beam 4, α 0.6, max length input + 50), and,
+                with ``valid_beam``, validation.
+            bleu_samples: Validation sentences translated and scored each validation (those with corpus
+                position below this number); 0 turns validation BLEU off.
+            valid_beam: Beam size for validation BLEU (1 = greedy, the cheapest).
+            output_file: Where ``test`` and ``predict`` write translations, one a line in corpus order. None:
+                ``<log_dir>/test.<split>.hyp`` and ``<log_dir>/predict.<split>.hyp``.
+        """
+        if bleu_samples < 0 or valid_beam < 1 or search.beam < 1:
+            raise ValueError(
+                f"evaluation needs bleu_samples >= 0, valid_beam >= 1 and search.beam >= 1, got {bleu_samples}, "
+                f"{valid_beam} and {search.beam}"
+            )
+        self.search = search
+        self.bleu_samples = bleu_samples
+        self.valid_beam = valid_beam
+        self.output_file = output_file
+        self.report: BleuReport | None = None
+        self._translations: list[tuple[int, list[int]]] = []
+
+    # ------------------------------------------------------------------------------------------- decoding
+
+    def _translate(self, trainer: pl.Trainer, module: pl.LightningModule, batch: Batch, limit: int | None):
+        """Translate this rank's share of ``batch`` (rows ``index % world == rank``, below ``limit``)."""
+        if batch.index is None:
+            raise RuntimeError("evaluation batches carry no corpus index (Batch.index); translations need it")
+        index = batch.index.cpu()
+        keep = index % trainer.world_size == trainer.global_rank
+        if limit is not None:
+            keep &= index < limit
+        rows = keep.nonzero().flatten()
+        if not len(rows):
+            return
+        search = self.search
+        if trainer.validating or trainer.sanity_checking:
+            search = dataclasses.replace(search, beam=self.valid_beam)
+        on_device = rows.to(batch.src.device)
+        src, src_mask = batch.src[on_device], batch.src_mask[on_device]
+        width = int(src_mask.sum(1).max())  # the selected rows may need fewer columns
+        translator = module.translator(search)
+        hyps = translator.translate_tensors(src[:, :width], src_mask[:, :width])
+        self._translations.extend(zip(index[rows].tolist(), hyps, strict=True))
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._translations = []
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs: Any, batch: Batch, batch_idx, dataloader_idx=0
+    ):
+        if self.bleu_samples > 0:
+            self._translate(trainer, pl_module, batch, self.bleu_samples)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.bleu_samples == 0:
+            return
+        report = self._score(trainer, pl_module, "valid")
+        bleu = trainer.strategy.broadcast(report.bleu if report is not None else 0.0, src=0)
+        pl_module.log("val/bleu", bleu, prog_bar=True, sync_dist=True)
+
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._translations = []
+
+    def on_test_batch_end(self, trainer, pl_module, outputs: Any, batch: Batch, batch_idx, dataloader_idx=0):
+        self._translate(trainer, pl_module, batch, None)
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.report = self._score(trainer, pl_module, "test", write=True)
+        if self.report is not None:  # rank 0: the scores are the command's result, printed to stdout
+            print("\n".join(self.report.lines()), flush=True)
+        for name in ("bleu", "chrf"):
+            value = getattr(self.report, name) if self.report is not None else 0.0
+            pl_module.log(f"test/{name}", trainer.strategy.broadcast(value, src=0), sync_dist=True)
+
+    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._translations = []
+
+    def on_predict_batch_end(
+        self, trainer, pl_module, outputs: Any, batch: Batch, batch_idx, dataloader_idx=0
+    ):
+        self._translate(trainer, pl_module, batch, None)
+
+    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._gather(trainer, pl_module, "predict", write=True)
+
+    # ----------------------------------------------------------------------------- gather, write, score
+
+    def _gather(
+        self, trainer: pl.Trainer, module: pl.LightningModule, stage: str, write: bool = False
+    ) -> list[tuple[int, str]] | None:
+        """All ranks' translations as ``(corpus index, text)`` in corpus order, on rank 0 (None elsewhere)."""
+        pairs, self._translations = self._translations, []
+        if trainer.world_size > 1:
+            gathered: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(gathered, pairs)
+            pairs = [pair for part in gathered for pair in part]
+        if not trainer.is_global_zero:
+            return None
+        translator = module.translator()
+        by_index = dict(pairs)  # distributed samplers may repeat a sentence to even out the ranks
+        texts = [(i, translator.decode(by_index[i])) for i in sorted(by_index)]
+        if write:
+            path = self._output_path(trainer, stage)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(text + "\n" for _, text in texts), encoding="utf-8")
+            rank_zero_info(f"{len(texts)} translations written to {path}")
+        return texts
+
+    def _output_path(self, trainer: pl.Trainer, stage: str) -> Path:
+        if self.output_file is not None:
+            return Path(self.output_file)
+        _, split = corpus_split(trainer, stage)
+        log_dir = trainer.log_dir or trainer.default_root_dir
+        return Path(log_dir) / f"{stage}.{split or 'data'}.hyp"
+
+    def _score(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str, write: bool = False):
+        """sacreBLEU of this epoch's translations against the raw references of ``stage``'s split (rank 0)."""
+        translations = self._gather(trainer, module, stage, write=write)
+        if translations is None:
+            return None
+        corpus, split = corpus_split(trainer, stage)
+        if corpus is None:
+            raise RuntimeError(f"the datamodule exposes no corpus/{stage}_split, so BLEU has no references")
+        references = corpus.references(split)
+        return score(
+            [text for _, text in translations], [references[i] for i, _ in translations], lang=corpus.tgt_lang
+        )
+
+
+def corpus_split(trainer: pl.Trainer, stage: str) -> tuple[Any, str] | tuple[None, None]:
+    """The prepared corpus and the split name ``stage`` reads (predict reads the test split)."""
+    datamodule = trainer.datamodule
+    corpus = getattr(datamodule, "corpus", None)
+    split = getattr(datamodule, f"{stage}_split", None)
+    if split is None and stage == "predict":
+        split = getattr(datamodule, "test_split", None)
+    return (corpus, split) if corpus is not None and split is not None else (None, None)
