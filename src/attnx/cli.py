@@ -142,7 +142,11 @@ def run_function(name: str, argv: list[str]) -> int:
         env_prefix=f"ATTNX_{name.upper()}",
         exit_on_error=False,
     )
-    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file with values for these options")
+    config_file = "config" not in inspect.signature(function).parameters  # describe's --config: a model
+    if config_file:
+        parser.add_argument(
+            "--config", action=ActionConfigFile, help="a YAML file with values for these options"
+        )
     argv = bare_flags(function, argv)
     positional = getattr(function, "positional_list", None)
     if positional:  # `attnx download a b --output x`: the names before the first option form one list
@@ -154,7 +158,8 @@ def run_function(name: str, argv: list[str]) -> int:
     except ArgumentError as err:
         raise UsageError(suggest(one_line(str(err)), option_names(function))) from err
     values = parser.instantiate(config).as_dict()
-    values.pop("config", None)
+    if config_file:
+        values.pop("config", None)
     result = function(**values)
     return int(result or 0)
 

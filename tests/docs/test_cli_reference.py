@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from attnx.cli import COMMANDS
+from attnx.cli import COMMANDS, summary
 from tests.conftest import REPO
 
 PAGE = REPO / "docs" / "cli.md"
@@ -47,9 +47,13 @@ Every `attnx` command with its `--help`, exactly as the installed version prints
 This page is generated: `tests/docs/test_cli_reference.py` fails when it differs from the live help, and
 `python -m tests.docs.test_cli_reference` rewrites it.
 
+Every command is parsed the same way (jsonargparse): `--config FILE` takes the options from a YAML file,
+`--print_config` prints them, and `ATTNX_<COMMAND>_<OPTION>` environment variables set defaults.
 `fit`, `validate`, `test` and `predict` are LightningCLI subcommands: every key of a config can also be given
 on the command line (`--trainer.max_steps 1000`, `--model.transformer.dropout 0.3`), several `--config` files
-are merged in order, and `--print_config` prints the merged result. See [Configs](configs.md).
+are merged in order, and `--config NAME` takes a packaged config (`attnx configs` lists them). See
+[Configs](configs.md). A failure prints one line and exits with 2 (usage, config) or 1 (data, checkpoint,
+diverged run); `--debug` shows the traceback.
 """
 
 
@@ -68,9 +72,9 @@ def fence(text: str) -> str:
 
 def render(texts: dict[str, str]) -> str:
     parts = [INTRO, "\n## attnx\n\n", fence(texts[""])]
-    for name, (_, summary) in COMMANDS.items():
-        text = texts[name]
-        parts.append(f"\n## attnx {name}\n\n{summary[0].upper() + summary[1:]}.\n\n")
+    for name in COMMANDS:
+        text, line = texts[name], summary(name)
+        parts.append(f"\n## attnx {name}\n\n{line[0].upper() + line[1:]}.\n\n")
         if text.count("\n") > COLLAPSE_AFTER:
             parts.append(f'??? note "attnx {name} --help ({text.count(chr(10))} lines)"\n\n')
             parts.append(textwrap.indent(fence(text), "    "))

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from attnx.checkpoint import CheckpointError, load_model, save_model
+from attnx.cli import main as attnx
 from attnx.data.tokenizer import Tokenizer
-from attnx.inference.average import average_checkpoints, last_checkpoints, main
+from attnx.inference.average import average_checkpoints, last_checkpoints
 from attnx.model import build_transformer
 from tests.conftest import tiny_config
 
@@ -49,7 +50,7 @@ def test_command_averages_the_newest_k_into_a_loadable_checkpoint(
     (tmp_path / "last.ckpt").write_bytes(paths[-1].read_bytes())  # not a step checkpoint: skipped
     assert last_checkpoints(tmp_path, 2) == paths[1:]
     out = tmp_path / "avg" / "averaged.ckpt"
-    assert main(["--dir", str(tmp_path), "--last", "2", "--output", str(out)]) == 0
+    assert attnx(["average", "--dir", str(tmp_path), "--last", "2", "--output", str(out)]) == 0
     loaded = load_model(out)
     expected = (average_checkpoints(paths[1:])["state_dict"]["model.src_embedding.weight"]).to(torch.float32)
     torch.testing.assert_close(loaded.model.src_embedding.weight, expected)
@@ -71,5 +72,6 @@ def test_truncated_and_foreign_files_are_clear_errors(tmp_path: Path, tokenizer:
     torch.save({"weights": torch.zeros(2)}, foreign)
     with pytest.raises(CheckpointError, match="truncated"):
         average_checkpoints([good, truncated])
-    assert main([str(good), str(foreign), "--output", str(tmp_path / "x.ckpt")]) == 2
+    argv = ["average", "--checkpoints", f"[{good}, {foreign}]", "--output", str(tmp_path / "x.ckpt")]
+    assert attnx(argv) == 1
     assert "foreign.ckpt is not an attnx checkpoint" in capsys.readouterr().err

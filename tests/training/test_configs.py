@@ -53,7 +53,8 @@ def test_paper_config_parses_and_builds_its_model(name: str) -> None:
     assert (model["warmup_steps"], model["label_smoothing"], model["lr_factor"]) == (4000, 0.1, 1.0)
     assert tuple(model["betas"]) == (0.9, 0.98) and model["eps"] == 1e-9
     assert model["transformer"]["dropout"] == dropout
-    assert (model["search"]["beam"], model["search"]["alpha"]) == (4, 0.6)
+    search = config["evaluation"]["search"]
+    assert (search["beam"], search["alpha"]) == (4, 0.6)
     callbacks = {c["class_path"].rsplit(".", 1)[1]: c["init_args"] for c in trainer["callbacks"]}
     assert callbacks["PeriodicCheckpoint"]["minutes"] == 10
     assert callbacks["PeriodicCheckpoint"]["keep"] >= averaged == callbacks["AverageCheckpoints"]["last"]

@@ -107,3 +107,32 @@ def test_fused_projection_under_bf16_autocast() -> None:
     reference = label_smoothed_nll(F.linear(features, weight), target, 0.1, ignore_index=-1)
     assert fused.loss.dtype == torch.float32 and weight.grad.dtype == torch.float32
     assert fused.loss.item() == pytest.approx(reference.loss.item(), rel=2e-2)
+
+
+@pytest.mark.parametrize("name", ["label_smoothed", "reference"])
+def test_registered_losses_equal_the_formula_written_out(name: str) -> None:
+    """Both loss components, built from the registry as a config names them, against §5.4 computed by hand
+    from the model's own probabilities, one real target position at a time (float64)."""
+    from attnx.data.batch import collate
+    from attnx.model import build_transformer
+    from attnx.plugins import registry
+    from tests.conftest import tiny_config
+
+    torch.manual_seed(0)
+    model = build_transformer(tiny_config()).double().eval()
+    batch = collate([([5, 6, 7, 8], [9, 10]), ([11], [12, 13, 14, 15, 16])])
+    loss = registry().build("loss", name, 0.1)
+    with torch.no_grad():
+        got = loss(model, batch)
+        probs = torch.softmax(model(batch.src, batch.tgt_in, batch.src_mask), dim=-1)  # (B, T, V)
+    expected_loss = expected_nll = 0.0
+    for b, t in batch.tgt_mask.nonzero().tolist():
+        p = probs[b, t].tolist()
+        y = int(batch.tgt_out[b, t])
+        nll = -math.log(p[y])
+        expected_nll += nll
+        expected_loss += 0.9 * nll + 0.1 * sum(-math.log(q) for q in p) / len(p)
+    assert got.tokens.item() == 9
+    assert got.nll.item() == pytest.approx(expected_nll, rel=1e-9)
+    assert got.loss.item() == pytest.approx(expected_loss, rel=1e-9)
+    assert set(registry().names("loss")) >= {"label_smoothed", "reference"}

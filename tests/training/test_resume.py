@@ -19,7 +19,7 @@ def fit(corpus: Path, work: Path, name: str, *extra: str) -> Path:
         MAX_TOKENS,
         "--model.transformer.dropout",
         "0.3",
-        "--model.val_bleu_samples",
+        "--evaluation.bleu_samples",
         "0",
     ]
     args += ["--trainer.val_check_interval", "3"]

@@ -15,7 +15,7 @@ from tests.training.conftest import fit_args, read_metrics, train_losses
 QUICK = [
     "--trainer.callbacks",
     "null",
-    "--model.val_bleu_samples",
+    "--evaluation.bleu_samples",
     "0",
     "--trainer.enable_checkpointing",
     "false",
@@ -57,7 +57,7 @@ def test_hyperparameters_are_plain_without_the_cli(corpus: Path) -> None:
     from attnx.training.module import TranslationTask
 
     task = TranslationTask(TransformerConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32))
-    assert isinstance(task.hparams["transformer"], dict) and isinstance(task.hparams["search"], dict)
+    assert isinstance(task.hparams["transformer"], dict) and isinstance(task.hparams["loss"], dict)
     restored = TranslationTask(**{k: v for k, v in task.hparams.items()})
     assert restored.config == task.config
     torch.testing.assert_close(torch.tensor(restored.hparams["betas"]), torch.tensor(task.hparams["betas"]))
