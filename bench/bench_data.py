@@ -48,7 +48,7 @@ def run_prepare(argv: list[str]) -> dict[str, float]:
     output = child.stdout.read() if child.stdout else ""
     if status != 0:
         raise SystemExit(f"attnx prepare failed:\n{output}")
-    out = Path(argv[argv.index("--out") + 1])
+    out = Path(argv[argv.index("--output") + 1])
     meta = json.loads((out / "meta.json").read_text())
     pairs = meta["splits"]["train"]["read"] + sum(
         s["read"] for n, s in meta["splits"].items() if n != "train"
@@ -216,13 +216,15 @@ def main() -> None:
     if {"multi30k", "fill", "datamodule"} & set(args.only) or not (prepared / "meta.json").exists():
         splits = ["--train", m30k / "train", "--valid", m30k / "val", "--test", m30k / "test_2016_flickr"]
         shutil.rmtree(prepared, ignore_errors=True)
-        results["prepare multi30k"] = run_prepare([*langs, *map(str, splits), "--out", str(prepared)])
+        results["prepare multi30k"] = run_prepare([*langs, *map(str, splits), "--output", str(prepared)])
     if "synthetic" in args.only:
         start = time.perf_counter()
         synthetic_text(tmp / "raw" / "train", args.pairs)
         print(f"generated {args.pairs:,} synthetic pairs in {time.perf_counter() - start:.0f} s")
         argv = [*langs, "--train", str(tmp / "raw" / "train"), "--sample_size", str(args.sample_size)]
-        results[f"prepare synthetic {args.pairs:,}"] = run_prepare([*argv, "--out", str(tmp / "synthetic")])
+        results[f"prepare synthetic {args.pairs:,}"] = run_prepare(
+            [*argv, "--output", str(tmp / "synthetic")]
+        )
         shutil.rmtree(tmp / "raw"), shutil.rmtree(tmp / "synthetic")
     if "fill" in args.only:
         for max_tokens in (4096, 25_000 // 8, 1024):

@@ -4,7 +4,7 @@
         [--max_tokens 2500] [--steps 30] [--warmup 3] [--threads 1 2] [--repeats 2] [--profile]
 
 The model is the ``model.transformer`` section of ``--config`` (3+3 layers, d_model 256, 4 heads, d_ff 1024)
-over the prepared corpus's vocabulary (``attnx prepare ... --vocab_size 8000 --out data/multi30k``). Each
+over the prepared corpus's vocabulary (``attnx prepare ... --vocab_size 8000 --output data/multi30k``). Each
 variant runs the same ``--steps`` training batches (forward, loss, backward, optimizer step) after
 ``--warmup`` untimed ones; the best of ``--repeats`` runs is reported:
 
@@ -16,7 +16,7 @@ variant runs the same ``--steps`` training batches (forward, loss, backward, opt
   ``TranslationDataModule``, no logger or checkpoints), timed from the first to the last timed batch.
 
 Throughput counts real (non-padding) source + target tokens, as fairseq's words-per-second do. Model FLOPs
-use :func:`attnx.commands.training_flops_per_token` on each batch's mean lengths; MFU divides the achieved
+use :func:`attnx.model.builders.training_flops_per_token` on each batch's mean lengths; MFU divides the achieved
 FLOP/s by 180 GFLOP/s, the fp32 matmul ceiling measured on the 2-core machine. The 1-minute load average
 before and after each measurement is printed: on a shared machine every number is a lower bound.
 """
@@ -34,12 +34,13 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from attnx.commands import training_flops_per_token
 from attnx.data.batch import Batch
 from attnx.data.datamodule import TranslationDataModule
 from attnx.model import TransformerConfig, build_transformer
+from attnx.model.builders import training_flops_per_token
 from attnx.training.loss import translation_loss
-from attnx.training.module import CPU_PEAK_FLOPS, TranslationTask
+from attnx.training.module import TranslationTask
+from attnx.training.throughput import measure_matmul_flops
 
 REPO = Path(__file__).resolve().parents[1]
 EPSILON = 0.1
@@ -95,7 +96,7 @@ def lightning(config: TransformerConfig, datamodule: TranslationDataModule, step
             self.times.append(time.perf_counter())
 
     clock = Clock()
-    task = TranslationTask(transformer=config, label_smoothing=EPSILON, warmup_steps=500, val_bleu_samples=0)
+    task = TranslationTask(transformer=config, label_smoothing=EPSILON, warmup_steps=500)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(
             f"{args.data} is not a prepared corpus: attnx prepare --src_lang en --tgt_lang de "
             "--train ../shared/data/multi30k/train --valid ../shared/data/multi30k/val "
-            f"--test ../shared/data/multi30k/test_2016_flickr --vocab_size 8000 --out {args.data}"
+            f"--test ../shared/data/multi30k/test_2016_flickr --vocab_size 8000 --output {args.data}"
         )
     section = yaml.safe_load(args.config.read_text())
     max_tokens = args.max_tokens or section["data"]["max_tokens"]
@@ -154,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         f"padded), {flops / tokens / 1e6:.1f} MFLOP per token"
     )
     print()
+    peaks = {n: (torch.set_num_threads(n), measure_matmul_flops(seconds=1.0))[1] for n in args.threads}
+    print(
+        "fp32 matmul peak measured now: "
+        + ", ".join(f"{n} thread(s) {p / 1e9:.0f} GFLOP/s" for n, p in peaks.items())
+    )
     print("| variant | threads | tokens/s | ms/step | GFLOP/s | MFU | load before → after |")
     print("|---|---|---|---|---|---|---|")
     for threads in args.threads:
@@ -170,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             rate = flops / best
             print(
                 f"| {variant} | {threads} | {tokens / best:,.0f} | {best / args.steps * 1000:.0f} | "
-                f"{rate / 1e9:.0f} | {rate / CPU_PEAK_FLOPS:.0%} | {before} → {load()} |",
+                f"{rate / 1e9:.0f} | {rate / peaks[threads]:.0%} | {before} → {load()} |",
                 flush=True,
             )
     if args.profile:

@@ -102,19 +102,28 @@ def make_metadata(config: TransformerConfig, tokenizer: Tokenizer) -> dict[str, 
 def atomic_save(obj: Any, path: str | Path) -> None:
     """Write ``obj`` with ``torch.save`` to a temporary file beside ``path``, then rename it into place.
 
-    A crash mid-write leaves the previous file intact, never a truncated one.
+    A crash mid-write leaves the previous file intact, never a truncated one. A failed write (a full disk,
+    a lost mount) raises [CheckpointError][attnx.checkpoint.CheckpointError] naming the file.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise CheckpointError(f"cannot write checkpoint {path}: {err.strerror or err}") from err
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise CheckpointError(
+                f"cannot write checkpoint {path}: {err.strerror or err}; the previous file is kept. Free disk "
+                "space (or save elsewhere) and resume from the last whole checkpoint"
+            ) from err
         raise
 
 

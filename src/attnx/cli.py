@@ -80,8 +80,10 @@ def one_line(message: str) -> str:
     """An error message folded onto one line (jsonargparse's nested messages span several)."""
     lines = [re.sub(r"^\s*-\s+", "", line).strip() for line in str(message).strip().splitlines()]
     lines = [line for line in lines if line]
-    text = "; ".join(dict.fromkeys(lines))  # repeated lines once
-    return re.sub(r"\s+", " ", text)
+    text = ""
+    for line in dict.fromkeys(lines):  # repeated lines once
+        text += (" " if not text or text.endswith(":") else "; ") + line
+    return re.sub(r"\s+", " ", text).strip()
 
 
 def suggest(message: str, options: list[str]) -> str:

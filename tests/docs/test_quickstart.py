@@ -135,7 +135,10 @@ def test_quickstart_runs_as_written(shared_data: Path, tmp_path: Path):
     assert "sacreBLEU BLEU = " in outputs[-2]  # attnx test scored the averaged checkpoint
     assert outputs[-1].count("\n") == 1, "attnx translate: one line in, one line out"
     assert "averaged 5 checkpoints" in outputs[-3] and "step=30.ckpt" in outputs[-3]
-    for path in ("runs/multi30k_cpu/version_0/checkpoints/step=26.ckpt", "runs/multi30k_cpu/version_0/metrics.csv"):
+    for path in (
+        "runs/multi30k_cpu/version_0/checkpoints/step=26.ckpt",
+        "runs/multi30k_cpu/version_0/metrics.csv",
+    ):
         assert (tmp_path / path).is_file(), path
     # The Python API of the quickstart and of the first page, on the checkpoint the page made.
     python = blocks("python") + blocks("python", INDEX)

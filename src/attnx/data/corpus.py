@@ -85,7 +85,7 @@ class PreparedCorpus:
     """Reader of a directory written by ``attnx prepare``.
 
     Args:
-        data_dir: the ``--out`` directory of ``attnx prepare``.
+        data_dir: the ``--output`` directory of ``attnx prepare``.
     """
 
     def __init__(self, data_dir: str | Path) -> None:
@@ -93,7 +93,7 @@ class PreparedCorpus:
         meta_path = self.data_dir / META
         if not meta_path.is_file():
             raise DataError(
-                f"{self.data_dir} is not a prepared corpus (no {META}); create it with `attnx prepare --out {self.data_dir} ...`"
+                f"{self.data_dir} is not a prepared corpus (no {META}); create it with `attnx prepare --output {self.data_dir} ...` (see `attnx prepare --help`)"
             )
         self.meta: dict[str, Any] = json.loads(meta_path.read_text())
         if self.meta.get("format_version") != FORMAT_VERSION:

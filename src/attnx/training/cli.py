@@ -211,7 +211,38 @@ def main(argv: list[str] | None = None) -> int:
             trainer_defaults={"enable_progress_bar": sys.stderr.isatty()},
         )
     except ArgumentError as err:
-        from attnx.cli import UsageError
+        from attnx.cli import UsageError, one_line, suggest
 
-        raise UsageError(str(err)) from err
+        raise UsageError(suggest(one_line(str(err)), option_names())) from err
     return 0
+
+
+def option_names() -> list[str]:
+    """Every ``--section.key`` a fit/test config accepts, for "did you mean" hints."""
+    import dataclasses
+    import inspect
+
+    from attnx.data.datamodule import TranslationDataModule
+    from attnx.inference.config import SearchConfig
+    from attnx.model import TransformerConfig
+
+    def keys(prefix: str, target: Any) -> list[str]:
+        if dataclasses.is_dataclass(target):
+            return [f"--{prefix}.{f.name}" for f in dataclasses.fields(target)]
+        return [
+            f"--{prefix}.{p}" for p in inspect.signature(target).parameters if p not in ("self", "kwargs")
+        ]
+
+    names = ["--config", "--print_config", "--ckpt_path", "--seed_everything", "--torch_threads"]
+    for prefix, target in {
+        "trainer": Trainer.__init__,
+        "model": TranslationTask.__init__,
+        "model.transformer": TransformerConfig,
+        "data": TranslationDataModule.__init__,
+        "evaluation": TranslationEvaluator.__init__,
+        "evaluation.search": SearchConfig,
+        "progress": ProgressLog.__init__,
+        "throughput": TokenThroughput.__init__,
+    }.items():
+        names += keys(prefix, target)
+    return names

@@ -84,6 +84,15 @@ class ProgressLog(Callback):
         print(self._line(trainer, parts), flush=True)
 
     @rank_zero_only
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        where = trainer.log_dir or trainer.default_root_dir
+        print(
+            f"training ended at step {trainer.global_step} after {_clock(time.monotonic() - self._start)}; "
+            f"logs and checkpoints in {where}",
+            flush=True,
+        )
+
+    @rank_zero_only
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return

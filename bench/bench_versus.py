@@ -1,0 +1,137 @@
+"""This checkout against another commit, side by side in one run on one machine: training tokens/s of
+``attnx fit`` and beam-4 sentences/s of ``attnx translate``, through each version's own commands.
+
+    python bench/bench_versus.py --rev 4ef65f5 --ckpt_path CKPT [--rounds 3] [--steps 300]
+
+The other commit is checked out into a temporary git worktree and run with its ``src/`` first on
+PYTHONPATH; both versions read one corpus prepared by this checkout. Runs alternate (this, other, this, ...)
+so that a change in the machine's load hits both alike; the best of ``--rounds`` is reported for each.
+Training: ``configs/multi30k_cpu.yaml`` (3+3 layers, d_model 256, fp32, 2 threads) for ``--steps`` optimizer
+steps without validation; tokens/s is the run's own ``train/tokens_per_s`` (source + target real tokens,
+the median of the logged values after the first 50 steps) and, for the target-only figure, the same times
+the training corpus's target share. Decoding: ``attnx translate`` of all 1,000 sentences of Multi30k
+test_2016_flickr with beam 4, wall time of the whole command (model loading included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(src: Path, argv: list[str], cwd: Path, stdin: Path | None = None) -> float:
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "2"}
+    start = time.perf_counter()
+    with open(stdin or os.devnull, "rb") as f:
+        done = subprocess.run(
+            [sys.executable, "-m", "attnx", *argv], cwd=cwd, env=env, stdin=f, capture_output=True, text=True
+        )
+    if done.returncode:
+        raise SystemExit(f"{' '.join(argv)} failed in {src}:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def fit_tokens_per_s(src: Path, new_cli: bool, data: Path, steps: int, work: Path) -> float:
+    """Median ``train/tokens_per_s`` of an ``attnx fit`` run of ``steps`` steps, after the first 50."""
+    run_dir = Path(tempfile.mkdtemp(dir=work))
+    evaluation = ["--evaluation.bleu_samples", "0"] if new_cli else ["--model.val_bleu_samples", "0"]
+    argv = ["fit", "--config", str(REPO / "configs" / "multi30k_cpu.yaml"), "--data.data_dir", str(data)]
+    argv += ["--trainer.max_steps", str(steps), "--trainer.max_time", "null", "--trainer.val_check_interval",
+             "100000", "--trainer.log_every_n_steps", "10", "--trainer.callbacks", "[]", *evaluation]  # fmt: skip
+    run(src, argv, run_dir)
+    with open(next(run_dir.rglob("metrics.csv")), newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/tokens_per_s") and int(r["step"]) >= 50]
+    return statistics.median(float(r["train/tokens_per_s"]) for r in rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rev", default="HEAD~1", help="the commit to compare with")
+    parser.add_argument("--ckpt_path", type=Path, required=True, help="a trained checkpoint for decoding")
+    parser.add_argument(
+        "--data", type=Path, default=Path(os.environ.get("ATTNX_DATA_DIR", REPO.parent / "shared" / "data"))
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--skip", choices=("fit", "translate"), action="append", default=[])
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="attnx-versus-"))
+    other = work / "other"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(other), args.rev], check=True,
+                   capture_output=True)  # fmt: skip
+    try:
+        rev = subprocess.run(["git", "-C", str(other), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()  # fmt: skip
+        this = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+        versions = {f"this ({this})": (REPO / "src", True), f"other ({rev})": (other / "src", False)}
+        raw = args.data / "multi30k"
+        prepared = work / "multi30k"
+        run(REPO / "src", ["prepare", "--src_lang", "en", "--tgt_lang", "de", "--train", str(raw / "train"),
+                           "--valid", str(raw / "val"), "--test", str(raw / "test_2016_flickr"), "--vocab_size",
+                           "8000", "--output", str(prepared)], work)  # fmt: skip
+        source = work / "test.en"
+        import gzip
+
+        with gzip.open(raw / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+            source.write_text(f.read(), encoding="utf-8")
+        lines = len(source.read_text(encoding="utf-8").splitlines())
+        tgt_share = 18_555 / (17_457 + 18_555)  # test split; the train split's share is printed by prepare
+        results: dict[str, dict[str, list[float]]] = {name: {"fit": [], "translate": []} for name in versions}
+        for _ in range(args.rounds):
+            for name, (src, new_cli) in versions.items():
+                if "fit" not in args.skip:
+                    results[name]["fit"].append(fit_tokens_per_s(src, new_cli, prepared, args.steps, work))
+                if "translate" not in args.skip:
+                    model = ["--model"] if new_cli else ["--ckpt_path"]
+                    seconds = run(src, ["translate", *model, str(args.ckpt_path), "--input", str(source),
+                                        "--output", str(work / "hyp")], work)  # fmt: skip
+                    results[name]["translate"].append(lines / seconds)
+        print(
+            f"CPU: {cpu_model()}, {os.cpu_count()} cores; torch threads 2; {args.rounds} alternating rounds, best"
+        )
+        print(
+            "| version | fit tokens/s (src+tgt) | fit tokens/s (tgt, approx.) | translate beam 4 sentences/s |"
+        )
+        print("|---|---|---|---|")
+        for name, r in results.items():
+            fit = max(r["fit"]) if r["fit"] else float("nan")
+            tr = max(r["translate"]) if r["translate"] else float("nan")
+            print(f"| {name} | {fit:,.0f} | {fit * tgt_share:,.0f} | {tr:.1f} |")
+        names = list(results)
+        for key in ("fit", "translate"):
+            if results[names[0]][key]:
+                ratio = max(results[names[0]][key]) / max(results[names[1]][key])
+                print(f"{key}: this / other = {ratio:.3f}")
+    finally:
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "remove", "--force", str(other)], capture_output=True
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The ``attnx`` command as a user meets it: every expected failure is one line on stderr, exit 2 for usage
+and config errors, 1 for runtime failures, never a traceback; help is quick and complete."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnx.cli import COMMANDS, main
+from tests.training.conftest import fit_args
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_bare_fit_says_to_pass_a_config(capsys) -> None:
+    assert main(["fit"]) == 2
+    assert "--config" in one_line(capsys)
+
+
+def test_missing_config_file_lists_the_packaged_ones(capsys) -> None:
+    assert main(["fit", "--config", "nope.yaml"]) == 2
+    line = one_line(capsys)
+    assert "'nope.yaml'" in line and "multi30k_cpu" in line and "base" in line
+
+
+def test_wrong_type_names_the_key(corpus: Path, capsys) -> None:
+    assert main(fit_args(corpus, "--trainer.max_steps", "abc")) == 2
+    line = one_line(capsys)
+    assert "trainer.max_steps" in line and "abc" in line
+
+
+def test_misspelt_option_suggests_the_close_one(corpus: Path, capsys) -> None:
+    assert main(fit_args(corpus, "--model.warmup_stpes", "3")) == 2
+    assert "did you mean --model.warmup_steps?" in one_line(capsys)
+    assert (
+        main(
+            [
+                "prepare",
+                "--src_lang",
+                "en",
+                "--tgt_lang",
+                "de",
+                "--train",
+                "x",
+                "--output",
+                "y",
+                "--vocab_sise",
+                "9",
+            ]
+        )
+        == 2
+    )
+    assert "did you mean --vocab_size?" in one_line(capsys)
+    assert main(["tranzlate"]) == 2
+    assert "did you mean `attnx translate`?" in one_line(capsys)
+
+
+def test_fit_before_prepare_says_to_prepare(corpus: Path, tmp_path: Path, capsys) -> None:
+    assert main(fit_args(corpus, "--data.data_dir", str(tmp_path / "nowhere"))) == 1
+    assert "attnx prepare --output" in one_line(capsys)
+
+
+def test_impossible_model_is_a_usage_error(corpus: Path, capsys) -> None:
+    assert main(fit_args(corpus, "--model.transformer.n_heads", "5")) == 2
+    assert "must be a positive multiple of n_heads (5)" in one_line(capsys)
+
+
+def test_test_without_weights_refuses(corpus: Path, capsys) -> None:
+    assert main(fit_args(corpus, subcommand="test")) == 2
+    assert "--ckpt_path" in one_line(capsys)
+
+
+def test_full_disk_during_a_checkpoint_save_is_one_line(
+    corpus: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("attnx.checkpoint.os.fsync", full)
+    assert main(fit_args(corpus, "--trainer.max_steps", "2")) == 1
+    line = one_line(capsys)
+    assert "No space left on device" in line and "step=1.ckpt" in line and "previous file is kept" in line
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_debug_shows_the_traceback(corpus: Path, capsys) -> None:
+    with pytest.raises(ValueError, match="n_heads"):
+        main([*fit_args(corpus, "--model.transformer.n_heads", "5"), "--debug"])
+
+
+def test_fit_in_a_log_file_prints_plain_lines(corpus: Path, tmp_path: Path) -> None:
+    """No terminal (nohup, Slurm): no progress bar, one line per validation and at the end."""
+    argv = [
+        sys.executable,
+        "-m",
+        "attnx",
+        *fit_args(corpus, "--trainer.max_steps", "8", "--progress.every_n_steps", "4"),
+    ]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert sum(line.startswith("step 4/8 | train loss") for line in lines) == 1
+    assert sum(line.startswith("step 8/8 | val loss") and " bleu " in line for line in lines) == 1
+    assert lines[-1].startswith("training ended at step 8")
+    assert "\r" not in done.stdout + done.stderr  # no progress bar redrawn into the log
+    for noise in ("Seed set to", "LightningCLI's args", "💡", "TPU available"):
+        assert noise not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", ["prepare", "download", "plugins", "configs", "score"])
+def test_help_of_commands_without_torch_imports_no_torch(name: str) -> None:
+    code = (
+        "import sys, contextlib, io\nfrom attnx.cli import main\n"
+        f"with contextlib.redirect_stdout(io.StringIO()):\n    try:\n        main([{name!r}, '--help'])\n"
+        "    except SystemExit:\n        pass\nprint('torch' in sys.modules)"
+    )
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True
+    )
+    assert done.stdout.strip() == "False", f"attnx {name} --help imported torch"
+    assert time.perf_counter() - start < 30  # a generous bound for a loaded machine; see docs/benchmarks.md
+
+
+def test_every_command_is_documented_with_every_option() -> None:
+    from attnx.cli import command_function
+
+    for name in COMMANDS:
+        if name in ("fit", "validate", "test", "predict"):
+            continue
+        function = command_function(name)
+        doc = function.__doc__ or ""
+        for parameter in __import__("inspect").signature(function).parameters:
+            assert f"{parameter}:" in doc, f"attnx {name}: option --{parameter} has no help text"
+
+
+def test_configs_lists_the_packaged_configs(capsys) -> None:
+    assert main(["configs"]) == 0
+    out = capsys.readouterr().out
+    for name in ("base", "big", "multi30k_cpu", "tiny", "table3/E_learned_positions"):
+        assert any(line.split()[0] == name for line in out.splitlines()), name
