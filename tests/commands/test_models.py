@@ -1,0 +1,42 @@
+"""``attnx describe``, ``attnx plugins``, ``attnx average`` and ``attnx configs`` as commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from attnx.cli import main
+
+
+def test_describe_takes_the_vocabulary_of_the_prepared_corpus(tmp_path: Path, monkeypatch, capsys) -> None:
+    (tmp_path / "data" / "multi30k").mkdir(parents=True)
+    (tmp_path / "data" / "multi30k" / "meta.json").write_text(json.dumps({"vocab_size": 8000}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["describe", "--config", "multi30k_cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "vocab 8000 (the prepared corpus's)" in out and "parameters: 7,577,600 (7.6M)" in out
+    monkeypatch.chdir(tmp_path / "data")
+    assert main(["describe", "--config", "multi30k_cpu"]) == 0
+    assert (
+        "vocab 37000 (the paper's (no prepared corpus found; pass --vocab_size))" in capsys.readouterr().out
+    )
+    assert main(["describe", "--config", "multi30k_cpu", "--vocab_size", "8000"]) == 0
+    assert "vocab 8000 (--vocab_size)" in capsys.readouterr().out
+
+
+def test_describe_needs_one_source(capsys) -> None:
+    assert main(["describe"]) == 2
+    assert "--config or --preset" in capsys.readouterr().err
+
+
+def test_plugins_lists_the_loss_components(capsys) -> None:
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "loss:" in out and "label_smoothed" in out and "reference" in out
+
+
+def test_average_needs_checkpoints_or_a_directory(tmp_path: Path, capsys) -> None:
+    assert main(["average", "--output", str(tmp_path / "a.ckpt")]) == 2
+    assert "--checkpoints or --dir" in capsys.readouterr().err
+    assert main(["average", "--dir", str(tmp_path / "none")]) == 1
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,74 @@
+"""TranslationEvaluator: which rows each rank translates, with which search, and in what order they come back."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from attnx.data.batch import collate
+from attnx.inference.search import SearchConfig
+from attnx.training.evaluation import TranslationEvaluator
+
+
+class Module:
+    """Records the translator's search and the rows it was asked to translate (each row's first source id)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, list[int]]] = []
+
+    def translator(self, search: SearchConfig | None = None):
+        calls = self.calls
+
+        class Recording:
+            def translate_tensors(self, src, src_mask):
+                calls.append((search.beam, src[:, 0].tolist()))
+                assert bool(src_mask[:, -1].any())  # columns no selected row needs are cut
+                return [[int(x)] for x in src[:, 0]]
+
+        return Recording()
+
+
+def batch_of(indices: list[int]):
+    lengths = {0: 1, 1: 5, 2: 2, 3: 1, 4: 1, 5: 3}
+    pairs = [([10 + i] * lengths[i], [7]) for i in indices]
+    return collate(pairs, index=indices)
+
+
+def stage(rank: int, world: int, validating: bool) -> SimpleNamespace:
+    return SimpleNamespace(
+        world_size=world,
+        global_rank=rank,
+        validating=validating,
+        sanity_checking=False,
+        state=SimpleNamespace(fn=""),
+    )
+
+
+def test_ranks_split_rows_by_corpus_index_and_validation_uses_its_beam() -> None:
+    evaluator = TranslationEvaluator(search=SearchConfig(beam=4), bleu_samples=5, valid_beam=1)
+    batch = batch_of([0, 1, 2, 3, 4, 5])
+    seen = {}
+    for rank in (0, 1):
+        module = Module()
+        evaluator._translations = []
+        evaluator.on_validation_batch_end(stage(rank, 2, True), module, None, batch, 0)
+        seen[rank] = sorted(i for i, _ in evaluator._translations)
+        assert all(beam == 1 for beam, _ in module.calls)
+    assert seen == {0: [0, 2, 4], 1: [1, 3]}  # index 5 is past bleu_samples
+
+
+def test_test_rows_use_the_full_search_and_keep_their_index() -> None:
+    evaluator = TranslationEvaluator(search=SearchConfig(beam=4), bleu_samples=0)
+    module = Module()
+    evaluator.on_test_batch_end(stage(0, 1, False), module, None, batch_of([3, 1, 5]), 0)
+    assert [beam for beam, _ in module.calls] == [4]
+    assert sorted(evaluator._translations) == [(1, [11]), (3, [13]), (5, [15])]
+
+
+def test_bad_settings_are_refused() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="valid_beam"):
+        TranslationEvaluator(valid_beam=0)
+    assert torch.equal(batch_of([2]).index, torch.tensor([2]))

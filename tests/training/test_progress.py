@@ -1,0 +1,47 @@
+"""The console lines of a run: one per validation with ETA, periodic ones without a progress bar."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from attnx.training.progress import ProgressLog
+
+
+def trainer(step: int, max_steps: int = 100, **metrics: float) -> SimpleNamespace:
+    return SimpleNamespace(
+        global_step=step,
+        max_steps=max_steps,
+        callback_metrics={k.replace("__", "/"): torch.tensor(v) for k, v in metrics.items()},
+        callbacks=[],
+        progress_bar_callback=None,
+        sanity_checking=False,
+        state=SimpleNamespace(fn="fit"),
+        log_dir="runs/x/version_0",
+        default_root_dir=".",
+        global_rank=0,
+    )
+
+
+def test_validation_line_has_step_metrics_speed_and_eta(capsys) -> None:
+    log = ProgressLog(every_n_steps=10)
+    log.on_fit_start(None, None)
+    log._start -= 100.0  # 100 s of training so far
+    run = trainer(25, val__loss=3.4123, val__ppl=22.14, val__bleu=18.634, train__tokens_per_s=7930.4)
+    log.on_validation_end(run, None)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(
+        "step 25/100 | val loss 3.412 ppl 22.14 bleu 18.63 | 7,930 tok/s | 0:01:40 elapsed"
+    )
+    assert line.endswith("ETA 0:05:00")  # 75 steps left at 4 s each
+
+
+def test_training_lines_every_n_steps_once(capsys) -> None:
+    log = ProgressLog(every_n_steps=10)
+    log.on_fit_start(None, None)
+    for step in (9, 10, 10, 11, 20):
+        log.on_train_batch_end(trainer(step, **{"train__loss": 4.5, "train__lr": 1e-3}), None)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(" |")[0] for line in lines] == ["step 10/100", "step 20/100"]
+    assert "train loss 4.500 | lr 1.00e-03" in lines[0]

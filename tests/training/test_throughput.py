@@ -1,0 +1,62 @@
+"""Tokens/s and MFU: counted over real tokens, target-only beside source+target, peak measured here."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from attnx.data.batch import collate
+from attnx.model.builders import training_flops_per_token
+from attnx.training.throughput import TokenThroughput, device_peak_flops, measure_matmul_flops
+from tests.conftest import tiny_config
+
+
+class Recorder:
+    """Stands in for the LightningModule's ``log`` (the callback's only output)."""
+
+    def __init__(self) -> None:
+        self.config = tiny_config()
+        self.device = torch.device("cpu")
+        self.logged: dict[str, float] = {}
+
+    def log(self, name: str, value: float, **_: object) -> None:
+        self.logged[name] = float(value)
+
+
+def test_rates_count_real_tokens_over_the_window(monkeypatch) -> None:
+    clock = iter([0.0, 1.0, 2.0, 3.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    batch = collate([([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])])  # 6 source + 8 target real tokens
+    module, trainer = Recorder(), SimpleNamespace(world_size=2)
+    callback = TokenThroughput(window=2, peak_flops=1e9)
+    for _ in range(3):
+        callback.on_train_batch_end(trainer, module, None, batch, 0)
+    # window of 2 batches over 2 s, times 2 devices
+    assert module.logged["train/tokens_per_s"] == pytest.approx(2 * 14 / 2 * 2)
+    assert module.logged["train/tgt_tokens_per_s"] == pytest.approx(2 * 8 / 2 * 2)
+    flops = training_flops_per_token(module.config, 3.0, 4.0)["per_token"] * 14
+    assert module.logged["train/mfu"] == pytest.approx(2 * flops / 2 / 1e9)
+
+
+def test_validation_time_is_not_counted(monkeypatch) -> None:
+    clock = iter([0.0, 1.0, 100.0, 101.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    batch = collate([([5, 6], [7, 8])])
+    module, trainer = Recorder(), SimpleNamespace(world_size=1)
+    callback = TokenThroughput(window=5, peak_flops=None)
+    callback.on_train_batch_end(trainer, module, None, batch, 0)
+    callback.on_train_batch_end(trainer, module, None, batch, 1)
+    callback.on_validation_start(trainer, module)  # 99 s of validation follow
+    callback.on_train_batch_end(trainer, module, None, batch, 2)
+    callback.on_train_batch_end(trainer, module, None, batch, 3)
+    assert module.logged["train/tokens_per_s"] == pytest.approx(6 / 1.0)
+    assert "train/mfu" not in module.logged  # no peak known: no MFU rather than a wrong one
+
+
+def test_cpu_peak_is_measured_and_plausible() -> None:
+    peak = measure_matmul_flops(size=256, seconds=0.05)
+    assert 1e8 < peak < 1e14
+    assert device_peak_flops(torch.device("cpu"), "32-true") > 1e8
