@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnx.components.attention import MultiHeadAttention
 from attnx.components.protocols import AttentionCache
@@ -83,3 +84,149 @@ def test_key_and_value_sizes_can_differ_from_d_model_over_heads():
     x = torch.randn(2, 4, 32)
     assert attn(x, x, causal=True).shape == (2, 4, 32)
     assert attn(x, x, need_weights=True)[1].shape == (2, 4, 4, 4)
+
+
+class KernelCalls:
+    """Records what each call of ``scaled_dot_product_attention`` was given, then runs it."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls: list[tuple[tuple[int, ...] | None, bool]] = []
+        real = F.scaled_dot_product_attention
+
+        def record(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+            self.calls.append((None if attn_mask is None else tuple(attn_mask.shape), is_causal))
+            return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+        monkeypatch.setattr(F, "scaled_dot_product_attention", record)
+
+
+def test_kernel_gets_the_least_exact_mask(monkeypatch):
+    """On CUDA any attn_mask rules out the flash kernel: masks are passed only where they hide something."""
+    kernel = KernelCalls(monkeypatch)
+    attn = MultiHeadAttention(32, 4).eval()
+    x, memory = torch.randn(3, 5, 32), torch.randn(3, 7, 32)
+    padding = torch.arange(7) < torch.tensor([[7], [4], [2]])  # (B, S)
+    attn(x, x, causal=True)  # decoder self-attention in training
+    attn(x, memory, key_mask=padding)  # encoder-decoder attention, padded sources
+    attn(x, memory)  # unpadded sources
+    cache = AttentionCache()
+    for i in range(3):  # decoding: each new query sees every cached key
+        attn(x[:, i : i + 1], x[:, i : i + 1], causal=True, cache=cache)
+    attn(
+        x[:, 3:5], x[:, 3:5], causal=True, cache=cache
+    )  # two queries over the cache: the first misses one key
+    assert kernel.calls == [
+        (None, True),
+        ((3, 1, 1, 7), False),  # broadcast over heads and queries, never expanded to (B, H, T, S)
+        (None, False),
+        (None, False),
+        (None, False),
+        (None, False),
+        ((1, 1, 2, 5), False),
+    ]
+
+
+def test_chunk_over_the_cache_equals_the_full_causal_pass():
+    attn = MultiHeadAttention(32, 4).eval()
+    x = torch.randn(2, 6, 32)
+    cache = AttentionCache()
+    parts = [
+        attn(x[:, :1], x[:, :1], causal=True, cache=cache),
+        attn(x[:, 1:4], x[:, 1:4], causal=True, cache=cache),
+    ]
+    parts.append(attn(x[:, 4:], x[:, 4:], causal=True, cache=cache))
+    torch.testing.assert_close(torch.cat(parts, 1), attn(x, x, causal=True), rtol=1e-5, atol=1e-5)
+
+
+# --- CUDA kernels ----------------------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+ampere = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
+    reason="the flash kernel in bf16 needs a CUDA device of compute capability 8.0 or newer",
+)
+
+
+def fused_only():
+    """Every fused CUDA kernel allowed, the math fallback not: a shape no fused kernel takes raises."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(
+        [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    )
+
+
+def flash_only():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+
+
+def padded_batch(batch: int, length: int, d_model: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(batch, length, d_model, device="cuda", requires_grad=True)
+    lengths = torch.randint(1, length + 1, (batch,), device="cuda")
+    lengths[0] = length
+    return x, torch.arange(length, device="cuda") < lengths[:, None]  # (B, S) True = real token
+
+
+@pytest.mark.gpu
+@ampere
+@pytest.mark.parametrize("d_model,n_heads", [(512, 8), (1024, 16)], ids=["base", "big"])
+@pytest.mark.parametrize("batch,length", [(100, 31), (12, 250)], ids=["3125-tokens", "longest"])
+def test_training_attention_runs_on_fused_kernels_in_bf16(d_model, n_heads, batch, length):
+    """The three attentions of a training step, forward and backward, bf16 autocast, base and big shapes.
+
+    Whichever fused kernel runs must honour the padding mask: keys at padded positions, changed, change nothing.
+    """
+    attn = MultiHeadAttention(d_model, n_heads, dropout=0.0).cuda().train()
+    src, src_mask = padded_batch(batch, length + 3, d_model)
+    tgt = torch.randn(batch, length, d_model, device="cuda", requires_grad=True)
+    noise = torch.where(src_mask.unsqueeze(-1), 0.0, 10 * torch.randn_like(src) + 5)
+    with torch.autocast("cuda", dtype=torch.bfloat16), fused_only():
+        outs = [
+            attn(src, src, key_mask=src_mask),
+            attn(tgt, tgt, causal=True),
+            attn(tgt, src, key_mask=src_mask),
+        ]
+        sum(o.float().sum() for o in outs).backward()
+        with torch.no_grad():
+            cross = attn(tgt, src + noise, key_mask=src_mask)
+            encoder = attn(src, src + noise, key_mask=src_mask)
+    assert all(o.dtype == torch.bfloat16 and torch.isfinite(o).all() for o in outs)
+    assert torch.isfinite(src.grad).all() and torch.isfinite(tgt.grad).all()
+    torch.testing.assert_close(cross, outs[2].detach(), rtol=0, atol=1e-3)
+    real = src_mask.unsqueeze(-1).expand_as(
+        encoder
+    )  # rows of real source tokens (padded queries: don't care)
+    torch.testing.assert_close(encoder[real], outs[0].detach()[real], rtol=0, atol=1e-3)
+
+
+@pytest.mark.gpu
+@ampere
+def test_unpadded_and_decoding_self_attention_run_on_the_flash_kernel():
+    attn = MultiHeadAttention(512, 8).cuda()
+    x = torch.randn(64, 30, 512, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16), flash_only():
+        attn(x, x, causal=True).float().sum().backward()  # decoder self-attention in training
+        attn(x, x).float().sum().backward()  # an unpadded encoder batch (key_mask None)
+        cache = AttentionCache()
+        with torch.no_grad():
+            steps = [attn(x[:, i : i + 1], x[:, i : i + 1], causal=True, cache=cache) for i in range(5)]
+    assert torch.isfinite(x.grad).all() and cache.length == 5
+    assert all(torch.isfinite(s).all() for s in steps)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_bf16_matches_the_float64_computation(causal):
+    """The kernel CUDA picks by default (cuDNN, flash or memory-efficient), against CPU float64."""
+    attn = MultiHeadAttention(512, 8).eval()
+    x, memory = torch.randn(8, 40, 512), torch.randn(8, 45, 512)
+    key_mask = torch.arange(45) < torch.randint(1, 46, (8, 1))
+    kv, mask = (x, None) if causal else (memory, key_mask)
+    expected = attn.double()(x.double(), kv.double(), key_mask=mask, causal=causal)
+    attn = attn.float().cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = attn(x.cuda(), kv.cuda(), key_mask=None if mask is None else mask.cuda(), causal=causal)
+    torch.testing.assert_close(out.double().cpu(), expected, rtol=0.05, atol=0.02)

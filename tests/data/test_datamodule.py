@@ -69,6 +69,28 @@ def test_pickled_dataset_carries_paths_not_data(multi30k: Path) -> None:
     assert all(np.array_equal(a, b) for a, b in zip(copy[123], dataset[123], strict=True))
 
 
+def test_pinning_follows_the_trainer_device_unless_set(multi30k: Path, tmp_path: Path) -> None:
+    assert TranslationDataModule(str(multi30k)).pins_memory is torch.cuda.is_available()  # no trainer yet
+    on_cpu = TranslationDataModule(str(multi30k))
+    on_cpu.trainer = trainer(tmp_path, accelerator="cpu")
+    assert on_cpu.pins_memory is False and on_cpu.train_dataloader().pin_memory is False
+    forced = TranslationDataModule(str(multi30k), pin_memory=True)
+    forced.trainer = trainer(tmp_path, accelerator="cpu")
+    assert forced.pins_memory is True
+    off = TranslationDataModule(str(multi30k), pin_memory=False)
+    assert off.val_dataloader().pin_memory is False and off.train_dataloader().pin_memory is False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batches_come_pinned_when_training_on_cuda(multi30k: Path, tmp_path: Path) -> None:
+    dm = TranslationDataModule(str(multi30k), num_workers=1)
+    dm.trainer = trainer(tmp_path, accelerator="gpu", devices=1)
+    batch = next(iter(dm.train_dataloader()))
+    assert dm.pins_memory and batch.src.is_pinned() and batch.tgt_mask.is_pinned()
+    assert torch.equal(batch.to("cuda").src.cpu(), batch.src)
+
+
 class Recorder(L.LightningModule):
     """Records the corpus indices of every training batch; the weights do not matter here."""
 

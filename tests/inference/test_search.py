@@ -339,3 +339,22 @@ def test_search_restores_training_mode_and_needs_no_grad():
     assert a == b  # dropout off while searching
     assert model.training
     assert math.isfinite(beam_search(model, src, src_mask, SearchConfig(max_len_b=5))[0][0].score)
+
+
+# --- CUDA ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_beam_search_on_cuda_equals_cpu_in_float64():
+    """Beam 4 with the KV cache, sentences finishing at different lengths, on both devices (float64: no ties)."""
+    model = make_model().double()
+    StepRecorder(model, likelier_eos)
+    src, src_mask = sources(7, 3, 12, 1, 5, 9, 9, 2)
+    config = SearchConfig(beam=4, max_positions=128)
+    on_cpu = beam_search(model, src, src_mask, config)
+    on_gpu = beam_search(model.cuda(), src.cuda(), src_mask.cuda(), config)
+    assert [[h.tokens for h in hyps] for hyps in on_gpu] == [[h.tokens for h in hyps] for hyps in on_cpu]
+    assert [h.score for hyps in on_gpu for h in hyps] == pytest.approx(
+        [h.score for hyps in on_cpu for h in hyps], abs=1e-9
+    )

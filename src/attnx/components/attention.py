@@ -20,6 +20,12 @@ class MultiHeadAttention(nn.Module):
     computation is used only when the weights themselves are asked for. ``dropout`` acts on the attention
     weights; the paper uses none there (0.0), only on sub-layer outputs. ``d_k`` / ``d_v`` default to
     ``d_model / n_heads``; setting them gives Table 3's rows (A) and (B).
+
+    The mask handed to the kernel is the least one that is exact, because on CUDA any ``attn_mask`` rules out
+    the flash kernel: causal self-attention over a square, unpadded block passes ``is_causal`` alone; a causal
+    query that already sees every key (one decoding step over the cache) passes no mask at all; padding is a
+    broadcast ``(B, 1, 1, S)`` mask, which the cuDNN and memory-efficient kernels take without expanding it.
+    ``key_mask=None`` means no padding, so a caller that knows a batch is unpadded lets every kernel run.
     """
 
     def __init__(
@@ -80,11 +86,17 @@ class MultiHeadAttention(nn.Module):
                 scores = scores.masked_fill(~mask, float("-inf"))
             weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
             out = F.dropout(weights, dropout, self.training) @ v
-        elif causal and key_mask is None and offset == 0 and t == s:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         else:
-            mask = attention_mask(key_mask, causal, t, s, offset, query.device)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+            # Query i sits at position offset + i and sees keys j <= offset + i: causality hides a key only
+            # when the first query cannot see the last one.
+            causal = causal and offset < s - 1
+            if causal and key_mask is None and offset == 0 and t == s:
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+            else:
+                mask = attention_mask(
+                    key_mask, causal, t, s, offset, query.device
+                )  # (B|1, 1, T|1, S) or None
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
         out = self.out_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
         return (out, weights) if need_weights else out
 

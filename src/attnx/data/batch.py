@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,17 +33,36 @@ class Batch:
     def size(self) -> int:
         return self.src.shape[0]
 
-    def to(self, device: torch.device | str) -> Batch:
+    def _map(self, move: Callable[[Tensor], Tensor]) -> Batch:
+        """The same batch with ``move`` applied to every tensor the model reads; ``index`` stays on the host."""
         return Batch(
-            src=self.src.to(device, non_blocking=True),
-            tgt_in=self.tgt_in.to(device, non_blocking=True),
-            tgt_out=self.tgt_out.to(device, non_blocking=True),
-            src_mask=self.src_mask.to(device, non_blocking=True),
-            tgt_mask=self.tgt_mask.to(device, non_blocking=True),
+            src=move(self.src),
+            tgt_in=move(self.tgt_in),
+            tgt_out=move(self.tgt_out),
+            src_mask=move(self.src_mask),
+            tgt_mask=move(self.tgt_mask),
             n_src_tokens=self.n_src_tokens,
             n_tgt_tokens=self.n_tgt_tokens,
             index=self.index,
         )
+
+    def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Batch:
+        """The batch on ``device`` (Lightning calls this to move each batch).
+
+        ``non_blocking`` defaults to True for CUDA devices: from pinned memory (:meth:`pin_memory`) the copy
+        then runs asynchronously, overlapped with the computation queued before it. Copies to the CPU stay
+        blocking, so their values can be read at once.
+        """
+        if non_blocking is None:
+            non_blocking = torch.device(device).type == "cuda"
+        return self._map(lambda x: x.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked host memory; ``DataLoader(pin_memory=True)`` calls this in its pinning thread.
+
+        Needs an accelerator: PyTorch raises a RuntimeError where none is present.
+        """
+        return self._map(lambda x: x.pin_memory())
 
 
 def collate(

@@ -36,6 +36,10 @@ class TranslationDataModule(L.LightningDataModule):
         eval_max_tokens: the same for validation/test/predict batches; default ``max_tokens``.
         seed: seeds the batches' composition and their order in each epoch.
         num_workers: DataLoader worker processes; 0 gathers and pads batches in the training process.
+        pin_memory: Copy each batch into page-locked host memory in the loader's pinning thread, so that its
+            copy to a CUDA device is asynchronous and overlaps the computation (``Batch.to`` copies to CUDA
+            with ``non_blocking``). None: pin when the trainer runs on a CUDA device (without a trainer, when
+            CUDA is available); never on CPU, where pinning has nothing to gain.
         train_split: split name used for training.
         valid_split: split name used for validation.
         test_split: split name used for test and predict.
@@ -48,6 +52,7 @@ class TranslationDataModule(L.LightningDataModule):
         eval_max_tokens: int | None = None,
         seed: int = 1,
         num_workers: int = 0,
+        pin_memory: bool | None = None,
         train_split: str = "train",
         valid_split: str = "valid",
         test_split: str = "test",
@@ -59,6 +64,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.eval_max_tokens = eval_max_tokens or max_tokens
         self.seed = seed
         self.num_workers = num_workers
+        self.pin_memory = pin_memory
         self.train_split, self.valid_split, self.test_split = train_split, valid_split, test_split
         self._corpus = PreparedCorpus(data_dir)
         self._train_sampler: TokenBatchSampler | None = None
@@ -104,6 +110,15 @@ class TranslationDataModule(L.LightningDataModule):
                 self._resume = None
         return self._train_sampler
 
+    @property
+    def pins_memory(self) -> bool:
+        """Whether the loaders pin batches: ``pin_memory`` as given, or chosen from the device when None."""
+        if self.pin_memory is not None:
+            return self.pin_memory
+        if self.trainer is not None:
+            return self.trainer.strategy.root_device.type == "cuda"
+        return torch.cuda.is_available()
+
     def _loader(self, split: str, sampler: TokenBatchSampler) -> DataLoader:
         return DataLoader(
             BatchDataset(self._corpus.dataset(split)),
@@ -112,6 +127,7 @@ class TranslationDataModule(L.LightningDataModule):
             collate_fn=no_collate,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            pin_memory=self.pins_memory,
         )
 
     def _eval_loader(self, split: str) -> DataLoader:

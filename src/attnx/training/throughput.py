@@ -23,6 +23,23 @@ from attnx.model.builders import training_flops_per_token
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16, "64": torch.float64}
 
+DENSE_BF16_TFLOPS = [  # (substring of the lower-cased device name, dense bf16 tensor-core TFLOP/s)
+    ("h200 nvl", 835.5),
+    ("h200", 989.4),
+    ("gh200", 989.4),
+    ("h100 nvl", 835.5),
+    ("h100 pcie", 756.0),
+    ("h100", 989.4),  # SXM5 ("NVIDIA H100 80GB HBM3")
+    ("a100", 312.0),
+    ("l40s", 362.1),
+    ("a10g", 70.0),
+    ("a10", 125.0),
+    ("l4", 121.0),
+]
+"""NVIDIA data-sheet figures without the 2:4-sparsity doubling (fp16 runs at the same rate). Lightning's own
+table mixes dense and sparse figures (H200: 2.0e15, twice the dense rate) and lacks some names, so it is only
+the fallback for devices not listed here."""
+
 
 def measure_matmul_flops(size: int = 1024, seconds: float = 0.3, device: str | torch.device = "cpu") -> float:
     """fp32 matrix-multiply FLOP/s of ``device`` now, with the threads PyTorch uses: the CPU's practical peak."""
@@ -38,11 +55,17 @@ def measure_matmul_flops(size: int = 1024, seconds: float = 0.3, device: str | t
 
 
 def device_peak_flops(device: torch.device, precision: str) -> float | None:
-    """Peak FLOP/s of one ``device`` for ``precision`` (Lightning's table on GPUs; measured on CPU)."""
+    """Peak FLOP/s of one ``device`` for ``precision``: measured on CPU; on GPUs the dense data-sheet figure
+    for bf16/fp16 (:data:`DENSE_BF16_TFLOPS`), else Lightning's table, else a matmul measured now."""
     if device.type == "cpu":
         return measure_matmul_flops()
     dtype = PRECISION_DTYPES.get(precision.split("-")[0], torch.float32)
-    return get_available_flops(device, dtype)
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+        name = torch.cuda.get_device_name(device).lower()
+        for key, tflops in DENSE_BF16_TFLOPS:
+            if key in name:
+                return tflops * 1e12
+    return get_available_flops(device, dtype) or measure_matmul_flops(4096, device=device)
 
 
 class TokenThroughput(Callback):

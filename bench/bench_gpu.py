@@ -1,0 +1,714 @@
+"""What the first GPU run of ``attnx fit --config configs/base.yaml`` (and big.yaml) will show: training speed,
+MFU and memory of the paper's models in each precision, padding of token-budget batches, decoding speed.
+
+    python bench/bench_gpu.py [--data data/news] [--model base|big|both|tiny] [--precision bf16-mixed ...]
+        [--max_tokens 3125 12500] [--tokens_per_step 25000] [--steps 5] [--warmup 2] [--compile]
+        [--lightning] [--profile] [--decode_sentences 500] [--checkpoint CKPT] [--json OUT]
+
+It runs on CUDA when a GPU is present, else on the CPU at tiny sizes (a 2+2-layer d_model 64 model, 256-token
+batches, two steps) so that it finishes in about a minute: a check that the script works, not a measurement
+of the paper's models. Every table is printed under the device and CPU it ran on (``lscpu``'s model name).
+
+Data: a corpus prepared by ``attnx.data.prepare`` (``--data``); with ``--prepare`` the WMT news-test sets
+(``--news_raw``: 2008-2012 and 2015-2020 for training, ``--wmt14_raw``: newstest2013 as valid and the full
+newstest2014 as test) are prepared there first with the paper's 37k joint vocabulary. Batches are the
+training loader's own: token-budget batches of real text in the epoch's seeded order, pinned on CUDA and
+copied to the device inside the timed loop, as ``attnx fit`` does.
+
+Training: ``--max_tokens`` is per device and side, as in the configs (3,125 = 25,000 / 8 GPUs). One
+optimizer step accumulates ``--tokens_per_step / max_tokens`` batches, so every row trains on the paper's
+25k + 25k tokens per step on one GPU (3,125 × 8 or 12,500 × 2). The step is ``TranslationTask.training_step``'s
+without Lightning: :func:`attnx.training.loss.translation_loss` (label smoothing 0.1) under autocast, the
+NaN check, backward, fused AdamW (``GradScaler`` loss scaling for fp16). ``--lightning`` adds a row per
+configuration that runs the real ``TranslationTask`` in a ``lightning.Trainer`` on the same data. Reported:
+
+* tokens/s: real (non-padding) source + target tokens per second, and target tokens only (fairseq's ``wps``);
+* MFU: model FLOPs (forward + backward of every matmul, attention included, per real token:
+  ``training_flops_per_token``) per second over the device's dense bf16 peak, the same denominator for every
+  precision (CUDA: a table of data-sheet figures by ``torch.cuda.get_device_name``, else Lightning's;
+  ``--peak_tflops`` overrides; CPU: the fp32 matmul rate measured here, which this CPU reaches and bf16 does not);
+* peak memory: ``torch.cuda.max_memory_allocated`` over the run (CUDA only);
+* padding: the share of padded positions in the timed batches.
+
+Decoding: beam 4, α 0.6 over the first ``--decode_sentences`` sentences of the test split, batched by length
+within ``--eval_max_tokens``, with the paper's models' random weights unless ``--checkpoint`` names trained
+ones. A random model hardly ever ends a sentence, so without a checkpoint the output length is set by
+``--max_len_a 1.1 --max_len_b 0`` (German is about 1.1× the English tokens) instead of input + 50.
+
+``--profile`` prints torch.profiler's top kernels (self device time on CUDA, self CPU time on CPU) for three
+optimizer steps of the first configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnx.data.batch import Batch
+from attnx.data.batching import TokenBatchSampler, collate_indices, plan_batches
+from attnx.data.corpus import PreparedCorpus
+from attnx.data.datamodule import TranslationDataModule
+from attnx.data.prepare import Inputs, Settings, prepare, report
+from attnx.inference.search import SearchConfig, translate_batch
+from attnx.model import Transformer, TransformerConfig, build_transformer
+from attnx.model.builders import training_flops_per_token
+from attnx.training.loss import translation_loss
+from attnx.training.throughput import DENSE_BF16_TFLOPS
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+LABEL_SMOOTHING = 0.1
+PAPER_TOKENS_PER_STEP = 25_000
+PRECISIONS = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16, "fp32": None}
+LIGHTNING_PRECISION = {"bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed", "fp32": "32-true"}
+
+NEWS_TRAIN = [
+    "newstest2008",
+    "newssyscomb2009",
+    "newstest2009",
+    "newstest2010",
+    "newstest2011",
+    "newstest2012",
+    "newstest2015",
+    "newstest2016",
+    "newstest2017",
+    "newstest2018",
+    "newstest2019.en-de",
+    "newstest2019.de-en",
+    "newstest2020.en-de",
+    "newstest2020.de-en",
+]
+"""Every set of wmt_newstest_deen_other except newstestB2020 (the same sources as newstest2020 again)."""
+
+# --- the machine ------------------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        if m := re.search(r"^Model name:\s*(.+)$", out, re.MULTILINE):
+            return m.group(1).strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "device": device.type,
+        "device_name": "cpu",
+        "cpu": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "load_average": round(os.getloadavg()[0], 1),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info |= {
+            "device_name": torch.cuda.get_device_name(device),
+            "capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
+        }
+    return info
+
+
+def describe(info: dict[str, Any]) -> str:
+    text = f"device: {info['device_name']}"
+    if info["device"] == "cuda":
+        text += f" (sm {info['capability']}, {info['memory_gib']} GiB, CUDA {info['cuda']}, cuDNN {info['cudnn']})"
+    cpu = f"CPU: {info['cpu']}, {info['cpu_cores']} cores (1-min load {info['load_average']} at start)"
+    return f"{text}; {cpu}; torch {info['torch']}"
+
+
+def matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """Best measured FLOP/s of an ``n``³ matmul."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = math.inf
+    for _ in range(repeats + 1):
+        sync(device)
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def peak_flops(device: torch.device, override_tflops: float | None) -> tuple[float, str]:
+    """The MFU denominator and where it comes from."""
+    if override_tflops:
+        return override_tflops * 1e12, "--peak_tflops"
+    if device.type != "cuda":
+        rate = matmul_flops(device, torch.float32)
+        return rate, f"measured fp32 2048³ matmul on {torch.get_num_threads()} threads"
+    name = torch.cuda.get_device_name(device).lower()
+    for key, tflops in DENSE_BF16_TFLOPS:  # attnx's table, the one train/mfu divides by
+        if key in name:
+            return tflops * 1e12, f"dense bf16 data-sheet figure for '{key}'"
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    flops = get_available_flops(device, torch.bfloat16)
+    if flops:
+        return float(flops), "Lightning's bf16 table (check: it may be a sparse figure)"
+    rate = matmul_flops(device, torch.bfloat16, n=8192)
+    return rate, "measured bf16 8192³ matmul (no table entry for this GPU)"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def flops_per_token() -> Callable[..., dict[str, float]]:
+    """``training_flops_per_token(config, src_len, tgt_len)``: the count ``train/mfu`` uses."""
+    return training_flops_per_token
+
+
+def batch_flops(config: TransformerConfig, batch: Batch) -> float:
+    n = batch.size
+    per_token = flops_per_token()(config, batch.n_src_tokens / n, batch.n_tgt_tokens / n)["per_token"]
+    return per_token * (batch.n_src_tokens + batch.n_tgt_tokens)
+
+
+# --- data -------------------------------------------------------------------------------------------------
+
+
+def prepare_news(out: Path, news_raw: Path, wmt14_raw: Path, vocab_size: int = 37000) -> dict[str, Any]:
+    """The news-test corpus: ~31k training pairs, valid = newstest2013, newstest2014 = the full test set."""
+    inputs = Inputs.from_prefixes(
+        {
+            "train": [news_raw / name for name in NEWS_TRAIN],
+            "valid": [wmt14_raw / "newstest2013"],
+            "newstest2014": [wmt14_raw / "newstest2014"],
+        },
+        "en",
+        "de",
+    )
+    return prepare(inputs, out, Settings("en", "de", vocab_size=vocab_size))
+
+
+def training_batches(data: Path, max_tokens: int, count: int, pin: bool) -> list[Batch]:
+    """The first ``count`` batches of the training loader, epoch after epoch (pinned when ``pin``)."""
+    dm = TranslationDataModule(str(data), max_tokens=max_tokens, seed=1, pin_memory=pin)
+    loader = dm.train_dataloader()
+    batches: list[Batch] = []
+    epoch = 0
+    while len(batches) < count:
+        loader.sampler.set_epoch(epoch)
+        for batch in loader:
+            batches.append(batch)
+            if len(batches) == count:
+                break
+        epoch += 1
+    return batches
+
+
+def padding_rows(data: Path, budgets: list[int]) -> list[dict[str, Any]]:
+    """Padding of every training batch of an epoch at each per-device budget (host only, no model)."""
+    dataset = PreparedCorpus(str(data)).dataset("train")
+    src = np.asarray(dataset.src_lengths, dtype=np.int64) + 1  # + EOS
+    tgt = np.asarray(dataset.tgt_lengths, dtype=np.int64) + 1  # + BOS or EOS
+    rows = []
+    for budget in budgets:
+        sampler = TokenBatchSampler(dataset.src_lengths, dataset.tgt_lengths, budget, seed=1)
+        real = padded = real_tgt = padded_tgt = unpadded_src = 0
+        sizes = []
+        for k in range(sampler.num_batches):
+            pairs = sampler.order[sampler.bounds[k] : sampler.bounds[k + 1]]
+            s, t = src[pairs], tgt[pairs]
+            real += int(s.sum()) + int(t.sum())
+            padded += len(pairs) * int(s.max() + t.max())
+            real_tgt += int(t.sum())
+            padded_tgt += len(pairs) * int(t.max())
+            unpadded_src += bool(s.min() == s.max())
+            sizes.append(len(pairs))
+        rows.append(
+            {
+                "max_tokens": budget,
+                "batches": sampler.num_batches,
+                "pairs_per_batch": float(np.mean(sizes)),
+                "padding": 1 - real / padded,
+                "padding_target": 1 - real_tgt / padded_tgt,
+                "budget_used": padded / 2 / sampler.num_batches / budget,
+                "batches_without_source_padding": unpadded_src / sampler.num_batches,
+            }
+        )
+    return rows
+
+
+# --- training ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainResult:
+    model: str
+    precision: str
+    max_tokens: int
+    accumulate: int
+    variant: str
+    steps: int = 0
+    seconds: float = math.nan
+    tokens: int = 0
+    target_tokens: int = 0
+    padded_tokens: int = 0
+    flops: float = 0.0
+    peak_memory_gib: float | None = None
+    warmup_seconds: float = math.nan
+    losses: list[float] = field(default_factory=list)
+    graphs_compiled_while_timed: int | None = None
+    error: str | None = None
+
+    def rates(self, peak: float) -> dict[str, float]:
+        return {
+            "tokens_per_s": self.tokens / self.seconds,
+            "target_tokens_per_s": self.target_tokens / self.seconds,
+            "ms_per_step": 1000 * self.seconds / max(self.steps, 1),
+            "mfu": self.flops / self.seconds / peak,
+            "padding": 1 - self.tokens / max(self.padded_tokens, 1),
+        }
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def compile_layers(model: Transformer) -> None:
+    """torch.compile each encoder and decoder layer in place (the loss stays eager: it is its own kernel)."""
+    for layer in [*model.encoder_layers, *model.decoder_layers]:
+        layer.compile(dynamic=True)  # every batch has other lengths: one graph for all
+
+
+def compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def train_plain(
+    config: TransformerConfig,
+    batches: list[Batch],
+    result: TrainResult,
+    device: torch.device,
+    warmup: int,
+    compiled: bool,
+) -> TrainResult:
+    """``warmup`` untimed, then timed optimizer steps of ``result.accumulate`` batches each."""
+    torch.manual_seed(0)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    model = build_transformer(config).to(device).train()
+    if compiled:
+        compile_layers(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    scaler = torch.amp.GradScaler(device.type) if result.precision == "fp16-mixed" else None
+    acc = result.accumulate
+    steps = len(batches) // acc
+    start = time.perf_counter()
+    for step in range(steps):
+        if step == warmup:
+            sync(device)
+            result.warmup_seconds = time.perf_counter() - start
+            graphs = compiled_graphs()
+            start = time.perf_counter()
+        total = 0.0
+        for batch in batches[step * acc : (step + 1) * acc]:
+            batch = batch.to(device)
+            with autocast(device, result.precision):
+                sums = translation_loss(model, batch, LABEL_SMOOTHING)
+            loss = sums.loss / batch.n_tgt_tokens
+            if not torch.isfinite(loss):  # TranslationTask.training_step's check (one sync per batch)
+                raise FloatingPointError(f"loss {loss.item()} at step {step}")
+            total += loss.detach()
+            loss = loss / acc
+            (scaler.scale(loss) if scaler else loss).backward()
+            if step >= warmup:
+                result.tokens += batch.n_src_tokens + batch.n_tgt_tokens
+                result.target_tokens += batch.n_tgt_tokens
+                result.padded_tokens += batch.src.numel() + batch.tgt_out.numel()
+                result.flops += batch_flops(config, batch)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        result.losses.append(float(total) / acc)
+    sync(device)
+    result.seconds = time.perf_counter() - start
+    result.steps = steps - warmup
+    if compiled:  # a new batch shape the guards reject recompiles inside the timed steps
+        result.graphs_compiled_while_timed = compiled_graphs() - graphs
+    if device.type == "cuda":
+        result.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    return result
+
+
+def train_lightning(
+    config: TransformerConfig, data: Path, result: TrainResult, device: torch.device, warmup: int, steps: int
+) -> TrainResult:
+    """The real ``TranslationTask`` in a ``lightning.Trainer`` (no logger, checkpoints or validation)."""
+    import lightning.pytorch as pl
+
+    from attnx.training.module import TranslationTask
+
+    class Clock(pl.Callback):
+        """The end time of each batch and what it held (counts only: batches on the device are let go)."""
+
+        def __init__(self) -> None:
+            self.marks: list[tuple[float, int, int, int, float]] = []
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            sync(device)
+            real = batch.n_src_tokens + batch.n_tgt_tokens
+            padded = batch.src.numel() + batch.tgt_out.numel()
+            self.marks.append(
+                (time.perf_counter(), real, batch.n_tgt_tokens, padded, batch_flops(config, batch))
+            )
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    clock = Clock()
+    task = TranslationTask(
+        transformer=config, label_smoothing=LABEL_SMOOTHING, lr_factor=1.0, warmup_steps=4000
+    )
+    warmup = max(warmup, 1)  # timing starts at the end of a batch
+    trainer = pl.Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=1,
+        precision=LIGHTNING_PRECISION[result.precision],
+        max_steps=warmup + steps,
+        accumulate_grad_batches=result.accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[clock],
+    )
+    dm = TranslationDataModule(str(data), max_tokens=result.max_tokens, seed=1)
+    trainer.fit(task, datamodule=dm)
+    first = warmup * result.accumulate - 1  # the last warm-up batch ends where timing starts
+    timed = clock.marks[first + 1 :]
+    result.seconds = clock.marks[-1][0] - clock.marks[first][0]
+    result.steps = len(timed) // result.accumulate
+    for _, real, target, padded, flops in timed:
+        result.tokens += real
+        result.target_tokens += target
+        result.padded_tokens += padded
+        result.flops += flops
+    if device.type == "cuda":
+        result.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    return result
+
+
+def profile_steps(
+    config: TransformerConfig, batches: list[Batch], precision: str, accumulate: int, device: torch.device
+) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    run = TrainResult("profile", precision, 0, accumulate, "plain")
+    train_plain(config, batches[: accumulate * 2], run, device, warmup=2, compiled=False)  # warm the kernels
+    with profile(activities=activities) as prof:
+        run = TrainResult("profile", precision, 0, accumulate, "plain")
+        train_plain(config, batches[: accumulate * 3], run, device, warmup=0, compiled=False)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=25)
+
+
+# --- decoding ---------------------------------------------------------------------------------------------
+
+
+def decode_batches(data: Path, split: str, sentences: int, max_tokens: int) -> list[Batch]:
+    dataset = PreparedCorpus(str(data)).dataset(split)
+    chosen = np.arange(min(sentences, len(dataset)))
+    order, bounds = plan_batches(dataset.src_lengths[chosen], dataset.tgt_lengths[chosen], max_tokens)
+    return [
+        collate_indices(dataset, chosen[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+
+
+def decode(
+    model: Transformer, batches: list[Batch], search: SearchConfig, precision: str, device: torch.device
+) -> dict[str, float]:
+    model = model.to(device).eval()
+    with autocast(device, precision):
+        translate_batch(model, batches[0].src.to(device), batches[0].src_mask.to(device), search)  # warm-up
+        sync(device)
+        start = time.perf_counter()
+        outputs = 0
+        for batch in batches:
+            b = batch.to(device)
+            hyps = translate_batch(model, b.src, b.src_mask, search)
+            outputs += sum(len(h) + 1 for h in hyps)  # + </s>
+        sync(device)
+    seconds = time.perf_counter() - start
+    n = sum(b.size for b in batches)
+    return {
+        "sentences": n,
+        "sentences_per_s": n / seconds,
+        "output_tokens_per_s": outputs / seconds,
+        "mean_output_tokens": outputs / n,
+        "seconds": seconds,
+    }
+
+
+# --- the command ------------------------------------------------------------------------------------------
+
+
+def model_configs(names: str, vocab_size: int) -> dict[str, TransformerConfig]:
+    presets = {
+        "base": TransformerConfig.base(vocab_size=vocab_size),
+        "big": TransformerConfig.big(vocab_size=vocab_size),
+        "tiny": TransformerConfig(
+            vocab_size=vocab_size, d_model=64, n_heads=4, d_ff=256, encoder_layers=2, decoder_layers=2
+        ),
+    }
+    chosen = ["base", "big"] if names == "both" else [names]
+    return {name: presets[name] for name in chosen}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=REPO / "data" / "news", help="prepared corpus")
+    parser.add_argument("--prepare", action="store_true", help="prepare --data from the raw news sets first")
+    parser.add_argument("--news_raw", type=Path, default=SHARED / "wmt_newstest_deen_other")
+    parser.add_argument("--wmt14_raw", type=Path, default=SHARED / "wmt14_ende_test")
+    parser.add_argument("--test_split", default="newstest2014", help="split decoded for sentences/s")
+    parser.add_argument("--model", choices=["base", "big", "both", "tiny"], default=None,
+                        help="default: both on CUDA, tiny on CPU")  # fmt: skip
+    parser.add_argument("--vocab_size", type=int, default=37000, help="model vocabulary (>= the corpus's)")
+    parser.add_argument("--precision", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
+    parser.add_argument("--max_tokens", type=int, nargs="+", default=None,
+                        help="per-device budgets; default 3125 12500 on CUDA, 256 on CPU")  # fmt: skip
+    parser.add_argument("--tokens_per_step", type=int, default=None,
+                        help="tokens per side and optimizer step; default 25000 on CUDA, 2 batches on CPU")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=None, help="timed optimizer steps (default 5; CPU 2)")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="untimed optimizer steps first (default 2; CPU 1)"
+    )
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd layers")
+    parser.add_argument(
+        "--lightning", action="store_true", help="also time TranslationTask in lightning.Trainer"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="print the top kernels of the first configuration"
+    )
+    parser.add_argument(
+        "--peak_tflops", type=float, default=None, help="MFU denominator (default: looked up)"
+    )
+    parser.add_argument("--decode_sentences", type=int, default=None, help="default 500; CPU 8; 0: skip")
+    parser.add_argument("--eval_max_tokens", type=int, default=None, help="decoding budget (8000; CPU 1000)")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--checkpoint", type=Path, default=None, help="trained weights for decoding")
+    parser.add_argument("--max_len_a", type=float, default=None, help="default 1.1 (random weights) or 1.0")
+    parser.add_argument("--max_len_b", type=int, default=None, help="default 0 (random weights) or 50")
+    parser.add_argument("--json", type=Path, default=None, help="write every result here")
+    args = parser.parse_args(argv)
+    on_gpu = torch.cuda.is_available()
+    defaults = {
+        "model": "both" if on_gpu else "tiny",
+        "max_tokens": [3125, 12500] if on_gpu else [256],
+        "steps": 5 if on_gpu else 2,
+        "warmup": 2 if on_gpu else 1,
+        "decode_sentences": 500 if on_gpu else 8,
+        "eval_max_tokens": 8000 if on_gpu else 1000,
+        "max_len_a": 1.1 if args.checkpoint is None else 1.0,
+        "max_len_b": 0 if args.checkpoint is None else 50,
+    }
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def accumulation(args: argparse.Namespace, max_tokens: int, on_gpu: bool) -> int:
+    if args.tokens_per_step is None:
+        return math.ceil(PAPER_TOKENS_PER_STEP / max_tokens) if on_gpu else 2
+    return max(1, math.ceil(args.tokens_per_step / max_tokens))
+
+
+def markdown(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.type == "cuda"
+    if args.prepare:
+        print(report(prepare_news(args.data, args.news_raw, args.wmt14_raw, args.vocab_size)), flush=True)
+    if not (args.data / "meta.json").is_file():
+        sys.exit(
+            f"{args.data} is not a prepared corpus: run with --prepare (raw sets from --news_raw, --wmt14_raw)"
+        )
+    corpus = PreparedCorpus(str(args.data))
+    if args.vocab_size < corpus.vocab_size:
+        sys.exit(f"--vocab_size {args.vocab_size} is below the corpus's vocabulary ({corpus.vocab_size})")
+    info = machine(device)
+    peak, peak_source = peak_flops(device, args.peak_tflops)
+    where = describe(info)
+    scale = "" if on_gpu else " — CPU, tiny sizes: checks the script, does not measure the paper's models"
+    print(f"# bench_gpu{scale}\n{where}")
+    print(f"MFU denominator: {peak / 1e12:.3g} TFLOP/s ({peak_source})")
+    print(f"corpus: {args.data} (vocabulary {corpus.vocab_size}; models use {args.vocab_size})\n", flush=True)
+    results: dict[str, Any] = {
+        "machine": info,
+        "peak_flops": peak,
+        "peak_source": peak_source,
+        "argv": sys.argv,
+    }
+
+    budgets = sorted({*args.max_tokens, 3125, 6250, 12500, 25000})
+    padding = padding_rows(args.data, budgets)
+    results["padding"] = padding
+    print(f"## Padding of token-budget batches (training split, one epoch)\n{where}\n")
+    print(
+        markdown(
+            [
+                "max_tokens",
+                "batches",
+                "pairs/batch",
+                "padding (both sides)",
+                "padding (target)",
+                "budget used",
+                "batches w/o source padding",
+            ],  # fmt: skip
+            [
+                [
+                    r["max_tokens"],
+                    r["batches"],
+                    f"{r['pairs_per_batch']:.0f}",
+                    f"{r['padding']:.1%}",
+                    f"{r['padding_target']:.1%}",
+                    f"{r['budget_used']:.1%}",
+                    f"{r['batches_without_source_padding']:.0%}",
+                ]
+                for r in padding
+            ],  # fmt: skip
+        )
+    )
+    print(flush=True)
+
+    configs = model_configs(args.model, args.vocab_size)
+    variants = ["plain"] + ["compiled"] * args.compile + ["lightning"] * args.lightning
+    rows, records = [], []
+    header = ["device", "model", "precision", "max_tokens × acc", "variant", "tokens/s (src+tgt)",
+              "tgt tokens/s", "ms/step", "MFU", "peak mem GiB", "padding", "loss first → last"]  # fmt: skip
+    print(
+        f"## Training (optimizer steps of max_tokens × accumulation batches per side)\n{where}\n", flush=True
+    )
+    profiled = False
+    for max_tokens in args.max_tokens:
+        acc = accumulation(args, max_tokens, on_gpu)
+        batches = training_batches(args.data, max_tokens, (args.warmup + args.steps) * acc, pin=on_gpu)
+        for name, config in configs.items():
+            for precision in args.precision:
+                if args.profile and not profiled:
+                    print(f"### Profile: {name}, {precision}, {max_tokens} × {acc}, 3 steps\n{where}\n")
+                    print(profile_steps(config, batches, precision, acc, device), flush=True)
+                    profiled = True
+                for variant in variants:
+                    result = TrainResult(name, precision, max_tokens, acc, variant)
+                    try:
+                        if variant == "lightning":
+                            train_lightning(config, args.data, result, device, args.warmup, args.steps)
+                        else:
+                            train_plain(config, batches, result, device, args.warmup, variant == "compiled")
+                    except torch.OutOfMemoryError as e:
+                        result.error = f"out of memory: {str(e).splitlines()[0]}"
+                    except Exception as e:  # a precision or kernel the device lacks: report it, go on
+                        result.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    record = asdict(result) | ({} if result.error else result.rates(peak)) | {"machine": info}
+                    records.append(record)
+                    if result.error:
+                        row = [
+                            info["device_name"],
+                            name,
+                            precision,
+                            f"{max_tokens} × {acc}",
+                            variant,
+                            result.error,
+                        ]
+                        rows.append(row + [""] * (len(header) - len(row)))
+                    else:
+                        r = result.rates(peak)
+                        memory = (
+                            "n/a (CPU)" if result.peak_memory_gib is None else f"{result.peak_memory_gib:.1f}"
+                        )
+                        losses = f"{result.losses[0]:.2f} → {result.losses[-1]:.2f}" if result.losses else ""
+                        rows.append([info["device_name"], name, precision, f"{max_tokens} × {acc}", variant,
+                                     f"{r['tokens_per_s']:,.0f}", f"{r['target_tokens_per_s']:,.0f}",
+                                     f"{r['ms_per_step']:,.0f}", f"{r['mfu']:.1%}", memory, f"{r['padding']:.1%}",
+                                     losses])  # fmt: skip
+                    if result.graphs_compiled_while_timed:
+                        rows[-1][4] += f" ({result.graphs_compiled_while_timed} graphs compiled while timed)"
+                    print(markdown(header, rows[-1:]).split("\n")[-1], flush=True)
+        del batches
+    results["training"] = records
+    print(f"\n{markdown(header, rows)}\n", flush=True)
+
+    decoding = []
+    if args.decode_sentences > 0:
+        batches = decode_batches(args.data, args.test_split, args.decode_sentences, args.eval_max_tokens)
+        search = SearchConfig(beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+        drows = []
+        for name, config in configs.items():
+            if args.checkpoint is not None:
+                from attnx.checkpoint import load_model
+
+                loaded = load_model(args.checkpoint, "cpu")
+                model, config, name = loaded.model, loaded.config, args.checkpoint.name
+            else:
+                torch.manual_seed(0)
+                model = build_transformer(config)
+            search.max_positions = config.max_len
+            for precision in args.precision:
+                r = decode(model, batches, search, precision, device) | {
+                    "model": name,
+                    "precision": precision,
+                }
+                decoding.append(r | {"machine": info, "search": asdict(search)})
+                drows.append([info["device_name"], name, precision, r["sentences"], f"{r['sentences_per_s']:,.1f}",
+                              f"{r['output_tokens_per_s']:,.0f}", f"{r['mean_output_tokens']:.1f}"])  # fmt: skip
+            if args.checkpoint is not None:
+                break
+        weights = "trained" if args.checkpoint else "random"
+        print(f"## Decoding: beam {args.beam}, α {search.alpha}, max length {args.max_len_a} × input + "
+              f"{args.max_len_b}, {weights} weights, budget {args.eval_max_tokens} tokens\n{where}\n")  # fmt: skip
+        print(markdown(["device", "model", "precision", "sentences", "sentences/s", "output tokens/s",
+                        "mean output tokens"], drows))  # fmt: skip
+    results["decoding"] = decoding
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        print(f"\nresults written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""bench/bench_gpu.py (the numbers of docs/gpu.md) at toy size: every table and record it promises, counted
+from the real training batches of a prepared corpus."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnx.data.batching import TokenBatchSampler
+from attnx.data.corpus import PreparedCorpus
+from tests.conftest import REPO
+from tests.training.conftest import corpus  # noqa: F401  (fixture: a prepared Multi30k slice, 300 pieces)
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "bench" / "bench_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load_script()
+TOY = ["--model", "tiny", "--vocab_size", "300", "--max_tokens", "256", "--tokens_per_step", "512"]
+TOY += ["--steps", "1", "--warmup", "1", "--test_split", "test", "--decode_sentences", "4"]
+
+
+@pytest.mark.slow
+def test_toy_run_reports_training_padding_and_decoding(corpus: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
+    out = tmp_path / "results.json"
+    assert bench.main(["--data", str(corpus), *TOY, "--precision", "fp32", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads(out.read_text())
+    info = results["machine"]
+    assert info["device"] in ("cpu", "cuda") and info["cpu"] and results["peak_flops"] > 0
+    assert printed.count(f"CPU: {info['cpu']}") >= 3  # under every table
+
+    dataset = PreparedCorpus(str(corpus)).dataset("train")
+    padding = {row["max_tokens"]: row for row in results["padding"]}
+    assert sorted(padding) == [256, 3125, 6250, 12500, 25000]
+    for budget, row in padding.items():
+        assert (
+            row["batches"] == TokenBatchSampler(dataset.src_lengths, dataset.tgt_lengths, budget).num_batches
+        )
+        assert 0 <= row["padding"] < 1 and 0 < row["budget_used"] <= 1
+
+    [train] = results["training"]
+    assert train["error"] is None and (train["accumulate"], train["steps"], train["precision"]) == (
+        2,
+        1,
+        "fp32",
+    )
+    timed = bench.training_batches(corpus, 256, 4, pin=False)[2:]  # one warm-up step of two batches first
+    assert train["tokens"] == sum(b.n_src_tokens + b.n_tgt_tokens for b in timed)
+    assert train["target_tokens"] == sum(b.n_tgt_tokens for b in timed)
+    assert train["flops"] == pytest.approx(
+        sum(bench.batch_flops(bench.model_configs("tiny", 300)["tiny"], b) for b in timed)
+    )
+    assert train["tokens_per_s"] > train["target_tokens_per_s"] > 0 and train["mfu"] > 0
+    assert len(train["losses"]) == 2 and train["machine"] == info
+
+    [decoded] = results["decoding"]
+    assert decoded["sentences"] == 4 and decoded["search"]["beam"] == 4 and decoded["mean_output_tokens"] >= 1
+
+
+def test_vocabulary_below_the_corpus_is_refused(corpus: Path) -> None:  # noqa: F811
+    with pytest.raises(SystemExit, match="--vocab_size 100 is below the corpus's vocabulary \\(300\\)"):
+        bench.main(["--data", str(corpus), "--vocab_size", "100"])
+
+
+def test_missing_corpus_names_the_prepare_option(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="not a prepared corpus: run with --prepare"):
+        bench.main(["--data", str(tmp_path / "none")])
