@@ -2,16 +2,7 @@
 smoke-test run and the Table 3 variations (override configs merged over ``base``).
 
 The repository's ``configs/`` folder is this package. The files are read through `importlib.resources`, so
-they are found by name from a clone and from an installed wheel alike: ``attnx fit --config base`` works
-outside a clone.
-
-```python
-from attnx import configs
-
-configs.available()["base"]  # the first comment line of base.yaml
-configs.resolve("table3/A_heads1")  # .../attnx/configs/table3/A_heads1.yaml
-configs.resolve("my_run.yaml")  # an existing file wins over a packaged name
-```
+they are found by name from a clone and from an installed wheel alike.
 """
 
 from __future__ import annotations
@@ -66,8 +57,8 @@ def _summary(text: str) -> str:
 
 def available() -> dict[str, str]:
     """Every packaged config: its name (``base``, ``big``, ``multi30k_cpu``, ``tiny``, ``table3/A_heads1``,
-    ...), the one accepted by [resolve][attnx.configs.resolve] and ``--config``, mapped to a one-line summary
-    (the file's first comment line). The paper's and the one-machine configs come first, then the Table 3
+    ...), the one [resolve][attnx.configs.resolve] accepts, mapped to a one-line summary (the file's first
+    comment line). The paper's and the one-machine configs come first, then the Table 3
     variations.
     """
     return {name: _summary(entry.read_text(encoding="utf-8")) for name, entry in _packaged().items()}
