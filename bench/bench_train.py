@@ -1,4 +1,4 @@
-"""Training throughput of the peer-sized Transformer on Multi30k batches, fp32 on CPU.
+"""Training throughput of the Transformer of configs/multi30k_cpu.yaml on Multi30k batches, fp32 on CPU.
 
     python bench/bench_train.py [--data data/multi30k] [--config configs/multi30k_cpu.yaml]
         [--max_tokens 2500] [--steps 30] [--warmup 3] [--threads 1 2] [--repeats 2] [--profile]
@@ -8,17 +8,18 @@ over the prepared corpus's vocabulary (``attnx prepare ... --vocab_size 8000 --o
 variant runs the same ``--steps`` training batches (forward, loss, backward, optimizer step) after
 ``--warmup`` untimed ones; the best of ``--repeats`` runs is reported:
 
-* ``attnx``: what ``TranslationTask.training_step`` runs: :func:`attnx.training.loss.translation_loss`
+* ``attnx``: what ``TranslationTask.training_step`` runs: ``attnx.training.loss.translation_loss``
   (only real target positions projected onto the vocabulary, one-pass label-smoothed loss) and fused AdamW.
 * ``naive``: the textbook step: logits for every position, ``F.cross_entropy(label_smoothing=0.1,
   ignore_index=pad)`` and the per-tensor AdamW loop; the same model, batches and numbers up to rounding.
 * ``lightning``: ``attnx``'s step inside a Lightning ``Trainer`` (``TranslationTask`` and the
   ``TranslationDataModule``, no logger or checkpoints), timed from the first to the last timed batch.
 
-Throughput counts real (non-padding) source + target tokens, as fairseq's words-per-second do. Model FLOPs
-use :func:`attnx.model.builders.training_flops_per_token` on each batch's mean lengths; MFU divides the achieved
-FLOP/s by 180 GFLOP/s, the fp32 matmul ceiling measured on the 2-core machine. The 1-minute load average
-before and after each measurement is printed: on a shared machine every number is a lower bound.
+Throughput counts real (non-padding) source + target tokens (fairseq's ``wps`` counts target tokens only;
+``bench_fairseq_side_by_side.py`` prints both). Model FLOPs use ``attnx.model.builders.training_flops_per_token``
+on each batch's mean lengths; MFU divides the achieved FLOP/s by the fp32 matmul rate measured at the start of
+the run with the same thread count. The 1-minute load average before and after each measurement is printed: on a
+shared machine every number is a lower bound.
 """
 
 from __future__ import annotations

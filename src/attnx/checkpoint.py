@@ -2,9 +2,10 @@
 
 A checkpoint is a Lightning checkpoint (a dict) that also carries everything needed to decode without the
 training config: ``checkpoint["attnx"] = {"format_version", "transformer", "tokenizer"}``, where
-``transformer`` is :meth:`TransformerConfig.to_dict` (component *names* and numbers, never classes) and
-``tokenizer`` is the serialized SentencePiece model. Model weights live in ``checkpoint["state_dict"]``
-under the ``model.`` prefix. Everything loads with ``torch.load(weights_only=True)``.
+``transformer`` is [`TransformerConfig.to_dict`][attnx.model.builders.TransformerConfig.to_dict]
+(component *names* and numbers, never classes) and ``tokenizer`` is the serialized SentencePiece model.
+Model weights live in ``checkpoint["state_dict"]`` under the ``model.`` prefix. Everything loads with
+``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class LoadedModel:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """``torch.load`` with ``weights_only=True``, turning every failure into a :class:`CheckpointError`."""
+    """``torch.load`` with ``weights_only=True``, turning every failure into a
+    [`CheckpointError`][attnx.checkpoint.CheckpointError]."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")

@@ -1,7 +1,7 @@
 """The plugin manager: built-in components load through the same hook as third-party ones.
 
-Built-ins come from :data:`DEFAULT_PLUGINS`; third-party distributions are found through the
-``attnx`` entry-point group (``[project.entry-points.attnx]`` in their ``pyproject.toml``).
+Built-ins come from [`DEFAULT_PLUGINS`][attnx.plugins.DEFAULT_PLUGINS]; third-party distributions are found
+through the ``attnx`` entry-point group (``[project.entry-points.attnx]`` in their ``pyproject.toml``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "attnx.components.norm",
     "attnx.training.loss",
 )
+"""The modules that register the paper's own components, loaded before any entry point (in this order)."""
 
 ENTRY_POINT_GROUP = "attnx"
 
@@ -62,5 +63,6 @@ def collect(pm: pluggy.PluginManager) -> ComponentRegistry:
 
 @functools.cache
 def registry() -> ComponentRegistry:
-    """The process-wide registry (built once). Tests that add plugins use :func:`collect` directly."""
+    """The process-wide registry (built once). Tests that add plugins use [`collect`][attnx.plugins.collect]
+    directly."""
     return collect(plugin_manager())

@@ -39,9 +39,10 @@ class Entry:
 class ComponentRegistry:
     """Components by kind and name.
 
-    Plugins receive an instance in ``attnx_register_components`` and call the ``add_*`` methods;
-    the model builder calls :meth:`get`. ``plugin`` and ``distribution`` are set by the plugin manager
-    while it calls each plugin, so errors and ``attnx plugins`` can say where a component came from.
+    Plugins receive an instance in ``attnx_register_components`` and call the ``add_*`` methods; the model
+    builder calls [`get`][attnx.registry.ComponentRegistry.get]. ``plugin`` and ``distribution`` are set by
+    the plugin manager while it calls each plugin, so errors and ``attnx plugins`` can say where a component
+    came from.
     """
 
     def __init__(self) -> None:
@@ -90,6 +91,7 @@ class ComponentRegistry:
             ) from None
 
     def get(self, kind: Kind | str, name: str) -> type:
+        """The class (or factory) registered as ``name`` of ``kind``; an unknown name lists the known ones."""
         return self.entry(kind, name).factory
 
     def build(self, kind: Kind | str, name: str, *args: Any, **kwargs: Any) -> Any:

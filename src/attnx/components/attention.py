@@ -16,7 +16,7 @@ class MultiHeadAttention(nn.Module):
     """§3.2.2 Multi-head attention: ``Concat(head_1..head_h) W^O``, ``head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i)``.
 
     §3.2.1 scaled dot-product attention ``softmax(Q K^T / sqrt(d_k)) V`` runs through
-    :func:`torch.nn.functional.scaled_dot_product_attention` (same result, fused kernel); the explicit
+    `torch.nn.functional.scaled_dot_product_attention` (same result, fused kernel); the explicit
     computation is used only when the weights themselves are asked for. ``dropout`` acts on the attention
     weights; the paper uses none there (0.0), only on sub-layer outputs. ``d_k`` / ``d_v`` default to
     ``d_model / n_heads``; setting them gives Table 3's rows (A) and (B).

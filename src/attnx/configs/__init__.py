@@ -1,41 +1,98 @@
 """The configs shipped with attnx: the paper's base and big models, a one-machine Multi30k run, a tiny
 smoke-test run and the Table 3 variations (override configs merged over ``base``).
 
-The repository's ``configs/`` folder is this package; installed from a wheel they are found by name, so
-``attnx fit --config base`` works outside a clone.
+The repository's ``configs/`` folder is this package. The files are read through `importlib.resources`, so
+they are found by name from a clone and from an installed wheel alike.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
-HERE = Path(__file__).parent
+__all__ = ["ConfigNotFound", "available", "resolve"]
+
+SUFFIX = ".yaml"
+
+# Packaged files reached through a zip import are copied to temporary files that live as long as the process.
+_extracted = contextlib.ExitStack()
+atexit.register(_extracted.close)
 
 
 class ConfigNotFound(ValueError):
-    """A --config that is neither a file nor a packaged config name."""
+    """Raised by [resolve][attnx.configs.resolve] for a name that is neither a file nor a packaged config."""
+
+
+def _packaged() -> dict[str, Traversable]:
+    """Packaged config name (``base``, ``table3/A_heads1``) -> its file, top-level configs first."""
+
+    def walk(folder: Traversable, prefix: str) -> Iterator[tuple[str, Traversable]]:
+        for entry in folder.iterdir():
+            if entry.is_dir() and not entry.name.startswith(("_", ".")):
+                yield from walk(entry, f"{prefix}{entry.name}/")
+            elif entry.is_file() and entry.name.endswith(SUFFIX):
+                yield prefix + entry.name.removesuffix(SUFFIX), entry
+
+    def order(item: tuple[str, Traversable]) -> tuple:
+        name = item[0]  # top-level first, then numbers in names by value: A_heads4 before A_heads16
+        return name.count("/"), [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+    return dict(sorted(walk(resources.files(__name__), ""), key=order))
+
+
+def _summary(text: str) -> str:
+    """The first comment line of a YAML file, without its ``#``; empty when the file has none."""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#") and stripped.lstrip("#").strip():
+            return stripped.lstrip("#").strip()
+    return ""
 
 
 def available() -> dict[str, str]:
-    """Packaged config name → the first line of its leading comment."""
-    found = {}
-    for path in sorted(HERE.rglob("*.yaml")):
-        first = next(
-            (line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#")), "#"
-        )
-        found[path.relative_to(HERE).with_suffix("").as_posix()] = first.lstrip("# ").strip()
-    return found
+    """Every packaged config: its name (``base``, ``big``, ``multi30k_cpu``, ``tiny``, ``table3/A_heads1``,
+    ...), the one [resolve][attnx.configs.resolve] accepts, mapped to a one-line summary (the file's first
+    comment line). The paper's and the one-machine configs come first, then the Table 3
+    variations.
+    """
+    return {name: _summary(entry.read_text(encoding="utf-8")) for name, entry in _packaged().items()}
 
 
-def resolve(name_or_path: str | Path) -> Path:
-    """A config file: an existing path as given, else a packaged config by name (``base``, ``table3/D_ls0``)."""
-    path = Path(name_or_path)
+def _as_path(entry: Traversable) -> Path:
+    if isinstance(entry, Path):
+        return entry
+    return _extracted.enter_context(resources.as_file(entry))
+
+
+def resolve(name_or_path: str | os.PathLike[str]) -> Path:
+    """The config file that ``name_or_path`` names.
+
+    An existing file wins, so a local ``base.yaml`` is used over the packaged one. Otherwise it is looked up
+    among the packaged configs by name, with or without ``.yaml`` (``big``, ``table3/C_layers2.yaml``).
+
+    Raises:
+        ConfigNotFound: it is neither an existing file nor a packaged name; the message lists the packaged
+            names.
+    """
+    path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
-    packaged = HERE / (path.as_posix().removesuffix(".yaml") + ".yaml")
-    if packaged.is_file():
-        return packaged
+    packaged = _packaged()
+    name = str(name_or_path).strip().replace(os.sep, "/").removesuffix(SUFFIX)
+    if name in packaged:
+        return _as_path(packaged[name])
+    hint = ""
+    for prefix in ("./configs/", "configs/", "src/attnx/configs/"):
+        if name.startswith(prefix) and name.removeprefix(prefix) in packaged:
+            hint = f" (the packaged one is named {name.removeprefix(prefix)!r})"
+            break
     raise ConfigNotFound(
-        f"config {str(name_or_path)!r} is neither a file nor a packaged config; check the path, or use one of: "
-        + ", ".join(available())
+        f"config {str(name_or_path)!r} not found: no such file, and no packaged config of that name{hint}; "
+        f"check the path, or use a packaged name: {', '.join(packaged)}"
     )

@@ -1,4 +1,4 @@
-"""The one seam between data and model: every batch the model sees is a :class:`Batch`."""
+"""The one seam between data and model: every batch the model sees is a [`Batch`][attnx.data.batch.Batch]."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def collate(
     pad_id: int = PAD_ID,
     index: list[int] | Tensor | None = None,
 ) -> Batch:
-    """Pad ``(src_ids, tgt_ids)`` pairs (ids without BOS/EOS) into a :class:`Batch`.
+    """Pad ``(src_ids, tgt_ids)`` pairs (ids without BOS/EOS) into a [`Batch`][attnx.data.batch.Batch].
 
     The source gets ``</s>`` appended; the target becomes ``<s> y`` (input) and ``y </s>`` (output).
     """

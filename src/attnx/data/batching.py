@@ -53,7 +53,8 @@ def plan_batches(
 
 
 def collate_indices(dataset: ParallelDataset, indices: np.ndarray) -> Batch:
-    """The :class:`Batch` of pairs ``indices``, built with array operations (equal to ``batch.collate``)."""
+    """The [`Batch`][attnx.data.batch.Batch] of pairs ``indices``, built with array operations (equal to
+    ``batch.collate``)."""
     indices = np.asarray(indices, dtype=np.int64)
 
     def side(ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, shift: int) -> tuple[np.ndarray, ...]:
@@ -89,7 +90,8 @@ def collate_indices(dataset: ParallelDataset, indices: np.ndarray) -> Batch:
 
 
 class BatchDataset(Dataset):
-    """Wraps a :class:`ParallelDataset` so that indexing with an array of pair indices returns a :class:`Batch`.
+    """Wraps a [`ParallelDataset`][attnx.data.corpus.ParallelDataset] so that indexing with an array of pair
+    indices returns a [`Batch`][attnx.data.batch.Batch].
 
     Used with ``DataLoader(..., sampler=TokenBatchSampler, batch_size=None)``: the whole batch is gathered and
     padded in one call (in a worker process when ``num_workers > 0``).

@@ -1,4 +1,5 @@
-"""The Lightning side of the data pipeline: a prepared corpus → token-budget batches of :class:`Batch`."""
+"""The Lightning side of the data pipeline: a prepared corpus → token-budget batches of
+[`Batch`][attnx.data.batch.Batch]."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ class TranslationDataModule(L.LightningDataModule):
     EOS/BOS included. They are fixed for a ``seed`` and visited in a new seeded order each epoch, identical on
     every run with the same seed. Under DDP each rank gets different batches and all ranks the same number
     (the list is padded by repeating batches). The position in the epoch is saved in checkpoints
-    (:meth:`state_dict`), so a run resumed mid-epoch continues with the very next batch. (Lightning still warns
-    that the dataloader "is not resumable" when resuming mid-epoch: it only knows of resumable dataloaders, not of
-    a DataModule that restores its sampler.)
+    ([`state_dict`][attnx.data.datamodule.TranslationDataModule.state_dict]), so a run resumed mid-epoch
+    continues with the very next batch. (Lightning still warns that the dataloader "is not resumable" when
+    resuming mid-epoch: it only knows of resumable dataloaders, not of a DataModule that restores its
+    sampler.)
 
     Validation, test and predict batches are sorted by length, in a fixed order, each pair exactly once and
     carrying ``Batch.index`` (its line in the split) to restore corpus order. They are not sharded: under DDP every
@@ -167,7 +169,8 @@ class TranslationDataModule(L.LightningDataModule):
         return self._train_sampler.state_dict(self._consumed())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the training batch order where :meth:`state_dict` left it."""
+        """Resume the training batch order where
+        [`state_dict`][attnx.data.datamodule.TranslationDataModule.state_dict] left it."""
         if not state:
             return
         if self._train_sampler is None:

@@ -33,10 +33,12 @@ class Tokenizer:
 
     @classmethod
     def from_bytes(cls, proto: bytes) -> Tokenizer:
-        """Rebuild from :meth:`to_bytes` (how checkpoints carry their tokenizer)."""
+        """Rebuild from [`to_bytes`][attnx.data.tokenizer.Tokenizer.to_bytes] (how checkpoints carry their
+        tokenizer)."""
         return cls(spm.SentencePieceProcessor(model_proto=proto))
 
     def to_bytes(self) -> bytes:
+        """The serialized SentencePiece model, as checkpoints store it."""
         return self.sp.serialized_model_proto()
 
     @property

@@ -1,4 +1,5 @@
-"""Builders: flat hyperparameters and component names -> a :class:`Transformer`; the paper's presets."""
+"""Builders: flat hyperparameters and component names -> a
+[`Transformer`][attnx.model.transformer.Transformer]; the paper's presets."""
 
 from __future__ import annotations
 

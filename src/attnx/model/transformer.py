@@ -17,7 +17,8 @@ class DecoderState:
     """Everything incremental decoding carries between steps; one row per hypothesis.
 
     ``caches[i]`` holds layer ``i``'s self-attention cache (grows each step) and encoder-decoder cache
-    (keys/values of the encoder output, computed once per sentence by :meth:`Transformer.start_decoding`).
+    (keys/values of the encoder output, computed once per sentence by
+    [`Transformer.start_decoding`][attnx.model.transformer.Transformer.start_decoding]).
     """
 
     memory: Tensor  # (B, S, D)
@@ -49,9 +50,10 @@ class DecoderState:
 class Transformer(nn.Module):
     """§3 Encoder-decoder Transformer.
 
-    Parts are passed in built (see :func:`attnx.model.build_transformer`); this class only wires them:
-    embeddings × √d_model (§3.4) plus positions (§3.5), dropout, N encoder layers, N decoder layers, and the
-    pre-softmax projection, whose weight is the embedding matrix when ``output_weight`` is None (§3.4).
+    Parts are passed in built (see [`build_transformer`][attnx.model.builders.build_transformer]); this
+    class only wires them: embeddings × √d_model (§3.4) plus positions (§3.5), dropout, N encoder layers, N
+    decoder layers, and the pre-softmax projection, whose weight is the embedding matrix when
+    ``output_weight`` is None (§3.4).
     """
 
     def __init__(
@@ -144,7 +146,8 @@ class Transformer(nn.Module):
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """One incremental step: ``tokens`` ``(B,)``, the last token of each hypothesis -> logits ``(B, V)``.
 
-        Equal to the last position of :meth:`decode` over the whole prefix; ``state`` is advanced in place.
+        Equal to the last position of [`decode`][attnx.model.transformer.Transformer.decode] over the whole
+        prefix; ``state`` is advanced in place.
         """
         x = self._embed(
             tokens.unsqueeze(1), self.tgt_embedding, self.tgt_positional, state.offset
