@@ -32,11 +32,29 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-# What a build never needs: copying them would only cost time.
-NOT_COPIED = shutil.ignore_patterns(
-    ".git", ".venv", "runs", "data", "site", "lightning_logs", "build", "dist", "__pycache__", "*.egg-info",
-    ".pytest_cache", ".ruff_cache", "img",
-)  # fmt: skip
+# What a build never needs: copying them would only cost time. Folders of the clone's root only (the
+# package has its own `data` subpackage).
+TOP_LEVEL = {
+    ".git",
+    ".venv",
+    "runs",
+    "data",
+    "site",
+    "lightning_logs",
+    "build",
+    "dist",
+    "docs",
+    ".gl",
+    ".whl",
+}
+ANYWHERE = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache")
+
+
+def NOT_COPIED(folder: str, names: list[str]) -> set[str]:  # noqa: N802 (shutil's ignore= callable)
+    skipped = set(ANYWHERE(folder, names))
+    if Path(folder).resolve() == REPO.resolve():
+        skipped |= TOP_LEVEL & set(names)
+    return skipped
 
 
 @dataclass(frozen=True)
@@ -201,3 +219,35 @@ def test_a_packaged_config_builds_its_model_with_the_installed_components(instal
     assert built["params"] == count_parameters(
         build_transformer(TransformerConfig.from_dict(section | {"vocab_size": 100}))
     )
+
+
+def test_quickstart_runs_from_the_wheel_outside_the_clone(installed, shared_data):
+    """The quickstart's commands, shortened, from the installed wheel in a folder with no configs/ in it:
+    download, prepare, fit with a packaged config named on the command line, average, test, translate."""
+
+    def attnx(*args: str | Path, timeout: float = 300) -> str:
+        done = installed.run("attnx", *args, timeout=timeout)
+        assert done.returncode == 0, f"attnx {' '.join(map(str, args))}:\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    attnx("download", "multi30k", "--output", "raw", "--from_dir", shared_data)
+    attnx("prepare", "--src_lang", "en", "--tgt_lang", "de", "--train", "raw/multi30k/val", "--valid",
+          "raw/multi30k/val", "--test", "raw/multi30k/test_2016_flickr", "--vocab_size", "500", "--output",
+          "data/multi30k")  # fmt: skip
+    assert not (installed.outside / "configs").exists()
+    attnx("fit", "--config", "tiny", "--data.data_dir", "data/multi30k", "--trainer.max_steps", "4",
+          "--trainer.val_check_interval", "4", "--evaluation.bleu_samples", "8")  # fmt: skip
+    checkpoints = installed.outside / "runs" / "tiny" / "version_0" / "checkpoints"
+    assert (checkpoints / "averaged.ckpt").is_file()
+    attnx("average", "--dir", checkpoints, "--last", "2", "--output", "model.ckpt")
+    out = attnx("test", "--config", "tiny", "--data.data_dir", "data/multi30k", "--ckpt_path", "model.ckpt",
+                "--trainer.limit_test_batches", "1", "--evaluation.search.beam", "1")  # fmt: skip
+    assert "sacreBLEU BLEU = " in out
+    done = subprocess.run(
+        [str(installed.venv / "bin" / "attnx"), "translate", "--model", "model.ckpt", "--search.beam", "1",
+         "--search.max_len_b", "5"],
+        input="A dog runs.\n\nTwo men.\n", cwd=installed.outside, env=installed.env(), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("\n") == 3 and done.stdout.split("\n")[1] == ""

@@ -1,7 +1,7 @@
 """The ``attnx`` command: one table of subcommands, one parser (jsonargparse) for all of them.
 
-``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (:mod:`attnx.training.cli`); every other
-command is a typed function in :mod:`attnx.commands` whose signature is its schema and whose docstring is its
+``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (`attnx.training.cli`); every other
+command is a typed function in `attnx.commands` whose signature is its schema and whose docstring is its
 help, parsed the same way, so ``--config``, ``--print_config``, ``ATTNX_<COMMAND>__<OPTION>`` environment
 defaults and error messages work alike everywhere.
 

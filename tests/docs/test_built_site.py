@@ -21,11 +21,7 @@ DOCS = REPO / "docs"
 RAW_ROLE = re.compile(r":(?:class|func|meth|data|attr|mod|exc|obj):(?:<code>|`|&#96;)")
 
 # Pages whose raw roles come from files converted separately; strict, so the marker must go once they pass.
-PENDING: dict[str, str] = {
-    "cli.md": "the help texts include Lightning's own docstrings with Sphinx roles",
-    "reference/training.md": "docstrings of src/attnx/training/ still use Sphinx roles",
-    "reference/inference.md": "docstrings of src/attnx/inference/ still use Sphinx roles",
-}
+PENDING: dict[str, str] = {}
 
 
 def built_page(site: Path, page: str) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -66,8 +67,12 @@ def live_help() -> dict[str, str]:
     return json.loads(done.stdout)
 
 
+SPHINX_ROLE = re.compile(r":(?:func|class|meth|data|mod|attr|obj|paramref|ref):`~?([^`]+)`")
+
+
 def fence(text: str) -> str:
-    return "```text\n" + text.rstrip() + "\n```\n"
+    """A help text as a code block; Sphinx roles in Lightning's own docstrings show as the bare name."""
+    return "```text\n" + SPHINX_ROLE.sub(r"\1", text.rstrip()) + "\n```\n"
 
 
 def render(texts: dict[str, str]) -> str:

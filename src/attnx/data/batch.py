@@ -49,7 +49,7 @@ class Batch:
     def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Batch:
         """The batch on ``device`` (Lightning calls this to move each batch).
 
-        ``non_blocking`` defaults to True for CUDA devices: from pinned memory (:meth:`pin_memory`) the copy
+        ``non_blocking`` defaults to True for CUDA devices: from pinned memory ([`pin_memory`][attnx.data.batch.Batch.pin_memory]) the copy
         then runs asynchronously, overlapped with the computation queued before it. Copies to the CPU stay
         blocking, so their values can be read at once.
         """

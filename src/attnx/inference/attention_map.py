@@ -77,7 +77,7 @@ def plot_attention(maps: AttentionMaps, layer: int = -1) -> Figure:
 
 
 def save_attention_figure(maps: AttentionMaps, output: str | Path, layer: int = -1, dpi: int = 120) -> Path:
-    """Draw :func:`plot_attention` to a PNG file (its folder is created)."""
+    """Draw [`plot_attention`][attnx.inference.attention_map.plot_attention] to a PNG file (its folder is created)."""
     fig = plot_attention(maps, layer)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -27,10 +27,10 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     """The element-wise mean of the model weights in ``paths``, as a checkpoint dict.
 
     All inputs must describe the same model (``checkpoint["attnx"]["transformer"]``) and hold the same weight
-    names and shapes; otherwise :class:`CheckpointError` names the first file that differs. Floating-point
+    names and shapes; otherwise [`CheckpointError`][attnx.checkpoint.CheckpointError] names the first file that differs. Floating-point
     weights are summed in float64 and stored in their own dtype; other tensors are taken from the last file.
     Everything else (metadata, hyperparameters, step) is the last file's, minus the training state
-    (:data:`TRAINING_STATE`); ``averaged_from`` lists the inputs.
+    ([`TRAINING_STATE`][attnx.inference.average.TRAINING_STATE]); ``averaged_from`` lists the inputs.
     """
     paths = [Path(p) for p in paths]
     if not paths:

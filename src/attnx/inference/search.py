@@ -1,4 +1,4 @@
-"""§6.1 Decoding: greedy and beam search over :meth:`Transformer.decode_step` (cached keys/values).
+"""§6.1 Decoding: greedy and beam search over [`Transformer.decode_step`][attnx.model.transformer.Transformer.decode_step] (cached keys/values).
 
 The paper decodes with "beam search with a beam size of 4 and length penalty α = 0.6", a "maximum output
 length during inference to input length + 50, but terminate early when possible". Here:
@@ -28,12 +28,12 @@ length during inference to input length + 50, but terminate early when possible"
   once: the ``beam`` best tokens of each row, then the ``beam`` best of each sentence's candidates. Python
   only files away finished hypotheses. Rows of finished hypotheses and stopped sentences go dead; following
   back-pointers within a sentence moves only the self-attention caches (``same_sources=True``), and once
-  the dead rows decoded reach :data:`COMPACT_AFTER` of the live ones, the rows are re-packed to the live
-  hypotheses of the sentences still searched (:meth:`DecoderState.reorder`), so work shrinks as
+  the dead rows decoded reach [`COMPACT_AFTER`][attnx.inference.search.COMPACT_AFTER] of the live ones, the rows are re-packed to the live
+  hypotheses of the sentences still searched ([`DecoderState.reorder`][attnx.model.transformer.DecoderState.reorder]), so work shrinks as
   hypotheses and sentences finish.
 
 ``PAD`` and ``BOS`` are never generated; ``UNK`` is allowed. Encoder keys/values for the encoder-decoder
-attention are computed once per sentence (:meth:`Transformer.start_decoding`, one row per sentence for the
+attention are computed once per sentence ([`Transformer.start_decoding`][attnx.model.transformer.Transformer.start_decoding], one row per sentence for the
 first step) and then copied to the rows of that sentence's hypotheses. Nothing here needs Lightning.
 """
 

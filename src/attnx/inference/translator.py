@@ -1,4 +1,4 @@
-"""The one way to translate: :class:`Translator` (model + tokenizer + search settings) and :func:`load`.
+"""The one way to translate: [`Translator`][attnx.inference.translator.Translator] (model + tokenizer + search settings) and [`load`][attnx.inference.translator.load].
 
 Every command that decodes — ``attnx translate``, ``attnx attention``, ``attnx test``/``predict``, validation
 BLEU during ``attnx fit``, the HTTP server — and the Python API go through a Translator::

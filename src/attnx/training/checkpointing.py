@@ -22,11 +22,11 @@ from attnx.inference.average import average_checkpoints
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoint files that are whole or absent, read with ``weights_only=True``.
 
-    Saving goes through :func:`attnx.checkpoint.atomic_save`: stream to a temporary file beside the target,
+    Saving goes through [`atomic_save`][attnx.checkpoint.atomic_save]: stream to a temporary file beside the target,
     fsync, rename. (Lightning 2.6's own writer also renames, through an fsspec transaction, but first holds
     the whole serialized checkpoint in memory and never fsyncs, so a power cut can still leave an empty file.)
-    Loading goes through :func:`attnx.checkpoint.read_checkpoint`: a truncated file or a checkpoint of another
-    program raises :class:`attnx.checkpoint.CheckpointError` naming the file.
+    Loading goes through [`read_checkpoint`][attnx.checkpoint.read_checkpoint]: a truncated file or a checkpoint of another
+    program raises [`CheckpointError`][attnx.checkpoint.CheckpointError] naming the file.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:

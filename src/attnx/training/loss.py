@@ -2,11 +2,11 @@
 
 The training loss is a registered component of kind ``loss``, chosen in the config (``model.loss``):
 
-* ``label_smoothed`` (:class:`LabelSmoothedLoss`, the default): projects only the counted target positions
+* ``label_smoothed`` ([`LabelSmoothedLoss`][attnx.training.loss.LabelSmoothedLoss], the default): projects only the counted target positions
   onto the vocabulary and fuses the projection with the loss, chunk by chunk
-  (:func:`projected_label_smoothed_nll`). This is what ``attnx fit`` runs.
-* ``reference`` (:class:`ReferenceLoss`): the plain computation — full ``(B, T, V)`` logits from
-  ``Transformer.decode``, then :func:`label_smoothed_nll`. Slower; kept as the definition the fused loss is
+  ([`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]). This is what ``attnx fit`` runs.
+* ``reference`` ([`ReferenceLoss`][attnx.training.loss.ReferenceLoss]): the plain computation — full ``(B, T, V)`` logits from
+  ``Transformer.decode``, then [`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll]. Slower; kept as the definition the fused loss is
   tested against.
 
 A loss component is built as ``factory(epsilon, **args)`` and called as ``loss(model, batch) -> LossSums``.
@@ -65,12 +65,12 @@ def _check(epsilon: float) -> None:
 def projected_label_smoothed_nll(
     features: Tensor, weight: Tensor, target: Tensor, epsilon: float, chunk_rows: int | None = None
 ) -> LossSums:
-    """:func:`label_smoothed_nll` of ``logits = features @ weight.T``, without materializing the logits.
+    """[`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll] of ``logits = features @ weight.T``, without materializing the logits.
 
     ``features`` ``(N, D)`` are the decoder outputs of the ``N`` counted target positions, ``weight``
     ``(V, D)`` the pre-softmax projection, ``target`` ``(N,)``. The rows are processed ``chunk_rows`` at a
     time (default: on CPU as many rows as fill this machine's L2 cache with float32 logits, read at run time
-    (:func:`cpu_chunk_rows`), so that a chunk's logits, softmax and gradient stay in cache; all rows at once on
+    ([`cpu_chunk_rows`][attnx.training.loss.cpu_chunk_rows]), so that a chunk's logits, softmax and gradient stay in cache; all rows at once on
     GPUs): each chunk's logits, loss and the gradients of ``features`` and ``weight`` are
     computed during the forward pass (the gradient of the logits is ``softmax - q`` for the smoothed target
     ``q``), and the backward pass only scales them. On the 8k-vocabulary model this takes the projection and
@@ -143,7 +143,7 @@ def _chunked(
 
 
 class _ProjectedLoss(torch.autograd.Function):
-    """The fused projection + loss of :func:`projected_label_smoothed_nll`; gradients computed forward."""
+    """The fused projection + loss of [`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]; gradients computed forward."""
 
     @staticmethod
     def forward(ctx, features: Tensor, weight: Tensor, target: Tensor, epsilon: float, rows: int):
@@ -159,11 +159,11 @@ class _ProjectedLoss(torch.autograd.Function):
 
 
 def translation_loss(model: Transformer, batch: Batch, epsilon: float) -> LossSums:
-    """:func:`label_smoothed_nll` of ``model`` on ``batch`` (teacher forcing), the fused way.
+    """[`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll] of ``model`` on ``batch`` (teacher forcing), the fused way.
 
     Only the counted target positions are projected onto the vocabulary (padding is dropped from the
     ``(B, T, D)`` decoder output first), and the projection is fused with the loss
-    (:func:`projected_label_smoothed_nll`): the ``V``-wide part is the costliest of a small model's step.
+    ([`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]): the ``V``-wide part is the costliest of a small model's step.
     """
     return LabelSmoothedLoss(epsilon)(model, batch)
 
@@ -174,7 +174,7 @@ class LabelSmoothedLoss:
     Args:
         epsilon: ε_ls (the paper: 0.1).
         chunk_rows: Target positions per chunk of the fused projection; None picks it per device
-            (:func:`projected_label_smoothed_nll`).
+            ([`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]).
     """
 
     def __init__(self, epsilon: float = 0.1, chunk_rows: int | None = None) -> None:

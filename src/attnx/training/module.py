@@ -1,8 +1,8 @@
 """The LightningModule: §5 training — the loss, Adam and the schedule of Eq. 3. It trains; nothing else.
 
-Decoding and BLEU are :class:`attnx.training.evaluation.TranslationEvaluator`'s (through
-:class:`attnx.Translator`), throughput and MFU :class:`attnx.training.throughput.TokenThroughput`'s, and the
-console lines :class:`attnx.training.progress.ProgressLog`'s.
+Decoding and BLEU are [`TranslationEvaluator`][attnx.training.evaluation.TranslationEvaluator]'s (through
+[`Translator`][attnx.inference.translator.Translator]), throughput and MFU [`TokenThroughput`][attnx.training.throughput.TokenThroughput]'s, and the
+console lines [`ProgressLog`][attnx.training.progress.ProgressLog]'s.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ def inverse_sqrt_schedule(step: int, d_model: int, warmup_steps: int, factor: fl
 
 
 def lr_lambda(d_model: int, warmup_steps: int, factor: float = 1.0):
-    """The multiplier for :class:`torch.optim.lr_scheduler.LambdaLR` over a base learning rate of 1.
+    """The multiplier for `torch.optim.lr_scheduler.LambdaLR` over a base learning rate of 1.
 
     ``LambdaLR`` calls it with the number of scheduler steps already taken (0 before the first update),
     so update ``n`` (counted from 1) trains with ``inverse_sqrt_schedule(n)``.

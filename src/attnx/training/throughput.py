@@ -56,7 +56,7 @@ def measure_matmul_flops(size: int = 1024, seconds: float = 0.3, device: str | t
 
 def device_peak_flops(device: torch.device, precision: str) -> float | None:
     """Peak FLOP/s of one ``device`` for ``precision``: measured on CPU; on GPUs the dense data-sheet figure
-    for bf16/fp16 (:data:`DENSE_BF16_TFLOPS`), else Lightning's table, else a matmul measured now."""
+    for bf16/fp16 ([`DENSE_BF16_TFLOPS`][attnx.training.throughput.DENSE_BF16_TFLOPS]), else Lightning's table, else a matmul measured now."""
     if device.type == "cpu":
         return measure_matmul_flops()
     dtype = PRECISION_DTYPES.get(precision.split("-")[0], torch.float32)

@@ -13,7 +13,6 @@ import pytest
 from attnx.data.batching import TokenBatchSampler
 from attnx.data.corpus import PreparedCorpus
 from tests.conftest import REPO
-from tests.training.conftest import corpus  # noqa: F401  (fixture: a prepared Multi30k slice, 300 pieces)
 
 
 def load_script():
