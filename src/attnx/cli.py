@@ -168,9 +168,9 @@ def run_function(name: str, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv or debugging()
     if "--debug" in argv:
         argv.remove("--debug")
-        os.environ["ATTNX_DEBUG"] = "1"
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_function(name, rest)
     except Exception as err:
         status = exit_status(err)
-        if status is None or debugging():
+        if status is None or debug:
             raise
         print(f"attnx {name}: error: {one_line(str(err))}", file=sys.stderr)
         return status

@@ -83,14 +83,14 @@ class ProgressLog(Callback):
             parts.append(f"lr {float(metrics['train/lr']):.2e}")
         print(self._line(trainer, parts), flush=True)
 
-    @rank_zero_only
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        where = trainer.log_dir or trainer.default_root_dir
-        print(
-            f"training ended at step {trainer.global_step} after {_clock(time.monotonic() - self._start)}; "
-            f"logs and checkpoints in {where}",
-            flush=True,
-        )
+        where = trainer.log_dir or trainer.default_root_dir  # a collective under DDP: every rank asks
+        if trainer.is_global_zero:
+            print(
+                f"training ended at step {trainer.global_step} after {_clock(time.monotonic() - self._start)}; "
+                f"logs and checkpoints in {where}",
+                flush=True,
+            )
 
     @rank_zero_only
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
