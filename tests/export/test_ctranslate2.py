@@ -225,9 +225,11 @@ def test_directory_and_metadata(exported: Path, trained: Path, loaded: LoadedMod
     with pytest.raises(ExportError, match="already exists"):
         export_ctranslate2(trained, exported)
     assert export_ctranslate2(trained, exported, force=True) == exported
+    with pytest.raises(ExportError, match="length_penalty='fairseq'"):
+        export_ctranslate2(trained, tmp_path / "gnmt", search=SearchConfig())  # the paper's GNMT penalty
     with pytest.raises(ExportError, match="quantization 'int4'"):
         export_ctranslate2(trained, tmp_path / "q", quantization="int4")
-    assert not (tmp_path / "q").exists()
+    assert not (tmp_path / "q").exists() and not (tmp_path / "gnmt").exists()
 
 
 def test_search_settings(exported: Path) -> None:

@@ -141,7 +141,10 @@ def staged_output(output: str | Path, force: bool) -> Iterator[Path]:
         yield work
         umask = os.umask(0)
         os.umask(umask)
-        work.chmod(0o777 & ~umask)  # mkdtemp's directory is private to its owner
+        work.chmod(0o777 & ~umask)  # mkdtemp's directory (and some writers' files) are private to the owner
+        for path in work.iterdir():
+            if path.is_file():
+                path.chmod(0o666 & ~umask)
         if output.is_dir():
             shutil.rmtree(output)
         elif output.exists():

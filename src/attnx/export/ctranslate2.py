@@ -225,7 +225,10 @@ def export_ctranslate2(
             + ", ".join(QUANTIZATIONS)
         )
     search = search or DEFAULT_SEARCH
-    check_search(search)
+    try:
+        check_search(search)
+    except ValueError as err:
+        raise ExportError(f"search settings to store with the model: {err}") from err
     with staged_output(output, force) as work:
         loaded = load_exportable(ckpt_path, TARGET)
         spec = transformer_spec(loaded.model, loaded.config, loaded.tokenizer)
