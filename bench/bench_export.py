@@ -1,0 +1,192 @@
+"""Decoding with attnx's eager beam search against the same checkpoint exported to CTranslate2 (fp32, int8).
+
+    python bench/bench_export.py --ckpt_path CKPT [--data_dir ../shared/data/multi30k] [--sentences 1000]
+        [--beam 4] [--alpha 0.6] [--threads 2] [--repeats 3] [--out_dir DIR]
+
+Every system translates the raw English of Multi30k test_2016_flickr (text in, text out: tokenization and
+detokenization are timed too) with beam 4 and the ``|Y|^α`` length penalty, the one form CTranslate2 has
+(``length_penalty="fairseq"`` in attnx), and maximum length input + 50; attnx is also run with the paper's
+GNMT penalty, for reference. attnx decodes in batches of at most 4,096 padded source tokens, shortest
+sentences first; CTranslate2 gets the same budget (``batch_type="tokens"``). Each system runs
+``--repeats`` times; the best time is reported beside the median (on a shared machine other processes
+steal cores). Target tokens count every generated token, ``</s>`` included, and no source token. BLEU is
+sacreBLEU's default (13a) against the raw German references. ``same`` is the share of outputs identical to
+attnx's with the same search. Results go to stdout as Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from attnx.checkpoint import LoadedModel, load_model
+from attnx.data.batch import collate
+from attnx.evaluation.bleu import score
+from attnx.export import CTranslate2Translator, export_ctranslate2
+from attnx.inference.search import SearchConfig, translate_batch
+from attnx.inference.translate import token_batches
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def read_gz(path: Path, n: int) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f][:n]
+
+
+Output = tuple[list[str], int]
+"""Translations and the number of target tokens generated (``</s>`` included)."""
+
+
+def attnx_translate(loaded: LoadedModel, lines: list[str], search: SearchConfig, max_tokens: int) -> Output:
+    """attnx's eager decoding: encode, batch by tokens (shortest first), beam search, detokenize."""
+    tokenizer, model = loaded.tokenizer, loaded.model
+    ids = [x[: search.max_positions - 1] for x in tokenizer.encode_batch([line.strip() for line in lines])]
+    out: list[list[int]] = [[] for _ in lines]
+    for batch in token_batches([len(x) + 1 for x in ids], max_tokens):
+        b = collate([(ids[i], []) for i in batch])
+        for i, hyp in zip(batch, translate_batch(model, b.src, b.src_mask, search), strict=True):
+            out[i] = hyp
+    return [tokenizer.decode(x) for x in out], sum(len(x) + 1 for x in out)
+
+
+def ctranslate2_translate(translator: CTranslate2Translator, lines: list[str]) -> Output:
+    """What ``translator.translate`` does, keeping the ids to count them."""
+    out = translator.translate_ids(translator.encode(lines))
+    return [translator.decode(x) for x in out], sum(len(x) + 1 for x in out)
+
+
+def timed(run: Callable[[], Output], repeats: int) -> tuple[Output, list[float]]:
+    times, out = [], ([], 0)
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = run()
+        times.append(time.perf_counter() - start)
+    return out, times
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def dir_size(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.iterdir()) / 2**20
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ckpt_path", type=Path, required=True, help="checkpoint of attnx fit/average")
+    parser.add_argument(
+        "--data_dir",
+        type=Path,
+        default=REPO.parent / "shared" / "data" / "multi30k",
+        help="folder with test_2016_flickr.{en,de}.gz (default ../shared/data/multi30k)",
+    )
+    parser.add_argument("--sentences", type=int, default=1000, help="first N test sentences (default 1000)")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent (default 0.6)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads = CTranslate2 intra_threads")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--max_tokens", type=int, default=4096, help="source tokens per batch, padding included"
+    )
+    parser.add_argument(
+        "--out_dir", type=Path, default=None, help="where the exports go (default: a temp dir)"
+    )
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    sources = read_gz(args.data_dir / "test_2016_flickr.en.gz", args.sentences)
+    references = read_gz(args.data_dir / "test_2016_flickr.de.gz", args.sentences)
+    loaded = load_model(args.ckpt_path)
+    max_positions = loaded.config.max_len
+    fairseq = SearchConfig(
+        beam=args.beam,
+        alpha=args.alpha,
+        length_penalty="fairseq",
+        max_len_a=1.0,
+        max_len_b=50,
+        max_positions=max_positions,
+    )
+    gnmt = SearchConfig(beam=args.beam, alpha=args.alpha, length_penalty="gnmt", max_positions=max_positions)
+
+    out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="bench_export."))
+    exports = {}
+    for quantization in (None, "int8"):
+        start = time.perf_counter()
+        path = export_ctranslate2(
+            args.ckpt_path, out_dir / (quantization or "fp32"), quantization, force=True
+        )
+        exports[quantization] = (path, time.perf_counter() - start)
+
+    systems: list[tuple[str, Callable[[], Output]]] = [
+        (
+            f"attnx eager, GNMT penalty α {args.alpha} (paper)",
+            lambda: attnx_translate(loaded, sources, gnmt, args.max_tokens),
+        ),
+        (
+            f"attnx eager, len^{args.alpha} penalty",
+            lambda: attnx_translate(loaded, sources, fairseq, args.max_tokens),
+        ),
+    ]
+    for quantization, (path, _) in exports.items():
+        translator = CTranslate2Translator.load(
+            path, threads=args.threads, max_tokens=args.max_tokens, beam=args.beam, alpha=args.alpha
+        )
+        systems.append(
+            (
+                f"CTranslate2 {quantization or 'fp32'}, len^{args.alpha} penalty",
+                lambda t=translator: ctranslate2_translate(t, sources),
+            )
+        )
+
+    print(
+        f"Multi30k test_2016_flickr, first {len(sources)} sentences, en→de, beam {args.beam}, max length input + 50"
+    )
+    print(
+        f"{cpu_model()}, {os.cpu_count()} cores; {args.threads} threads (torch / CTranslate2 intra_threads); "
+        f"torch {torch.__version__}, ctranslate2 {__import__('ctranslate2').__version__}, "
+        f"Python {platform.python_version()}; best of {args.repeats} (median)"
+    )
+    for quantization, (path, seconds) in exports.items():
+        print(f"export {quantization or 'fp32'}: {seconds:.1f} s, {dir_size(path):.1f} MiB")
+    print()
+    print("| system | sentences/s | target tokens/s | sacreBLEU | same as attnx len^α |")
+    print("|---|---:|---:|---:|---:|")
+    same_search: list[str] | None = None
+    for name, run in systems:
+        (out, tokens), times = timed(run, args.repeats)
+        best, median = min(times), statistics.median(times)
+        bleu = score(out, references).bleu
+        if name.startswith("attnx eager, len"):
+            same_search = out
+        same = (
+            ""
+            if same_search is None
+            else f"{sum(a == b for a, b in zip(out, same_search, strict=True)) / len(out):.1%}"
+        )
+        print(
+            f"| {name} | {len(out) / best:.1f} ({len(out) / median:.1f}) | {tokens / best:.0f} ({tokens / median:.0f}) "
+            f"| {bleu:.2f} | {same} |",
+            flush=True,
+        )
+    print(f"\nload average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""What each export target can represent, checked on the model config before any weight is touched.
+
+Also what both exporters share: loading a checkpoint once its config passed the check, and writing the
+output directory so that it appears only when complete.
+
+An attnx model is assembled from registered components (``attnx plugins`` lists them). An exporter maps
+the paper's own components onto the target's fixed architecture, so a model that uses anything else (a
+third-party attention, a positional encoding that acts on attention scores, constructor arguments that
+change the computation) is refused with an :class:`ExportError` that names the component and what the
+target supports, instead of writing a model that silently computes something else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnx.checkpoint import LoadedModel, load_model, read_checkpoint
+from attnx.model import ComponentSpec, TransformerConfig
+
+
+class ExportError(ValueError):
+    """A checkpoint cannot be exported to the requested format; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The parts of attnx's model space one export format can represent."""
+
+    name: str
+    """Shown in error messages, e.g. ``CTranslate2``."""
+    positional: tuple[str, ...]
+    """Positional components it can carry."""
+    norm_positions: tuple[str, ...]
+    """``post`` (the paper's LayerNorm(x + Sublayer(x))) and/or ``pre``."""
+    layer_norm_eps: float | None = None
+    """The only LayerNorm epsilon it computes with; None: any (the epsilon is part of the exported config)."""
+
+
+def _multihead_args(config: TransformerConfig, args: dict[str, Any]) -> list[str]:
+    problems = [f"argument {key!r}" for key in args if key not in ("dropout", "bias", "d_k", "d_v")]
+    head = config.d_model // config.n_heads
+    for key in ("d_k", "d_v"):
+        if args.get(key) not in (None, head):
+            problems.append(f"{key}={args[key]} (only d_model / n_heads = {head})")
+    return problems
+
+
+def _no_args(allowed: tuple[str, ...]) -> Callable[[TransformerConfig, dict[str, Any]], list[str]]:
+    def check(config: TransformerConfig, args: dict[str, Any]) -> list[str]:
+        return [f"argument {key!r}" for key in args if key not in allowed]
+
+    return check
+
+
+# Components an exporter maps, with the constructor arguments whose effect it reproduces. ``dropout``
+# arguments only act in training.
+ATTENTION = {"multihead": _multihead_args}
+FEEDFORWARD = {"relu": _no_args(("dropout",))}
+POSITIONAL = {"sinusoidal": _no_args(()), "learned": _no_args(())}
+NORM = {"layernorm": _no_args(("eps",))}
+
+
+def layer_norm_eps(config: TransformerConfig) -> float:
+    return float(config.norm.args.get("eps", 1e-5))
+
+
+def check_exportable(config: TransformerConfig, target: Target) -> None:
+    """Raise :class:`ExportError` listing every part of ``config`` that ``target`` cannot represent."""
+    problems: list[str] = []
+
+    def component(
+        field: str, spec: ComponentSpec, known: dict[str, Callable], names: tuple[str, ...]
+    ) -> None:
+        supported = " or ".join(repr(n) for n in names)
+        if spec.name not in names or spec.name not in known:
+            problems.append(
+                f"{field} {spec.name!r} is not supported ({target.name} export supports {supported})"
+            )
+            return
+        bad = known[spec.name](config, dict(spec.args))
+        if bad:
+            problems.append(f"{field} {spec.name!r} with {', '.join(bad)} is not supported")
+
+    component("self_attention", config.self_attention, ATTENTION, tuple(ATTENTION))
+    component("cross_attention", config.cross_attention, ATTENTION, tuple(ATTENTION))
+    component("feedforward", config.feedforward, FEEDFORWARD, tuple(FEEDFORWARD))
+    component("positional", config.positional, POSITIONAL, target.positional)
+    component("norm", config.norm, NORM, tuple(NORM))
+    if config.norm_position not in target.norm_positions:
+        supported = " or ".join(repr(n) for n in target.norm_positions)
+        problems.append(
+            f"norm_position {config.norm_position!r} is not supported ({target.name} supports {supported})"
+        )
+    if target.layer_norm_eps is not None and config.norm.name == "layernorm":
+        eps = layer_norm_eps(config)
+        if eps != target.layer_norm_eps:
+            problems.append(
+                f"norm 'layernorm' with eps={eps:g} is not supported (only {target.layer_norm_eps:g})"
+            )
+    if problems:
+        raise ExportError(f"cannot export to {target.name}: " + "; ".join(problems))
+
+
+def load_exportable(ckpt_path: str | Path, target: Target) -> LoadedModel:
+    """The checkpoint's model and tokenizer, once its config has passed :func:`check_exportable`.
+
+    The config is checked before the model is built, so a model made of components that are not even
+    installed here still gets the :class:`ExportError` rather than a registry error.
+    """
+    config = TransformerConfig.from_dict(read_checkpoint(ckpt_path)["attnx"]["transformer"])
+    check_exportable(config, target)
+    loaded = load_model(ckpt_path)
+    if loaded.tokenizer.vocab_size != config.vocab_size:
+        raise ExportError(
+            f"checkpoint {ckpt_path}: the model has {config.vocab_size} embeddings but its SentencePiece model "
+            f"{loaded.tokenizer.vocab_size} pieces; an exported model names every output by its piece"
+        )
+    return loaded
+
+
+@contextlib.contextmanager
+def staged_output(output: str | Path, force: bool) -> Iterator[Path]:
+    """A fresh directory beside ``output`` to write into; it replaces ``output`` only once complete.
+
+    ``output`` must not exist, or be an empty directory, unless ``force``. An interrupted export leaves no
+    half-written model behind (and, with ``force``, the previous one intact).
+    """
+    output = Path(output)
+    if output.exists() and not force and (not output.is_dir() or any(output.iterdir())):
+        raise ExportError(f"{output} already exists; choose another output directory or pass force=True")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        yield work
+        umask = os.umask(0)
+        os.umask(umask)
+        work.chmod(0o777 & ~umask)  # mkdtemp's directory (and some writers' files) are private to the owner
+        for path in work.iterdir():
+            if path.is_file():
+                path.chmod(0o666 & ~umask)
+        if output.is_dir():
+            shutil.rmtree(output)
+        elif output.exists():
+            output.unlink()
+        work.rename(output)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise

@@ -1,0 +1,247 @@
+"""CTranslate2 export: the exported model scores and translates as attnx does (within the documented
+differences of the two searches), positions included; quantized exports load and translate."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+from attnx.checkpoint import LoadedModel, load_model, save_model  # noqa: E402
+from attnx.components.positional import sinusoid_table  # noqa: E402
+from attnx.data.batch import EOS_ID  # noqa: E402
+from attnx.export import CTranslate2Translator, ExportError, export_ctranslate2, is_ctranslate2_model  # noqa: E402
+from attnx.export.ctranslate2 import FORMAT_VERSION, METADATA, transformer_spec  # noqa: E402
+from attnx.inference.search import SearchConfig  # noqa: E402
+from attnx.model import TransformerConfig, build_transformer  # noqa: E402
+from tests.export.conftest import Pairs  # noqa: E402
+from tests.export.reference import attnx_log_probs, attnx_score, attnx_translate, top2_gap  # noqa: E402
+
+BEAM = SearchConfig(
+    beam=4, alpha=0.6, length_penalty="fairseq", max_len_a=1.0, max_len_b=50, max_positions=128
+)
+GREEDY = SearchConfig(beam=1, max_len_a=1.0, max_len_b=50, max_positions=128)
+
+
+@pytest.fixture(scope="module")
+def exported(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_ctranslate2(trained, tmp_path_factory.mktemp("ct2") / "fp32")
+
+
+@pytest.fixture(scope="module")
+def translator(exported: Path) -> CTranslate2Translator:
+    return CTranslate2Translator.load(exported, threads=1)
+
+
+def _max_diff(a: list[list[float]], b: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([(torch.tensor(x) - y).abs() for x, y in zip(a, b, strict=True)])
+
+
+def test_log_probs_equal_attnx(
+    translator: CTranslate2Translator, loaded: LoadedModel, test_set: Pairs
+) -> None:
+    """Every reference token of the 200 test pairs, and each closing </s>, scored by both."""
+    ours = translator.score_ids(test_set.sources, test_set.references)
+    reference = attnx_log_probs(loaded.model, test_set.sources, test_set.references)
+    diff = _max_diff(ours, reference)
+    print(f"{diff.numel()} tokens: max |Δ log p| {diff.max():.2e}, mean {diff.mean():.2e}")
+    assert diff.numel() == sum(len(y) + 1 for y in test_set.references)
+    assert float(diff.max()) < 2e-5
+
+
+def test_greedy_equals_attnx(translator: CTranslate2Translator, loaded: LoadedModel, test_set: Pairs) -> None:
+    ours = translator.with_search(beam=1).translate_ids(test_set.sources)
+    reference = attnx_translate(loaded.model, test_set.sources, GREEDY)
+    differ = [i for i, (a, b) in enumerate(zip(ours, reference, strict=True)) if a != b]
+    for i in differ:
+        step = next((t for t, (a, b) in enumerate(zip(ours[i], reference[i], strict=False)) if a != b), None)
+        step = min(len(ours[i]), len(reference[i])) if step is None else step
+        gap = top2_gap(loaded.model, test_set.sources[i], reference[i][:step])
+        print(
+            f"sentence {i}: outputs part at token {step}, where attnx's two best logits are {gap:.1e} apart"
+        )
+        assert gap < 1e-4, "greedy outputs may differ only where two tokens tie to float32 precision"
+    assert len(differ) <= 0.01 * len(reference)
+
+
+def test_beam_equals_attnx(translator: CTranslate2Translator, loaded: LoadedModel, test_set: Pairs) -> None:
+    """Beam 4, |Y|^0.6 in both. Differences come from how the two beams are kept (module docstring)."""
+    assert translator.with_search(beam=4).search.length_penalty == "fairseq"
+    ours = translator.with_search(beam=4, alpha=0.6).translate_ids(test_set.sources)
+    reference = attnx_translate(loaded.model, test_set.sources, BEAM)
+    differ = [i for i, (a, b) in enumerate(zip(ours, reference, strict=True)) if a != b]
+    for i in differ:
+        source = test_set.sources[i]
+        limit = translator.max_output_length(len(source))
+        ours_score = attnx_score(loaded.model, source, ours[i], BEAM)
+        ref_score = attnx_score(loaded.model, source, reference[i], BEAM)
+        if limit in (len(ours[i]), len(reference[i])):
+            why = f"an output reached the maximum length {limit}"
+        elif abs(ours_score - ref_score) < 1e-5:
+            why = "a tie"
+        elif ours_score > ref_score:
+            why = "CTranslate2 kept 4 live hypotheses after one finished and found a better one"
+        else:
+            why = "CTranslate2 stopped at 4 finished hypotheses; attnx searched on and found a better one"
+        print(f"sentence {i}: attnx score {ref_score:.4f} vs CTranslate2's {ours_score:.4f}: {why}")
+    print(f"{len(reference) - len(differ)} of {len(reference)} beam outputs equal")
+    assert len(differ) <= 0.05 * len(reference)
+
+
+def test_translate_text(
+    translator: CTranslate2Translator, loaded: LoadedModel, test_set: Pairs, caplog
+) -> None:
+    """Order kept, blank lines give blank lines, an input past max_len is truncated with a warning."""
+    long = " ".join(test_set.lines[:12])
+    lines = [test_set.lines[0], "", "   ", long, *test_set.lines[1:6]]
+    greedy = translator.with_search(beam=1)
+    with caplog.at_level(logging.WARNING, logger="attnx.export.ctranslate2"):
+        out = greedy.translate(lines)
+    assert len(out) == len(lines)
+    assert out[1] == out[2] == ""
+    assert "truncated to 127 tokens" in caplog.text
+    ids = greedy.truncate(greedy.encode(lines))
+    assert len(ids[3]) == 127
+    expected = attnx_translate(loaded.model, [x for x in ids if x], GREEDY)
+    assert [x for line, x in zip(lines, out, strict=True) if line.strip()] == [
+        loaded.tokenizer.decode(x) for x in expected
+    ]
+    with pytest.raises(TypeError):
+        translator.translate(lines[0])
+
+
+def test_maximum_length_is_attnx_limit(
+    translator: CTranslate2Translator, loaded: LoadedModel, test_set: Pairs
+):
+    """With room for 3 tokens, CTranslate2's one extra token is cut: greedy outputs stay equal to attnx's."""
+    search = dict(beam=1, max_len_a=0.0, max_len_b=3)
+    ours = translator.with_search(**search).translate_ids(test_set.sources[:40])
+    reference = attnx_translate(
+        loaded.model, test_set.sources[:40], SearchConfig(**search, max_positions=128)
+    )
+    assert all(len(x) <= 3 for x in ours)
+    assert ours == reference
+
+
+def test_positions_are_attnx_sinusoids_from_position_zero(
+    loaded: LoadedModel, test_set: Pairs, tmp_path: Path
+):
+    """CTranslate2's own sinusoid is laid out differently (halves, other frequencies, positions from 1), so the
+    attnx table is written explicitly. With CTranslate2's table, or attnx's shifted by one position, the same
+    weights score differently; with attnx's table from row 0 they score as attnx does."""
+    from ctranslate2.specs import model_spec
+
+    model, config, tokenizer = loaded.model, loaded.config, loaded.tokenizer
+    table = sinusoid_table(config.max_len, config.d_model).float().numpy()
+    sources, targets = test_set.sources[:20], test_set.references[:20]
+    reference = attnx_log_probs(model, sources, targets)
+
+    def score(name: str, encodings) -> float:
+        spec = transformer_spec(model, config, tokenizer)
+        assert (spec.encoder.position_encodings.encodings == table).all()
+        assert (spec.decoder.position_encodings.encodings == table).all()
+        spec.encoder.position_encodings.encodings = encodings
+        spec.decoder.position_encodings.encodings = encodings
+        spec.validate()
+        spec.optimize()
+        (tmp_path / name).mkdir()
+        spec.save(str(tmp_path / name))
+        pieces = [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+        results = ctranslate2.Translator(str(tmp_path / name), intra_threads=1).score_batch(
+            [[pieces[t] for t in x] for x in sources], [[pieces[t] for t in y] for y in targets]
+        )
+        return float(_max_diff([r.log_probs for r in results], reference).max())
+
+    assert score("attnx", table) < 2e-5
+    assert score("ctranslate2_own", model_spec.OPTIONAL) > 1e-2
+    shifted = sinusoid_table(config.max_len + 1, config.d_model)[1:].float().numpy()
+    assert score("from_one", shifted) > 1e-2
+
+
+def _random_model(config: TransformerConfig, tokenizer, path: Path) -> LoadedModel:
+    """A model whose every weight (norms included) is away from its initial value."""
+    model = build_transformer(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    save_model(path, model, config, tokenizer)
+    return load_model(path)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(norm_position="pre"),
+        dict(share_embeddings=False),
+        dict(positional={"name": "learned", "args": {}}, n_heads=2),
+        dict(norm={"name": "layernorm", "args": {"eps": 1e-6}}, encoder_layers=1, decoder_layers=3),
+    ],
+    ids=["pre-norm", "unshared", "learned-2-heads", "eps-1e-6-1+3-layers"],
+)
+def test_other_architectures(variant: dict, loaded: LoadedModel, test_set: Pairs, tmp_path: Path) -> None:
+    values = dict(
+        vocab_size=loaded.config.vocab_size,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        encoder_layers=2,
+        decoder_layers=2,
+    )
+    config = TransformerConfig.from_dict(values | dict(dropout=0.0, max_len=128) | variant)
+    model = _random_model(config, loaded.tokenizer, tmp_path / "model.ckpt")
+    translator = CTranslate2Translator.load(
+        export_ctranslate2(tmp_path / "model.ckpt", tmp_path / "ct2"), beam=1
+    )
+    sources, targets = test_set.sources[:20], test_set.references[:20]
+    diff = _max_diff(translator.score_ids(sources, targets), attnx_log_probs(model.model, sources, targets))
+    assert float(diff.max()) < 2e-5
+    assert translator.translate_ids(sources) == attnx_translate(model.model, sources, GREEDY)
+
+
+def test_int8_export_loads_and_translates(trained: Path, test_set: Pairs, tmp_path: Path) -> None:
+    out = export_ctranslate2(trained, tmp_path / "int8", quantization="int8")
+    assert json.loads((out / METADATA).read_text())["quantization"] == "int8"
+    lines = [*test_set.lines[:10], ""]
+    translations = CTranslate2Translator.load(out, threads=1).translate(lines)
+    assert len(translations) == len(lines) and translations[-1] == ""
+    assert all(isinstance(t, str) for t in translations)
+
+
+def test_directory_and_metadata(exported: Path, trained: Path, loaded: LoadedModel, tmp_path: Path) -> None:
+    meta = json.loads((exported / METADATA).read_text())
+    assert meta["format_version"] == FORMAT_VERSION
+    assert TransformerConfig.from_dict(meta["transformer"]) == loaded.config
+    assert meta["search"]["length_penalty"] == "fairseq" and meta["search"]["beam"] == 4
+    assert (exported / "sentencepiece.model").read_bytes() == loaded.tokenizer.to_bytes()
+    vocabulary = json.loads((exported / "shared_vocabulary.json").read_text())
+    assert vocabulary[EOS_ID] == "</s>" and len(vocabulary) == loaded.config.vocab_size
+    assert is_ctranslate2_model(exported)
+    assert not is_ctranslate2_model(tmp_path) and not is_ctranslate2_model(trained)
+    with pytest.raises(ExportError, match="already exists"):
+        export_ctranslate2(trained, exported)
+    assert export_ctranslate2(trained, exported, force=True) == exported
+    with pytest.raises(ExportError, match="length_penalty='fairseq'"):
+        export_ctranslate2(trained, tmp_path / "gnmt", search=SearchConfig())  # the paper's GNMT penalty
+    with pytest.raises(ExportError, match="quantization 'int4'"):
+        export_ctranslate2(trained, tmp_path / "q", quantization="int4")
+    assert not (tmp_path / "q").exists() and not (tmp_path / "gnmt").exists()
+
+
+def test_search_settings(exported: Path) -> None:
+    translator = CTranslate2Translator.load(exported, beam=2, max_len_b=10, threads=1)
+    assert (translator.search.beam, translator.search.max_len_b, translator.search.max_positions) == (
+        2,
+        10,
+        128,
+    )
+    assert translator.max_output_length(200) == 127  # L + 1 positions fit the model
+    with pytest.raises(ValueError, match="length_penalty='fairseq'"):
+        CTranslate2Translator.load(exported, length_penalty="gnmt")
+    assert CTranslate2Translator.load(exported, length_penalty="gnmt", beam=1).search.beam == 1
+    with pytest.raises(ValueError, match="not a CTranslate2 model"):
+        CTranslate2Translator.load(exported.parent)
