@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "translate": "attnx.commands.translate:translate",
     "attention": "attnx.commands.translate:attention",
     "score": "attnx.commands.translate:score",
+    "export": "attnx.commands.export:export",
     "configs": "attnx.commands.models:configs",
     "plugins": "attnx.commands.models:plugins",
     "describe": "attnx.commands.models:describe",
@@ -228,7 +229,7 @@ def exit_status(err: BaseException) -> int | None:
         "attnx.data.errors": ["DataError"],
         "attnx.checkpoint": ["CheckpointError"],
         "attnx.training.module": ["NonFiniteLossError"],
-        "attnx.export.errors": ["ExportError"],
+        "attnx.export.common": ["ExportError"],
     }.items():
         if module in sys.modules:
             runtime += [getattr(sys.modules[module], n) for n in names]

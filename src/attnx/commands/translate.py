@@ -60,7 +60,7 @@ def translate(
     model: str,
     input: str = "-",
     output: str = "-",
-    search: SearchConfig = PAPER_SEARCH,
+    search: SearchConfig | None = None,
     max_tokens: int = 4096,
     device: str = "cpu",
 ) -> int:
@@ -68,14 +68,16 @@ def translate(
 
     The model is a checkpoint of attnx fit/average or a directory of attnx export --format ctranslate2; it
     carries its own SentencePiece model. Blank lines stay blank; lines longer than the model accepts are
-    truncated with a warning. Decoding is §6.1's beam search unless --search.* says otherwise.
+    truncated with a warning. Decoding is the model's own default (a checkpoint: §6.1's beam 4, α 0.6, GNMT
+    length penalty, input length + 50; an export: the settings stored with it) unless --search.* says
+    otherwise (attnx translate --search.help lists them).
     Example: echo "A dog runs." | attnx translate --model base.ckpt
 
     Args:
         model: Checkpoint file (*.ckpt) or exported CTranslate2 directory.
         input: File with one source segment a line, or - for standard input.
         output: File for the translations, or - for standard output.
-        search: Beam size, length penalty and maximum output length (paper: beam 4, α 0.6, input + 50).
+        search: Beam size, length penalty and maximum output length, e.g. --search.beam 1 (greedy).
         max_tokens: Source tokens per decoding batch, padding included.
         device: Where to decode: cpu, cuda, cuda:1, ...
     """

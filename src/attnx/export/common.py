@@ -134,7 +134,9 @@ def staged_output(output: str | Path, force: bool) -> Iterator[Path]:
     """
     output = Path(output)
     if output.exists() and not force and (not output.is_dir() or any(output.iterdir())):
-        raise ExportError(f"{output} already exists; choose another output directory or pass force=True")
+        raise ExportError(
+            f"{output} already exists; choose another output directory or replace it with --force (force=True from Python)"
+        )
     output.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:

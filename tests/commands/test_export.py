@@ -1,0 +1,67 @@
+"""``attnx export`` as a user runs it, and what reads its output: ``attnx translate --model DIR``, ``attnx.load``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import attnx
+from attnx.cli import main
+
+pytest.importorskip("ctranslate2")
+
+
+def test_ctranslate2_export_translates_through_the_cli_and_the_api(
+    checkpoint, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "ct2"
+    assert (
+        main(["export", "--ckpt_path", str(checkpoint), "--format", "ctranslate2", "--output", str(out)]) == 0
+    )
+    assert f"attnx translate --model {out}" in capsys.readouterr().out
+    translator = attnx.load(out, search=attnx.SearchConfig(beam=1, max_len_b=6))
+    assert type(translator).__name__ == "CTranslate2Translator"
+    lines = ["A dog runs.", "", "Two men are talking."]
+    expected = translator.translate(lines)
+    done = subprocess.run(
+        [sys.executable, "-m", "attnx", "translate", "--model", str(out), "--search.beam", "1", "--search.max_len_b", "6"],
+        input="\n".join(lines) + "\n", capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.split("\n")[:-1] == expected and expected[1] == ""
+    assert attnx.load(out).search.length_penalty == "fairseq"  # the stored default: CTranslate2's only form
+
+
+def test_existing_output_and_wrong_options_are_one_line(checkpoint, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "ct2"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    argv = ["export", "--ckpt_path", str(checkpoint), "--format", "ctranslate2", "--output", str(out)]
+    assert main(argv) == 1
+    assert "--force" in capsys.readouterr().err and (out / "keep.txt").is_file()
+    assert main([*argv, "--format", "onnx"]) == 2
+    assert "onnx" in capsys.readouterr().err
+    argv = [
+        "export",
+        "--ckpt_path",
+        str(checkpoint),
+        "--format",
+        "huggingface",
+        "--output",
+        str(tmp_path / "hf"),
+    ]
+    assert main([*argv, "--quantization", "int8"]) == 1
+    assert "ctranslate2 only" in capsys.readouterr().err
+
+
+def test_huggingface_export_writes_a_marian_directory(checkpoint, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    out = tmp_path / "hf"
+    assert (
+        main(["export", "--ckpt_path", str(checkpoint), "--format", "huggingface", "--output", str(out)]) == 0
+    )
+    assert {"config.json", "model.safetensors", "source.spm", "target.spm", "vocab.json"} <= {
+        p.name for p in out.iterdir()
+    }
