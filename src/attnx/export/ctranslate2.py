@@ -67,6 +67,13 @@ from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.export.common import ExportError, Target, layer_norm_eps, load_exportable, staged_output
 from attnx.inference.search import SearchConfig
+from attnx.inference.translator import (
+    DEFAULT_MAX_TOKENS,
+    encode_lines,
+    one_line,
+    translate_lines,
+    truncate_ids,
+)
 from attnx.model import Transformer, TransformerConfig
 
 log = logging.getLogger(__name__)
@@ -90,8 +97,6 @@ QUANTIZATIONS = (
 DEFAULT_SEARCH = SearchConfig(beam=4, alpha=0.6, length_penalty="fairseq", max_len_a=1.0, max_len_b=50)
 """§6.1's beam, α and maximum length, with the one length-penalty form CTranslate2 has (``|Y| ** α``)."""
 
-DEFAULT_MAX_TOKENS = 4096
-"""Source tokens per CTranslate2 batch, padding included (as attnx's own translator)."""
 
 TARGET = Target("CTranslate2", positional=("sinusoidal", "learned"), norm_positions=("post", "pre"))
 
@@ -395,29 +400,11 @@ class CTranslate2Translator:
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids of ``lines`` (stripped; blank lines give ``[]``)."""
-        texts = [line.strip() for line in lines]
-        todo = [i for i, text in enumerate(texts) if text]
-        ids: list[list[int]] = [[] for _ in texts]
-        for i, x in zip(
-            todo, self.tokenizer.encode_batch([texts[i] for i in todo]) if todo else [], strict=True
-        ):
-            ids[i] = x
-        return ids
+        return encode_lines(self.tokenizer, lines)
 
     def truncate(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
         """Cut inputs the model cannot read (``max_positions`` with the source ``</s>``), with one warning."""
-        limit = self.max_positions - 1
-        too_long = [i + 1 for i, x in enumerate(ids) if len(x) > limit]
-        if too_long:
-            shown = ", ".join(map(str, too_long[:10])) + (" ..." if len(too_long) > 10 else "")
-            log.warning(
-                "%d input(s) exceed the model's %d positions and were truncated to %d tokens: input %s",
-                len(too_long),
-                self.max_positions,
-                limit,
-                shown,
-            )
-        return [list(x[:limit]) for x in ids]
+        return truncate_ids(ids, self.max_positions)
 
     def max_output_length(self, source_length: int) -> int:
         """``L = floor(a * (n + 1) + b)`` tokens before ``</s>`` for ``n`` source ids (+ ``</s>``), capped so
@@ -480,15 +467,11 @@ class CTranslate2Translator:
     # --------------------------------------------------------------------------------------------- text
 
     def decode(self, ids: Sequence[int]) -> str:
-        text = self.tokenizer.decode(list(ids))
-        return text.replace("\r", " ").replace("\n", " ").strip()
+        return one_line(self.tokenizer.decode(list(ids)))
 
     def translate(self, lines: Sequence[str] | str, progress: bool = False) -> list[str]:
         """Translations of ``lines`` (one segment each), same number and order; blank in gives blank out."""
-        if isinstance(lines, str):
-            raise TypeError("translate takes a list of lines; wrap a single sentence: translate([text])")
-        outputs = self.translate_ids(self.encode(lines), progress=progress)
-        return [self.decode(x) if line.strip() else "" for line, x in zip(lines, outputs, strict=True)]
+        return translate_lines(self, lines, progress)
 
     def __call__(self, lines: Sequence[str]) -> list[str]:
         return self.translate(lines)

@@ -57,6 +57,40 @@ def one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ").strip()
 
 
+def encode_lines(tokenizer: Tokenizer, lines: Sequence[str]) -> list[list[int]]:
+    """Source ids of ``lines`` (stripped; blank lines give ``[]``)."""
+    texts = [line.strip() for line in lines]
+    todo = [i for i, text in enumerate(texts) if text]
+    ids: list[list[int]] = [[] for _ in texts]
+    for i, x in zip(todo, tokenizer.encode_batch([texts[i] for i in todo]) if todo else [], strict=True):
+        ids[i] = x
+    return ids
+
+
+def truncate_ids(ids: Sequence[Sequence[int]], max_positions: int) -> list[list[int]]:
+    """Cut inputs a model of ``max_positions`` cannot read (the source ``</s>`` takes one), with one warning."""
+    limit = max_positions - 1
+    too_long = [i + 1 for i, x in enumerate(ids) if len(x) > limit]
+    if too_long:
+        shown = ", ".join(map(str, too_long[:10])) + (" ..." if len(too_long) > 10 else "")
+        log.warning(
+            "%d input(s) exceed the model's %d positions and were truncated to %d tokens: input %s",
+            len(too_long),
+            max_positions,
+            limit,
+            shown,
+        )
+    return [list(x[:limit]) for x in ids]
+
+
+def translate_lines(translator: Any, lines: Sequence[str] | str, progress: bool = False) -> list[str]:
+    """``translator.translate(lines)`` of any engine: encode, ``translate_ids``, decode; blank stays blank."""
+    if isinstance(lines, str):
+        raise TypeError("translate takes a list of lines; wrap a single sentence: translate([text])")
+    outputs = translator.translate_ids(translator.encode(lines), progress=progress)
+    return [translator.decode(x) if line.strip() else "" for line, x in zip(lines, outputs, strict=True)]
+
+
 @dataclass
 class AttentionMaps:
     """Weights of every layer for one sentence pair; ``encoder[l]`` ``(H, S, S)``, ``cross[l]`` ``(H, T, S)``."""
@@ -130,29 +164,11 @@ class Translator:
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Source ids of ``lines`` (stripped; blank lines give ``[]``)."""
-        texts = [line.strip() for line in lines]
-        todo = [i for i, text in enumerate(texts) if text]
-        ids: list[list[int]] = [[] for _ in texts]
-        for i, x in zip(
-            todo, self.tokenizer.encode_batch([texts[i] for i in todo]) if todo else [], strict=True
-        ):
-            ids[i] = x
-        return ids
+        return encode_lines(self.tokenizer, lines)
 
     def truncate(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
         """Cut inputs the model cannot read (``max_positions`` with the source ``</s>``), with one warning."""
-        limit = self.max_positions - 1
-        too_long = [i + 1 for i, x in enumerate(ids) if len(x) > limit]
-        if too_long:
-            shown = ", ".join(map(str, too_long[:10])) + (" ..." if len(too_long) > 10 else "")
-            log.warning(
-                "%d input(s) exceed the model's %d positions and were truncated to %d tokens: input %s",
-                len(too_long),
-                self.max_positions,
-                limit,
-                shown,
-            )
-        return [list(x[:limit]) for x in ids]
+        return truncate_ids(ids, self.max_positions)
 
     def translate_tensors(self, src: Tensor, src_mask: Tensor) -> list[list[int]]:
         """Best output ids (no BOS/EOS) of a padded batch already on the model's device."""
@@ -183,10 +199,7 @@ class Translator:
 
     def translate(self, lines: Sequence[str] | str, progress: bool = False) -> list[str]:
         """Translations of ``lines`` (one segment each), same number and order; blank in gives blank out."""
-        if isinstance(lines, str):
-            raise TypeError("translate takes a list of lines; wrap a single sentence: translate([text])")
-        outputs = self.translate_ids(self.encode(lines), progress=progress)
-        return [self.decode(x) if x or line.strip() else "" for line, x in zip(lines, outputs, strict=True)]
+        return translate_lines(self, lines, progress)
 
     def __call__(self, lines: Sequence[str]) -> list[str]:
         return self.translate(lines)
