@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "translate": "attnx.commands.translate:translate",
     "attention": "attnx.commands.translate:attention",
     "score": "attnx.commands.translate:score",
+    "serve": "attnx.commands.deploy:serve",
     "configs": "attnx.commands.models:configs",
     "plugins": "attnx.commands.models:plugins",
     "describe": "attnx.commands.models:describe",
