@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +27,7 @@ from attnx.serving.server import (  # noqa: E402
     GracefulStop,
     ServeSettings,
     TranslationAPI,
+    announce_when_ready,
     check_port_free,
     device_placement,
     model_info,
@@ -129,6 +131,30 @@ def test_model_info_is_json(checkpoint):
     info = json.loads(json.dumps(model_info(str(checkpoint), FAST, ServeSettings())))
     assert info["format"] == "checkpoint" and info["search"]["beam"] == 2
     assert info["limits"] == {"max_lines": 64, "max_line_chars": 2000, "max_body_bytes": 1_000_000}
+
+
+def test_the_ready_line_waits_for_health_and_sends_litserves_api_key(monkeypatch, capsys):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            ok = self.headers.get("X-API-Key") == "sekret"
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+            self.wfile.write(b"ok" if ok else b"Not authenticated")
+
+        def log_message(self, *args):
+            pass
+
+    monkeypatch.setenv("LIT_SERVER_API_KEY", "sekret")
+    with ThreadingHTTPServer(("127.0.0.1", 0), Health) as http:
+        threading.Thread(target=http.serve_forever, daemon=True).start()
+        stop = threading.Event()
+        waiter = announce_when_ready(f"http://127.0.0.1:{http.server_address[1]}", "up and running", stop)
+        waiter.join(timeout=30)
+        http.shutdown()
+    stop.set()
+    assert not waiter.is_alive() and capsys.readouterr().err == "up and running\n"
 
 
 def test_the_first_signal_interrupts_and_a_second_is_ignored():

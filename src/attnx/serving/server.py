@@ -228,10 +228,13 @@ def build_server(model: str, search: SearchConfig, settings: ServeSettings) -> l
 def announce_when_ready(url: str, message: str, stop: threading.Event) -> threading.Thread:
     """Print ``message`` once ``GET url/health`` answers ok (the model is loaded and HTTP is up)."""
 
+    key = os.environ.get("LIT_SERVER_API_KEY")  # LitServe then wants it on every route, /health included
+    request = urllib.request.Request(f"{url}/health", headers={"X-API-Key": key} if key else {})
+
     def wait() -> None:
         while not stop.is_set():
             try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                with urllib.request.urlopen(request, timeout=1) as response:
                     if response.status == 200:
                         print(message, file=sys.stderr, flush=True)
                         return
