@@ -55,7 +55,8 @@ def fit_tokens_per_s(src: Path, new_cli: bool, data: Path, steps: int, work: Pat
     """Median ``train/tokens_per_s`` of an ``attnx fit`` run of ``steps`` steps, after the first 50."""
     run_dir = Path(tempfile.mkdtemp(dir=work))
     evaluation = ["--evaluation.bleu_samples", "0"] if new_cli else ["--model.val_bleu_samples", "0"]
-    argv = ["fit", "--config", str(REPO / "configs" / "multi30k_cpu.yaml"), "--data.data_dir", str(data)]
+    config = src.parent / "configs" / "multi30k_cpu.yaml"  # each version reads its own config
+    argv = ["fit", "--config", str(config), "--data.data_dir", str(data)]
     argv += ["--trainer.max_steps", str(steps), "--trainer.max_time", "null", "--trainer.val_check_interval",
              "100000", "--trainer.log_every_n_steps", "10", "--trainer.callbacks", "[]", *evaluation]  # fmt: skip
     run(src, argv, run_dir)

@@ -1,0 +1,137 @@
+"""``attnx export`` and ``attnx serve``: a trained model as another engine's model, or behind an HTTP API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from attnx.inference.config import SearchConfig
+
+
+def serve(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    search: SearchConfig | None = None,
+    device: str = "cpu",
+    max_tokens: int = 4096,
+    max_batch_size: int = 32,
+    batch_timeout: float = 0.01,
+    max_lines: int = 64,
+    max_line_chars: int = 2000,
+    max_body_bytes: int = 1_000_000,
+    workers: int = 1,
+    threads: int = 0,
+    timeout: float = 30.0,
+) -> int:
+    """Serve a trained model over HTTP: POST /translate, with concurrent requests translated together.
+
+    POST /translate {"text": ["line", ...]} (or {"text": "one line"}) answers {"translations": [...]}, one
+    translation per line in the same order, blank for blank. Requests arriving together are translated together (up to --max_batch_size requests, waiting at most
+    --batch_timeout seconds for them). GET /health answers "ok" once the model is loaded; GET /info shows the
+    model, search settings and limits. A request over a limit, or not of that shape, gets a 4xx with
+    {"detail": "<message>"}. SIGTERM or Ctrl+C finishes the requests in flight, then exits 0. Needs the serve
+    extra: pip install "attnx[serve]".
+    Example: attnx serve --model base.ckpt --port 8000
+
+    Args:
+        model: Checkpoint file (*.ckpt) or exported CTranslate2 directory.
+        host: Interface to listen on: 127.0.0.1 (this machine only), 0.0.0.0 or :: (every interface).
+        port: TCP port to listen on (1024-65535).
+        search: Beam size, length penalty and maximum output length; default: the model's own (a checkpoint:
+            §6.1's beam 4, α 0.6, input + 50; an export: the settings stored with it).
+        device: Where to decode: cpu, cuda, cuda:1, ...
+        max_tokens: Source tokens per decoding batch, padding included.
+        max_batch_size: Requests translated together at most.
+        batch_timeout: Seconds a request waits for others to join its batch.
+        max_lines: Lines per request at most (413 above).
+        max_line_chars: Characters per line at most (413 above).
+        max_body_bytes: Bytes per request body at most (413 above).
+        workers: Inference processes, each with its own copy of the model.
+        threads: Torch threads per worker on CPU; 0: torch's default (all cores) for one worker, cores /
+            workers for several.
+        timeout: Seconds a request may wait in the queue before it is answered 504.
+    """
+    import os
+
+    from attnx.cli import UsageError
+    from attnx.commands.translate import check_device
+
+    try:
+        import litserve  # noqa: F401
+    except ImportError:
+        raise UsageError('attnx serve needs LitServe: pip install "attnx[serve]"') from None
+    from attnx.serving.server import ServeSettings
+    from attnx.serving.server import serve as run_server
+    from attnx.serving.validation import RequestLimits
+
+    check_device(device)
+    if not os.path.exists(model):
+        raise FileNotFoundError(f"--model {model} does not exist")
+    if threads == 0 and workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+    settings = ServeSettings(
+        host=host,
+        port=port,
+        device=device,
+        max_tokens=max_tokens,
+        max_batch_size=max_batch_size,
+        batch_timeout=batch_timeout,
+        timeout=timeout,
+        workers=workers,
+        threads=threads,
+        limits=RequestLimits(
+            max_lines=max_lines, max_line_chars=max_line_chars, max_body_bytes=max_body_bytes
+        ),
+    )
+    run_server(model, search, settings)
+    return 0
+
+
+Quantization = Literal[
+    "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16"
+]
+
+
+def export(
+    ckpt_path: Path,
+    format: Literal["ctranslate2", "huggingface"],
+    output: Path,
+    quantization: Quantization | None = None,
+    search: SearchConfig | None = None,
+    force: bool = False,
+) -> int:
+    """Write a trained checkpoint as a CTranslate2 model (fast CPU/GPU inference, int8) or a Marian model.
+
+    ctranslate2 (pip install "attnx[ct2]"): a directory that attnx translate --model, attnx serve and
+    attnx.load read, and that ctranslate2.Translator loads with its sentencepiece.model. huggingface (pip
+    install "attnx[hf]"): a MarianMTModel directory for transformers' from_pretrained. Components the engine
+    cannot represent (a plugin's attention, pre-norm or learned positions for Marian) are refused by name.
+    Example: attnx export --ckpt_path averaged.ckpt --format ctranslate2 --output model-ct2 --quantization int8
+
+    Args:
+        ckpt_path: Checkpoint written by attnx fit or attnx average.
+        format: ctranslate2 or huggingface.
+        output: Directory to create (it must not exist, or be empty, unless --force).
+        quantization: ctranslate2 only: weight type; none keeps float32 as trained.
+        search: ctranslate2 only: default search stored with the model (CTranslate2 has only the |Y|^α length
+            penalty, so the default is beam 4, α 0.6 with length_penalty fairseq).
+        force: Replace an existing output directory.
+    """
+    from attnx.export.common import ExportError
+
+    if format == "huggingface":
+        if quantization is not None or search is not None:
+            raise ExportError("--quantization and --search apply to --format ctranslate2 only")
+        from attnx.export.huggingface import export_huggingface
+
+        written = export_huggingface(ckpt_path, output, force=force)
+        print(f"wrote a Marian model to {written}: MarianMTModel.from_pretrained({str(written)!r})")
+        return 0
+    from attnx.export.ctranslate2 import export_ctranslate2
+
+    written = export_ctranslate2(ckpt_path, output, quantization=quantization, search=search, force=force)
+    print(
+        f"wrote a CTranslate2 model ({quantization or 'float32'}) to {written}: attnx translate --model {written}"
+    )
+    return 0

@@ -1,0 +1,318 @@
+"""An HTTP translation service on LitServe: ``POST /translate`` with ``{"text": [...]}``.
+
+Three kinds of process, all started by :func:`serve`:
+
+- the main process checks the model loads, starts the others, prints one line when the service answers, and
+  on SIGTERM or SIGINT shuts everything down in order (:func:`serve` returns normally);
+- HTTP processes (uvicorn, one per worker) check every request against :class:`RequestLimits` before it is
+  queued (:class:`~attnx.serving.validation.RequestLimitsMiddleware`), so a bad request is answered 4xx at
+  once and never joins a batch;
+- inference workers (``workers``, each with its own :class:`~attnx.inference.translator.Translator`) take up
+  to ``max_batch_size`` queued requests, waiting at most ``batch_timeout`` seconds for the batch to fill,
+  and translate all their lines with one ``Translator.translate`` call (which batches them by tokens).
+
+Shutdown: the HTTP processes stop accepting, finish the requests they hold (up to 30 s), and only then are
+the inference workers stopped. Send the signal to the main process; the workers ignore SIGINT so a Ctrl+C
+sent to the whole process group cannot cut a batch short.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import litserve as ls
+
+from attnx.inference.config import SearchConfig
+from attnx.serving.validation import FIELD, RequestLimits, RequestLimitsMiddleware
+
+API_PATH = "/translate"
+HOSTS = ("127.0.0.1", "0.0.0.0", "::")
+"""Interfaces LitServe binds to: loopback only (the default), every IPv4 interface, every interface."""
+
+
+def lines_of(payload: dict[str, Any]) -> list[str]:
+    """The lines of a request already checked by :func:`~attnx.serving.validation.request_lines`."""
+    text = payload[FIELD]
+    return [text] if isinstance(text, str) else list(text)
+
+
+def split_as(flat: list[str], counts: list[int]) -> list[list[str]]:
+    """``flat`` cut into consecutive pieces of ``counts`` items."""
+    pieces, start = [], 0
+    for count in counts:
+        pieces.append(flat[start : start + count])
+        start += count
+    return pieces
+
+
+def exit_quietly(signum: int, frame: object) -> None:
+    sys.exit(0)
+
+
+class TranslationAPI(ls.LitAPI):
+    """The model side of the service: decode a request to lines, translate a batch of requests at once.
+
+    Holds only settings until :meth:`setup` runs in an inference worker, so it pickles cheaply into one.
+
+    Args:
+        model: Checkpoint file or exported CTranslate2 directory (anything :func:`attnx.load` reads).
+        search: How to decode.
+        max_tokens: Source tokens per decoding batch, padding included.
+        threads: Torch threads per worker on CPU; 0 leaves torch's default.
+        max_batch_size: Requests translated together at most.
+        batch_timeout: Seconds a request may wait for others to fill its batch.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        search: SearchConfig,
+        max_tokens: int,
+        threads: int = 0,
+        max_batch_size: int = 32,
+        batch_timeout: float = 0.01,
+    ) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=API_PATH)
+        self.model = model
+        self.search = search
+        self.max_tokens = max_tokens
+        self.threads = threads
+
+    def setup(self, device: str) -> None:
+        import torch
+
+        from attnx.inference.translator import load
+
+        # The main process decides when this worker stops: it sends SIGTERM once no request is left, and the
+        # worker then exits through SystemExit so that its resources (tqdm's semaphore...) are released.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, exit_quietly)
+        warnings = logging.StreamHandler(sys.stderr)
+        warnings.setFormatter(logging.Formatter("attnx serve: warning: %(message)s"))
+        logging.getLogger("attnx").addHandler(warnings)
+        if self.threads and torch.device(device).type == "cpu":
+            torch.set_num_threads(self.threads)
+        self.translator = load(self.model, device=device, search=self.search, max_tokens=self.max_tokens)
+
+    # No annotation on purpose: LitServe turns an annotated ``request`` into a FastAPI parameter; unannotated,
+    # it hands over the JSON body (already checked in the HTTP process).
+    def decode_request(self, request):  # type: ignore[no-untyped-def]
+        return lines_of(request)
+
+    def predict(self, x: Any) -> Any:
+        """One ``translate`` call over every line of the batch's requests, then one output per request."""
+        requests: list[list[str]] = x if self.max_batch_size > 1 else [x]
+        flat = self.translator.translate([line for lines in requests for line in lines])
+        outputs = split_as(flat, [len(lines) for lines in requests])
+        return outputs if self.max_batch_size > 1 else outputs[0]
+
+    def encode_response(self, output: list[str]) -> dict[str, list[str]]:
+        return {"translations": output}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+    """Everything :func:`serve` needs besides the model and how to decode."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "cpu"
+    max_tokens: int = 4096
+    max_batch_size: int = 32
+    batch_timeout: float = 0.01
+    timeout: float = 30.0
+    workers: int = 1
+    threads: int = 0
+    limits: RequestLimits = RequestLimits()
+
+    def __post_init__(self) -> None:
+        if self.host not in HOSTS:
+            raise ValueError(
+                f"--host {self.host}: LitServe binds only to {', '.join(HOSTS)} "
+                "(127.0.0.1: this machine only; 0.0.0.0 or ::: every interface)"
+            )
+        if not 1024 <= self.port <= 65535:
+            raise ValueError(f"--port {self.port}: choose a port from 1024 to 65535")
+        for name in ("max_tokens", "max_batch_size", "workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.threads < 0:
+            raise ValueError(f"--threads must be 0 (torch's default) or more, got {self.threads}")
+        if self.timeout <= 0:
+            raise ValueError(f"--timeout must be positive, got {self.timeout}")
+        if not 0 <= self.batch_timeout < self.timeout:
+            raise ValueError(
+                f"--batch_timeout {self.batch_timeout} must be at least 0 and below --timeout {self.timeout}"
+            )
+
+    @property
+    def url(self) -> str:
+        """Where a client on this machine reaches the service."""
+        local = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(self.host, self.host)
+        return f"http://{local}:{self.port}"
+
+
+def device_placement(device: str) -> tuple[str, list[int] | int]:
+    """LitServe's ``accelerator`` and ``devices`` for a torch device name (``cuda`` means ``cuda:0``)."""
+    import torch
+
+    where = torch.device(device)
+    if where.type == "cpu":
+        return "cpu", 1
+    if where.type in ("cuda", "mps"):
+        return where.type, [where.index or 0]
+    raise ValueError(f"--device {device}: the server runs on cpu, cuda[:N] or mps")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """An :class:`OSError` naming the port when it cannot be listened on (before any worker starts)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise OSError(
+                f"cannot listen on {host} port {port}: {err.strerror}; choose another --port"
+            ) from None
+
+
+def model_info(model: str, search: SearchConfig, settings: ServeSettings) -> dict[str, Any]:
+    """What ``GET /info`` tells about the model (under ``"model"``), JSON-serializable."""
+    from attnx import __version__
+
+    return {
+        "path": str(Path(model).resolve()),
+        "format": "ctranslate2" if Path(model).is_dir() else "checkpoint",
+        "attnx": __version__,
+        "device": settings.device,
+        "search": dataclasses.asdict(search),
+        "max_tokens": settings.max_tokens,
+        "batching": {"max_batch_size": settings.max_batch_size, "batch_timeout": settings.batch_timeout},
+        "limits": dataclasses.asdict(settings.limits),
+        "workers": settings.workers,
+    }
+
+
+def build_server(model: str, search: SearchConfig, settings: ServeSettings) -> ls.LitServer:
+    """The LitServer for ``model`` (nothing started yet). ``search`` should be the resolved settings."""
+    accelerator, devices = device_placement(settings.device)
+    api = TranslationAPI(
+        model,
+        search,
+        max_tokens=settings.max_tokens,
+        threads=settings.threads,
+        max_batch_size=settings.max_batch_size,
+        batch_timeout=settings.batch_timeout,
+    )
+    return ls.LitServer(
+        api,
+        accelerator=accelerator,
+        devices=devices,
+        workers_per_device=settings.workers,
+        timeout=settings.timeout,
+        model_metadata=model_info(model, search, settings),
+        middlewares=[(RequestLimitsMiddleware, {"path": API_PATH, "limits": settings.limits})],
+    )
+
+
+def announce_when_ready(url: str, message: str, stop: threading.Event) -> threading.Thread:
+    """Print ``message`` once ``GET url/health`` answers ok (the model is loaded and HTTP is up)."""
+
+    key = os.environ.get("LIT_SERVER_API_KEY")  # LitServe then wants it on every route, /health included
+    request = urllib.request.Request(f"{url}/health", headers={"X-API-Key": key} if key else {})
+
+    def wait() -> None:
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(request, timeout=1) as response:
+                    if response.status == 200:
+                        print(message, file=sys.stderr, flush=True)
+                        return
+            except OSError:
+                pass
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=wait, name="attnx-serve-ready", daemon=True)
+    thread.start()
+    return thread
+
+
+class GracefulStop:
+    """SIGTERM and SIGINT in the main process raise :class:`KeyboardInterrupt` once, the way LitServe stops.
+
+    LitServe answers a KeyboardInterrupt by letting the HTTP processes finish what they hold, then stopping
+    the workers. A second signal during that shutdown is ignored rather than cutting it short. Processes
+    forked from this one (which inherit the handler until they set their own) act on the signal as by default.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.stopping = False
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> GracefulStop:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def handle(self, signum: int, frame: object) -> None:
+        if os.getpid() != self.pid:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if self.stopping:
+            return
+        self.stopping = True
+        print(
+            f"attnx serve: {signal.Signals(signum).name} received; finishing requests in flight",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise KeyboardInterrupt
+
+
+def serve(model: str, search: SearchConfig, settings: ServeSettings) -> None:
+    """Check ``model`` loads, then serve it until SIGTERM or SIGINT; returns after a clean shutdown."""
+    from attnx.inference.translator import load
+
+    check_port_free(settings.host, settings.port)
+    # Load once here so a bad model or search setting is a one-line error, not a worker's traceback; the
+    # workers load their own copy.
+    resolved = load(model, device="cpu", search=search, max_tokens=settings.max_tokens).search
+    server = build_server(model, resolved, settings)
+    ready = threading.Event()
+    announce_when_ready(
+        settings.url,
+        f'attnx serve: {model} on {settings.url}{API_PATH} (POST {{"text": [...]}}; GET /health, /info)',
+        ready,
+    )
+    with GracefulStop() as stop:
+        try:
+            server.run(
+                host=settings.host,
+                port=settings.port,
+                log_level="warning",
+                generate_client_file=False,
+            )
+        except KeyboardInterrupt:  # a signal before LitServe was serving: stop what it had started
+            for worker in getattr(server, "inference_workers", []):
+                worker.terminate()
+                worker.join(timeout=5)
+        finally:
+            ready.set()
+    if stop.stopping:
+        print("attnx serve: stopped", file=sys.stderr, flush=True)

@@ -1,0 +1,219 @@
+"""What a translation request may look like, checked before it reaches the model.
+
+A request body is ``{"text": ["line", ...]}`` (or ``{"text": "one line"}``). Every check runs in the HTTP
+process, so a bad request is answered at once with a 4xx and ``{"detail": "<message>"}`` and never joins a
+batch of good ones: one request's mistake cannot fail its neighbours' translations.
+
+| problem                                             | status |
+|-----------------------------------------------------|--------|
+| body over ``max_body_bytes``                        | 413    |
+| body that is not JSON (or not UTF-8)                | 400    |
+| not an object, a field other than ``text``, ``text`` missing or not a string / list of strings | 422 |
+| ``text`` an empty list                              | 422    |
+| more than ``max_lines`` lines, a line over ``max_line_chars`` characters | 413 |
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+FIELD = "text"
+DRAIN_BYTES = 100_000_000
+"""Bytes of a refused body read and dropped before answering 413; a client sending more sees the connection
+closed instead."""
+EXAMPLE = '{"text": ["a line", ...]}'
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """How much one request may ask for."""
+
+    max_lines: int = 64
+    """Lines (segments) per request."""
+    max_line_chars: int = 2000
+    """Characters per line."""
+    max_body_bytes: int = 1_000_000
+    """Bytes of the request body."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_lines", "max_line_chars", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
+
+
+class RequestError(Exception):
+    """A request the server refuses: an HTTP status and a one-line message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type, for messages."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    if type(value) in names:
+        return names[type(value)]
+    return "a number"
+
+
+def request_lines(payload: Any, limits: RequestLimits) -> list[str]:
+    """The lines of a decoded request body, or a :class:`RequestError` saying what is wrong with it."""
+    if not isinstance(payload, dict):
+        raise RequestError(422, f"the body is {json_type(payload)}; send a JSON object {EXAMPLE}")
+    unknown = sorted(set(payload) - {FIELD})
+    if unknown:
+        raise RequestError(422, f"unknown field {', '.join(map(json.dumps, unknown))}; the body is {EXAMPLE}")
+    if FIELD not in payload:
+        raise RequestError(422, f'the field "text" is missing; the body is {EXAMPLE}')
+    text = payload[FIELD]
+    if isinstance(text, str):
+        lines = [text]
+    elif isinstance(text, list):
+        lines = text
+        for i, line in enumerate(lines):
+            if not isinstance(line, str):
+                raise RequestError(422, f'"text" item {i} is {json_type(line)}; every line must be a string')
+    else:
+        raise RequestError(422, f'"text" is {json_type(text)}; give a string or a list of strings')
+    if not lines:
+        raise RequestError(422, '"text" is an empty list; give at least one line')
+    if len(lines) > limits.max_lines:
+        raise RequestError(
+            413,
+            f'"text" has {len(lines)} lines; this server takes at most {limits.max_lines} per request '
+            "(split them over several requests)",
+        )
+    for i, line in enumerate(lines):
+        if len(line) > limits.max_line_chars:
+            raise RequestError(
+                413,
+                f'"text" item {i} has {len(line)} characters; this server takes at most '
+                f"{limits.max_line_chars} per line (split the text into sentences)",
+            )
+    return lines
+
+
+def parse_body(body: bytes, limits: RequestLimits) -> list[str]:
+    """The lines of a raw request body (JSON in UTF-8), or a :class:`RequestError`."""
+    if len(body) > limits.max_body_bytes:
+        raise RequestError(413, body_too_large(limits))
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise RequestError(400, f"the body is not UTF-8 (byte {err.start}); send JSON in UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise RequestError(
+            400,
+            f"the body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}); send {EXAMPLE}",
+        ) from None
+    return request_lines(payload, limits)
+
+
+def body_too_large(limits: RequestLimits) -> str:
+    return f"the body is over {limits.max_body_bytes} bytes, this server's limit; send fewer or shorter lines"
+
+
+class RequestLimitsMiddleware:
+    """ASGI middleware: refuse oversized bodies on every route and bad bodies on ``POST path``.
+
+    A body that passes is handed on unchanged (as ``application/json``, whatever content type the client
+    declared, so ``curl -d`` works); anything else is answered here with ``{"detail": message}``.
+    """
+
+    def __init__(self, app: ASGIApp, *, path: str, limits: RequestLimits) -> None:
+        self.app = app
+        self.path = path
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        try:
+            declared = self.content_length(scope)
+            if declared is not None and declared > self.limits.max_body_bytes:
+                await self.drain(receive)
+                raise RequestError(413, body_too_large(self.limits))
+            body = await self.read_body(receive)
+            if scope["path"] == self.path and scope["method"] == "POST":
+                parse_body(body, self.limits)
+        except RequestError as err:
+            await self.refuse(send, err)
+            return
+        if scope["path"] == self.path:
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, self.replay(body, receive), send)
+
+    @staticmethod
+    def content_length(scope: Scope) -> int | None:
+        for key, value in scope["headers"]:
+            if key.lower() == b"content-length":
+                try:
+                    return int(value)
+                except ValueError:
+                    raise RequestError(400, "the Content-Length header is not a number") from None
+        return None
+
+    async def read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limits.max_body_bytes:  # no or a false Content-Length
+                if message.get("more_body", False):
+                    await self.drain(receive)
+                raise RequestError(413, body_too_large(self.limits))
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    @staticmethod
+    async def drain(receive: Receive) -> None:
+        """Read and drop the rest of a refused body (up to :data:`DRAIN_BYTES`), so that a client still
+        sending it reads the 413 instead of a reset connection."""
+        drained = 0
+        while drained <= DRAIN_BYTES:
+            message = await receive()
+            drained += len(message.get("body", b""))
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                return
+
+    @staticmethod
+    def replay(body: bytes, receive: Receive) -> Receive:
+        sent = False
+
+        async def replayed() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the client's disconnect
+
+        return replayed
+
+    @staticmethod
+    async def refuse(send: Send, err: RequestError) -> None:
+        content = json.dumps({"detail": err.message}, ensure_ascii=False).encode("utf-8")
+        await send(
+            {
+                "type": "http.response.start",
+                "status": err.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(content)).encode("ascii")),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": content})

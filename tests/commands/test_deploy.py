@@ -1,0 +1,92 @@
+"""``attnx serve`` as a command: its options and its one-line errors (the service itself: tests/serving)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from attnx.cli import main as attnx_main
+
+
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def test_every_option_has_help():
+    result = subprocess.run(
+        [sys.executable, "-m", "attnx", "serve", "--help"], capture_output=True, text=True
+    )
+    assert result.returncode == 0
+    for option in (
+        "--model",
+        "--host",
+        "--port",
+        "--search.beam",
+        "--device",
+        "--max_tokens",
+        "--max_batch_size",
+        "--batch_timeout",
+        "--max_lines",
+        "--max_line_chars",
+        "--max_body_bytes",
+        "--workers",
+        "--threads",
+        "--timeout",
+    ):
+        assert option in result.stdout
+    assert "POST /translate" in result.stdout and "Beam size; 1 = greedy search." in result.stdout
+
+
+def test_serve_is_listed_with_the_commands(capsys):
+    assert attnx_main(["--help"]) == 0
+    listed = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["serve", "Serve", "a", "trained", "model", "over", "HTTP:", "POST", "/translate,"] in [
+        line[:9] for line in listed
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "status", "words"),
+    [
+        (["--host", "localhost"], 2, "--host localhost"),
+        (["--port", "80"], 2, "--port 80"),
+        (["--device", "cuda:99"], 2, "--device cuda:99"),
+        (["--max_lines", "0"], 2, "--max_lines must be at least 1"),
+        (["--batch_timeout", "60"], 2, "below --timeout"),
+        (["--search.beam", "0"], 2, "search.beam must be at least 1"),
+    ],
+)
+def test_bad_settings_are_one_line_before_anything_starts(checkpoint, capsys, options, status, words):
+    assert attnx_main(["serve", "--model", str(checkpoint), "--port", free_port(), *options]) == status
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_missing_or_broken_model_is_one_line_exit_1(tmp_path, capsys):
+    assert attnx_main(["serve", "--model", str(tmp_path / "missing.ckpt")]) == 1
+    assert "missing.ckpt does not exist" in capsys.readouterr().err
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(b"not a checkpoint")
+    assert attnx_main(["serve", "--model", str(broken), "--port", free_port()]) == 1
+    err = capsys.readouterr().err
+    assert "broken.ckpt" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_busy_port_is_one_line_exit_1(checkpoint, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert attnx_main(["serve", "--model", str(checkpoint), "--port", str(port)]) == 1
+    assert f"cannot listen on 127.0.0.1 port {port}" in capsys.readouterr().err
+
+
+def test_without_litserve_the_error_says_what_to_install(checkpoint, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "litserve", None)  # import litserve raises ImportError
+    assert attnx_main(["serve", "--model", str(checkpoint)]) == 2
+    assert 'pip install "attnx[serve]"' in capsys.readouterr().err

@@ -1,0 +1,3 @@
+"""The decoding fixtures (a tiny SentencePiece model and checkpoint) for the server tests."""
+
+from tests.inference.conftest import _one_thread, checkpoint, loaded, tokenizer  # noqa: F401

@@ -1,0 +1,353 @@
+"""The translation service: its parts in-process, then ``attnx serve`` end to end over real HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("litserve", reason="attnx serve needs the serve extra: pip install 'attnx[serve]'")
+
+import attnx  # noqa: E402
+from attnx.inference.search import SearchConfig  # noqa: E402
+from attnx.serving.server import (  # noqa: E402
+    GracefulStop,
+    ServeSettings,
+    TranslationAPI,
+    announce_when_ready,
+    check_port_free,
+    device_placement,
+    model_info,
+    split_as,
+)
+from tests.inference.test_translator import LINES  # noqa: E402
+
+FAST = SearchConfig(beam=2, max_len_b=6)
+FAST_ARGS = ["--search.beam", "2", "--search.max_len_b", "6"]
+STARTUP_S = 120  # generous: two cold Python processes importing torch on a busy 2-core machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------- in-process
+
+
+@pytest.fixture
+def api(checkpoint):
+    """A :class:`TranslationAPI` set up in this process, as a worker would; what setup changes is undone."""
+    import logging
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    handlers = list(logging.getLogger("attnx").handlers)
+
+    def make(max_batch_size: int) -> TranslationAPI:
+        lit = TranslationAPI(str(checkpoint), FAST, max_tokens=4096, max_batch_size=max_batch_size)
+        lit.pre_setup()  # what LitServer does before starting a worker
+        lit.setup("cpu")
+        return lit
+
+    yield make
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+    logging.getLogger("attnx").handlers[:] = handlers
+
+
+def test_a_batch_of_requests_is_one_translate_call_split_back(api, checkpoint, monkeypatch):
+    lit = api(max_batch_size=8)
+    requests = [{"text": LINES[:3]}, {"text": "A dog runs."}, {"text": LINES[3:]}]
+    calls: list[int] = []
+    translate = lit.translator.translate
+    monkeypatch.setattr(
+        lit.translator, "translate", lambda lines: calls.append(len(lines)) or translate(lines)
+    )
+    outputs = lit.predict(lit.batch([lit.decode_request(r) for r in requests]))
+    assert calls == [len(LINES) + 1]
+    reference = attnx.load(checkpoint, search=FAST)
+    expected = [
+        reference.translate(LINES[:3]),
+        reference.translate(["A dog runs."]),
+        reference.translate(LINES[3:]),
+    ]
+    assert lit.unbatch(outputs) == expected
+    assert lit.encode_response(expected[1]) == {"translations": expected[1]}
+
+
+def test_without_batching_predict_takes_one_request(api, checkpoint):
+    lit = api(max_batch_size=1)
+    assert lit.predict(lit.decode_request({"text": ["", "Zwei Hunde."]})) == attnx.load(
+        checkpoint, search=FAST
+    ).translate(["", "Zwei Hunde."])
+
+
+def test_split_as_keeps_order_and_empty_pieces():
+    assert split_as(["a", "b", "c"], [2, 0, 1]) == [["a", "b"], [], ["c"]]
+
+
+def test_settings_refuse_what_litserve_cannot_do():
+    for bad, words in [
+        (dict(host="localhost"), "--host localhost"),
+        (dict(port=80), "--port 80"),
+        (dict(workers=0), "--workers must be at least 1"),
+        (dict(batch_timeout=40.0), "below --timeout"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            ServeSettings(**bad)
+    assert ServeSettings(host="::", port=9000).url == "http://[::1]:9000"
+
+
+def test_device_placement_names_one_device():
+    assert device_placement("cpu") == ("cpu", 1)
+    assert device_placement("cuda") == ("cuda", [0])
+    assert device_placement("cuda:1") == ("cuda", [1])
+
+
+def test_a_busy_port_is_named():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1 port {port}"):
+            check_port_free("127.0.0.1", port)
+
+
+def test_model_info_is_json(checkpoint):
+    info = json.loads(json.dumps(model_info(str(checkpoint), FAST, ServeSettings())))
+    assert info["format"] == "checkpoint" and info["search"]["beam"] == 2
+    assert info["limits"] == {"max_lines": 64, "max_line_chars": 2000, "max_body_bytes": 1_000_000}
+
+
+def test_the_ready_line_waits_for_health_and_sends_litserves_api_key(monkeypatch, capsys):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            ok = self.headers.get("X-API-Key") == "sekret"
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+            self.wfile.write(b"ok" if ok else b"Not authenticated")
+
+        def log_message(self, *args):
+            pass
+
+    monkeypatch.setenv("LIT_SERVER_API_KEY", "sekret")
+    with ThreadingHTTPServer(("127.0.0.1", 0), Health) as http:
+        threading.Thread(target=http.serve_forever, daemon=True).start()
+        stop = threading.Event()
+        waiter = announce_when_ready(f"http://127.0.0.1:{http.server_address[1]}", "up and running", stop)
+        waiter.join(timeout=30)
+        http.shutdown()
+    stop.set()
+    assert not waiter.is_alive() and capsys.readouterr().err == "up and running\n"
+
+
+def test_the_first_signal_interrupts_and_a_second_is_ignored():
+    before = signal.getsignal(signal.SIGTERM)
+    with GracefulStop() as stop:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at once; this is never waited out
+        os.kill(os.getpid(), signal.SIGINT)  # ignored: shutdown is under way
+        assert stop.stopping
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+# ----------------------------------------------------------------------------------------------- end to end
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen
+    url: str
+    log: Path  # the server's standard error
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    def post(self, body: bytes | dict, content_type: str = "application/json") -> tuple[int, dict]:
+        data = json.dumps(body).encode("utf-8") if isinstance(body, dict) else body
+        request = urllib.request.Request(
+            self.url + "/translate", data=data, headers={"Content-Type": content_type}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM; the exit status and everything the server wrote on stderr."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=90)
+        finally:
+            self.kill()
+        return self.process.returncode, self.log.read_text(encoding="utf-8")
+
+    def kill(self) -> None:
+        """Kill whatever of the server is left: its own process group (HTTP processes, workers)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def start_server(checkpoint: Path, log: Path, *options: str) -> Served:
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "attnx", "serve", "--model", str(checkpoint), "--port", str(port)]
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [*command, *FAST_ARGS, "--threads", "1", *options],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,  # a group of its own, so that a failed test can kill all of it
+        )
+    served = Served(process, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            served.kill()
+            pytest.fail(f"attnx serve exited with {process.returncode}: {log.read_text()}")
+        try:
+            if served.get("/health") == (200, b"ok"):
+                return served
+        except OSError:
+            pass
+        time.sleep(0.2)
+    served.kill()
+    pytest.fail(f"attnx serve did not answer /health within {STARTUP_S} s: {log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    served = start_server(
+        checkpoint,
+        tmp_path_factory.mktemp("serve") / "stderr.txt",
+        *("--workers", "2", "--max_batch_size", "8", "--batch_timeout", "0.05"),
+        *("--max_lines", "8", "--max_line_chars", "3000", "--max_body_bytes", "100000"),
+    )
+    yield served
+    served.kill()
+
+
+REQUESTS = [LINES[i : i + n] for n in (1, 2, 3) for i in range(0, len(LINES) - n + 1, 2)]
+
+
+@pytest.mark.slow
+def test_concurrent_requests_get_the_translations_of_the_python_api(server, checkpoint):
+    reference = attnx.load(checkpoint, search=FAST)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda lines: server.post({"text": lines}), REQUESTS * 2))
+    for lines, (status, body) in zip(REQUESTS * 2, answers, strict=True):
+        assert status == 200, body
+        assert body == {"translations": reference.translate(lines)}
+    assert server.post({"text": "A dog runs."}) == (
+        200,
+        {"translations": reference.translate(["A dog runs."])},
+    )
+    # curl -d declares a form; the body is JSON all the same
+    form = server.post(b'{"text": ["Zwei Hunde."]}', content_type="application/x-www-form-urlencoded")
+    assert form == (200, {"translations": reference.translate(["Zwei Hunde."])})
+
+
+@pytest.mark.slow
+def test_health_and_info(server, checkpoint):
+    assert server.get("/health") == (200, b"ok")
+    status, body = server.get("/info")
+    info = json.loads(body)["model"]
+    assert status == 200 and info["path"] == str(checkpoint.resolve())
+    assert info["search"]["beam"] == 2 and info["search"]["max_positions"] == 64  # resolved from the model
+    assert info["limits"] == {"max_lines": 8, "max_line_chars": 3000, "max_body_bytes": 100000}
+    assert info["batching"] == {"max_batch_size": 8, "batch_timeout": 0.05} and info["workers"] == 2
+
+
+BAD = [
+    (b'{"text": [', 400, "not valid JSON"),
+    ({"txt": ["A dog runs."]}, 422, 'unknown field "txt"'),
+    ({"text": [1, 2]}, 422, '"text" item 0 is a number'),
+    ({"text": {"en": "A dog."}}, 422, '"text" is an object'),
+    ({"text": []}, 422, "empty list"),
+    ({"text": ["A dog."] * 9}, 413, "9 lines"),
+    ({"text": [" ".join(["word"] * 10_000)]}, 413, "49999 characters"),
+    ({"text": ["x" * 1000] * 120}, 413, "over 100000 bytes"),
+]
+
+
+@pytest.mark.slow
+def test_bad_requests_get_a_4xx_and_a_message_and_the_server_keeps_serving(server, checkpoint):
+    for body, status, words in BAD:
+        got, answer = server.post(body)
+        assert got == status and words in answer["detail"], (body if isinstance(body, bytes) else "", answer)
+    # bad requests amid good ones, concurrently: each good one still gets its translation
+    good = {"text": ["A man rides a bike.", "Zwei Hunde."]}
+    expected = attnx.load(checkpoint, search=FAST).translate(good["text"])
+    mixed = [good if i % 2 else BAD[i % len(BAD)][0] for i in range(16)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(server.post, mixed))
+    for body, (status, answer) in zip(mixed, answers, strict=True):
+        if body is good:
+            assert (status, answer) == (200, {"translations": expected})
+        else:
+            assert 400 <= status < 500 and answer["detail"]
+    assert server.get("/health") == (200, b"ok")
+
+
+def raw_post(url: str, body: dict) -> socket.socket:
+    """Send a POST /translate and return the open socket, without waiting for the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode("utf-8")
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    head = f"POST /translate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"{head}Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+    return sock
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict]:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    sock.close()
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_requests_in_flight_and_exits_0(checkpoint, tmp_path):
+    served = start_server(
+        checkpoint, tmp_path / "stderr.txt", "--max_batch_size", "4", "--batch_timeout", "0.5"
+    )
+    lines = ["A man in a red shirt rides a bike down the hill.", "Zwei Hunde spielen im Schnee."] * 4
+    in_flight = [raw_post(served.url, {"text": lines}) for _ in range(3)]
+    # The listening socket hands connections over in order, so once /health is answered the three
+    # requests above have been accepted: they are in flight (waiting for their batch) when SIGTERM comes.
+    assert served.get("/health") == (200, b"ok")
+    status, err = served.stop()
+    expected = attnx.load(checkpoint, search=FAST).translate(lines)
+    for sock in in_flight:
+        assert read_response(sock) == (200, {"translations": expected})
+    assert status == 0, err
+    startup = err.splitlines()[0]
+    assert f"on {served.url}/translate" in startup and str(checkpoint) in startup
+    assert "SIGTERM received" in err and err.rstrip().endswith("attnx serve: stopped")
+    assert "Traceback" not in err

@@ -1,0 +1,128 @@
+"""Request checks of the HTTP service: the body's shape, the limits, and the ASGI middleware applying them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("litserve", reason="attnx serve needs the serve extra: pip install 'attnx[serve]'")
+
+from attnx.serving.validation import (  # noqa: E402
+    RequestError,
+    RequestLimits,
+    RequestLimitsMiddleware,
+    parse_body,
+    request_lines,
+)
+
+LIMITS = RequestLimits(max_lines=3, max_line_chars=10, max_body_bytes=200)
+
+
+def refusal(body: bytes) -> tuple[int, str]:
+    with pytest.raises(RequestError) as err:
+        parse_body(body, LIMITS)
+    return err.value.status, err.value.message
+
+
+def test_a_list_or_a_single_string_gives_the_lines():
+    assert parse_body(b'{"text": ["A dog.", "", "Zwei."]}', LIMITS) == ["A dog.", "", "Zwei."]
+    assert parse_body('{"text": "Grüße"}'.encode(), LIMITS) == ["Grüße"]
+    assert request_lines({"text": ["x" * 10] * 3}, LIMITS) == ["x" * 10] * 3  # limits are inclusive
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b'{"text": ', 400, "not valid JSON"),
+        (b"\xff\xfe\x00", 400, "not UTF-8"),
+        (b'["A dog."]', 422, "the body is a list"),
+        (b'{"txt": ["A dog."]}', 422, 'unknown field "txt"'),
+        (b'{"text": ["A dog."], "lang": "de"}', 422, 'unknown field "lang"'),
+        (b"{}", 422, '"text" is missing'),
+        (b'{"text": 5}', 422, '"text" is a number'),
+        (b'{"text": null}', 422, '"text" is null'),
+        (b'{"text": ["ok", {"a": 1}]}', 422, '"text" item 1 is an object'),
+        (b'{"text": []}', 422, "empty list"),
+        (b'{"text": ["a", "b", "c", "d"]}', 413, "4 lines; this server takes at most 3"),
+        (b'{"text": ["short", "eleven char"]}', 413, "item 1 has 11 characters"),
+        (b'{"text": "' + b"x" * 300 + b'"}', 413, "over 200 bytes"),
+    ],
+)
+def test_each_bad_body_gets_its_status_and_a_message(body, status, words):
+    got_status, message = refusal(body)
+    assert got_status == status
+    assert words in message and "\n" not in message
+
+
+def test_limits_must_be_positive():
+    with pytest.raises(ValueError, match="--max_lines must be at least 1"):
+        RequestLimits(max_lines=0)
+
+
+class Recorder:
+    """An ASGI app that records what reached it, and answers 200."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict, bytes]] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        message = await receive()
+        self.calls.append((scope, message.get("body", b"")))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"passed"})
+
+
+def call(app, body: bytes, *, path="/translate", method="POST", headers=(), chunk=None):
+    """Run one HTTP request through ``app``: the status and body it answered."""
+    chunk = chunk or max(1, len(body))
+    pieces = [body[i : i + chunk] for i in range(0, len(body), chunk)] or [b""]
+    messages = [
+        {"type": "http.request", "body": p, "more_body": i < len(pieces) - 1} for i, p in enumerate(pieces)
+    ]
+    sent: list[dict] = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "headers": list(headers)}
+    asyncio.run(app(scope, receive, send))
+    body_out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], body_out
+
+
+def test_middleware_passes_a_good_body_on_as_json():
+    inner = Recorder()
+    app = RequestLimitsMiddleware(inner, path="/translate", limits=LIMITS)
+    body = b'{"text": ["A dog."]}'
+    form = [(b"content-type", b"application/x-www-form-urlencoded")]  # what curl -d declares
+    assert call(app, body, headers=form, chunk=5) == (200, b"passed")
+    scope, received = inner.calls[0]
+    assert received == body  # reassembled from its chunks
+    assert dict(scope["headers"])[b"content-type"] == b"application/json"
+
+
+def test_middleware_refuses_bad_bodies_before_the_app():
+    inner = Recorder()
+    app = RequestLimitsMiddleware(inner, path="/translate", limits=LIMITS)
+    status, body = call(app, b'{"txt": ["A dog."]}')
+    assert status == 422 and "unknown field" in json.loads(body)["detail"]
+    big = b"x" * 1000
+    declared = [(b"content-length", b"1000")]
+    assert call(app, big, headers=declared, chunk=100)[0] == 413  # by its Content-Length
+    assert call(app, big, chunk=100)[0] == 413  # chunked, no Content-Length
+    assert call(app, big, path="/other", chunk=100)[0] == 413  # the size limit holds on every route
+    assert call(app, b"", headers=[(b"content-length", b"many")])[0] == 400
+    assert inner.calls == []
+
+
+def test_middleware_leaves_other_routes_and_gets_alone():
+    inner = Recorder()
+    app = RequestLimitsMiddleware(inner, path="/translate", limits=LIMITS)
+    assert call(app, b"", method="GET", path="/health") == (200, b"passed")
+    assert call(app, b"not json", path="/other") == (200, b"passed")
+    assert len(inner.calls) == 2
