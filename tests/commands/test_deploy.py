@@ -26,7 +26,7 @@ def test_every_option_has_help():
         "--model",
         "--host",
         "--port",
-        "--search.beam",
+        "--search.help",
         "--device",
         "--max_tokens",
         "--max_batch_size",
@@ -39,7 +39,13 @@ def test_every_option_has_help():
         "--timeout",
     ):
         assert option in result.stdout
-    assert "POST /translate" in result.stdout and "Beam size; 1 = greedy search." in result.stdout
+    assert "POST /translate" in result.stdout
+    search = subprocess.run(
+        [sys.executable, "-m", "attnx", "serve", "--search.help", "SearchConfig"],
+        capture_output=True,
+        text=True,
+    )
+    assert "Beam size; 1 = greedy search." in search.stdout
 
 
 def test_serve_is_listed_with_the_commands(capsys):
