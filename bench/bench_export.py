@@ -11,7 +11,9 @@ sentences first; CTranslate2 gets the same budget (``batch_type="tokens"``). Eac
 ``--repeats`` times; the best time is reported beside the median (on a shared machine other processes
 steal cores). Target tokens count every generated token, ``</s>`` included, and no source token. BLEU is
 sacreBLEU's default (13a) against the raw German references. ``same`` is the share of outputs identical to
-attnx's with the same search. Results go to stdout as Markdown.
+attnx's with the same search. CTranslate2 fp32 runs with beam ``patience`` 1 (its default) and 2; after the
+table, each sentence where CTranslate2 fp32 (patience 1) and attnx disagree is explained by scoring both
+hypotheses with attnx. Results go to stdout as Markdown.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from attnx.checkpoint import LoadedModel, load_model
 from attnx.data.batch import collate
 from attnx.evaluation.bleu import score
 from attnx.export import CTranslate2Translator, export_ctranslate2
-from attnx.inference.search import SearchConfig, translate_batch
+from attnx.inference.search import SearchConfig, length_penalty, translate_batch
 from attnx.inference.translate import token_batches
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +65,53 @@ def ctranslate2_translate(translator: CTranslate2Translator, lines: list[str]) -
     """What ``translator.translate`` does, keeping the ids to count them."""
     out = translator.translate_ids(translator.encode(lines))
     return [translator.decode(x) for x in out], sum(len(x) + 1 for x in out)
+
+
+def explain(
+    loaded: LoadedModel,
+    translator: CTranslate2Translator,
+    lines: list[str],
+    search: SearchConfig,
+    max_tokens: int,
+) -> None:
+    """Why CTranslate2's outputs differ from attnx's with the same search: each differing sentence's two
+    hypotheses scored by attnx (teacher forcing, ``log P / |Y|^α``)."""
+    ids = translator.truncate(translator.encode(lines))
+    ours = translator.translate_ids(ids)
+    reference: list[list[int]] = [[] for _ in ids]
+    for batch in token_batches([len(x) + 1 for x in ids], max_tokens):
+        b = collate([(ids[i], []) for i in batch])
+        for i, hyp in zip(batch, translate_batch(loaded.model, b.src, b.src_mask, search), strict=True):
+            reference[i] = hyp
+
+    def attnx_score(source: list[int], hyp: list[int]) -> float:
+        b = collate([(source, hyp)])
+        with torch.inference_mode():
+            lprobs = torch.log_softmax(loaded.model(b.src, b.tgt_in, b.src_mask), dim=-1)
+        log_p = float(lprobs[0].gather(-1, b.tgt_out[0].unsqueeze(-1)).sum())
+        return log_p / length_penalty(len(hyp) + 1, search.alpha, search.length_penalty)
+
+    reasons: dict[str, int] = {}
+    for i, (a, b) in enumerate(zip(ours, reference, strict=True)):
+        if a == b:
+            continue
+        limit = translator.max_output_length(len(ids[i]))
+        ours_score, ref_score = attnx_score(ids[i], a), attnx_score(ids[i], b)
+        if limit in (len(a), len(b)):
+            why = "an output reached the maximum length"
+        elif abs(ours_score - ref_score) < 1e-5:
+            why = "tie"
+        elif ours_score > ref_score:
+            why = "CTranslate2's hypothesis scores better (it keeps 4 live hypotheses after one finished)"
+        else:
+            why = "attnx's hypothesis scores better (CTranslate2 stopped at 4 finished hypotheses)"
+        reasons[why] = reasons.get(why, 0) + 1
+    differ = sum(reasons.values())
+    print(
+        f"\nCTranslate2 fp32 vs attnx, same search: {len(ids) - differ} of {len(ids)} outputs identical (ids)"
+    )
+    for why, n in sorted(reasons.items(), key=lambda item: -item[1]):
+        print(f"- {n}: {why}")
 
 
 def timed(run: Callable[[], Output], repeats: int) -> tuple[Output, list[float]]:
@@ -143,13 +192,19 @@ def main(argv: list[str] | None = None) -> int:
             lambda: attnx_translate(loaded, sources, fairseq, args.max_tokens),
         ),
     ]
-    for quantization, (path, _) in exports.items():
+    for quantization, patience in ((None, 1.0), (None, 2.0), ("int8", 1.0)):
+        path = exports[quantization][0]
         translator = CTranslate2Translator.load(
-            path, threads=args.threads, max_tokens=args.max_tokens, beam=args.beam, alpha=args.alpha
+            path,
+            threads=args.threads,
+            max_tokens=args.max_tokens,
+            patience=patience,
+            beam=args.beam,
+            alpha=args.alpha,
         )
         systems.append(
             (
-                f"CTranslate2 {quantization or 'fp32'}, len^{args.alpha} penalty",
+                f"CTranslate2 {quantization or 'fp32'}, len^{args.alpha} penalty, patience {patience:g}",
                 lambda t=translator: ctranslate2_translate(t, sources),
             )
         )
@@ -185,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     print(f"\nload average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    fp32 = CTranslate2Translator.load(
+        exports[None][0], threads=args.threads, beam=args.beam, alpha=args.alpha
+    )
+    explain(loaded, fp32, sources, fairseq, args.max_tokens)
     return 0
 
 

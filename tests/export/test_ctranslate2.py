@@ -91,6 +91,10 @@ def test_beam_equals_attnx(translator: CTranslate2Translator, loaded: LoadedMode
         print(f"sentence {i}: attnx score {ref_score:.4f} vs CTranslate2's {ours_score:.4f}: {why}")
     print(f"{len(reference) - len(differ)} of {len(reference)} beam outputs equal")
     assert len(differ) <= 0.05 * len(reference)
+    patient = CTranslate2Translator.load(translator.directory, threads=1, patience=2, beam=4, alpha=0.6)
+    equal = sum(a == b for a, b in zip(patient.translate_ids(test_set.sources), reference, strict=True))
+    print(f"{equal} of {len(reference)} with patience 2")
+    assert equal >= len(reference) - len(differ)  # waiting for more finished hypotheses only gets closer
 
 
 def test_translate_text(
@@ -243,5 +247,8 @@ def test_search_settings(exported: Path) -> None:
     with pytest.raises(ValueError, match="length_penalty='fairseq'"):
         CTranslate2Translator.load(exported, length_penalty="gnmt")
     assert CTranslate2Translator.load(exported, length_penalty="gnmt", beam=1).search.beam == 1
+    assert CTranslate2Translator.load(exported, patience=2).patience == 2
+    with pytest.raises(ValueError, match="patience must be positive"):
+        CTranslate2Translator.load(exported, patience=0)
     with pytest.raises(ValueError, match="not a CTranslate2 model"):
         CTranslate2Translator.load(exported.parent)

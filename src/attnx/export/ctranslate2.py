@@ -37,9 +37,10 @@ version, the transformer config, the default search settings), which :func:`is_c
   attnx's (attnx would have scored the forced ``</s>``; CTranslate2 ranks the unfinished hypothesis).
 * *Beam bookkeeping.* attnx's beam shrinks when a hypothesis finishes (it keeps its slot) and stops when no
   live hypothesis can still win; CTranslate2 keeps ``beam`` live hypotheses and stops once ``beam``
-  hypotheses have finished. Both return the best finished hypothesis they found; the sets they explore
-  differ after the first hypothesis finishes, so beam outputs agree on most but not all sentences
-  (greedy outputs agree exactly).
+  hypotheses have finished (``beam * patience``; ``patience`` is a :class:`CTranslate2Translator`
+  argument). Both return the best finished hypothesis they found; the sets they explore differ after the
+  first hypothesis finishes, so beam outputs agree on most but not all sentences (greedy outputs agree
+  exactly).
 * *Banned tokens.* attnx never generates ``<pad>`` or ``<s>``; they are suppressed here too. CTranslate2
   renormalizes the remaining probabilities (attnx keeps the model's own), which changes a step's
   log-probabilities by ``log(1 - p(<pad>) - p(<s>))``, about 1e-5 for a trained model: only near-ties can
@@ -307,6 +308,10 @@ class CTranslate2Translator:
         compute_type: CTranslate2's compute type (``default``: the stored weight type where the device
             supports it).
         threads: CTranslate2 threads per translation (``intra_threads``; 0: its default).
+        patience: CTranslate2's beam ``patience``: a sentence stops once ``beam * patience`` hypotheses
+            have finished. At 1 (CTranslate2's default) it can stop before a live hypothesis that would
+            still win under the length penalty has finished; 2 reproduces attnx's beam outputs more often
+            at some cost in speed (docs/deploy.md).
     """
 
     def __init__(
@@ -317,6 +322,7 @@ class CTranslate2Translator:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         compute_type: str = "default",
         threads: int = 0,
+        patience: float = 1.0,
     ) -> None:
         directory = Path(directory)
         meta = read_metadata(directory)
@@ -332,6 +338,8 @@ class CTranslate2Translator:
             )
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if patience <= 0:
+            raise ValueError(f"patience must be positive, got {patience}")
         self.directory = directory
         self.metadata = meta
         self.config = TransformerConfig.from_dict(meta["transformer"])
@@ -345,6 +353,7 @@ class CTranslate2Translator:
         self.max_tokens = max_tokens
         self.compute_type = compute_type
         self.threads = threads
+        self.patience = patience
         self._translator: Any = None
         self.to(device)
 
@@ -357,10 +366,11 @@ class CTranslate2Translator:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         compute_type: str = "default",
         threads: int = 0,
+        patience: float = 1.0,
         **changes: Any,
     ) -> CTranslate2Translator:
         """A translator for ``directory``; keyword ``changes`` override search settings (e.g. ``beam=1``)."""
-        translator = cls(directory, device, search, max_tokens, compute_type, threads)
+        translator = cls(directory, device, search, max_tokens, compute_type, threads, patience)
         if changes:
             translator.search = translator._capped(dataclasses.replace(translator.search, **changes))
         return translator
@@ -417,6 +427,7 @@ class CTranslate2Translator:
         s = self.search
         return dict(
             beam_size=s.beam,
+            patience=self.patience,
             length_penalty=s.alpha if s.length_penalty == "fairseq" else 0.0,
             min_decoding_length=0,
             return_end_token=True,  # |Y| counts the </s>, and a missing </s> marks a hypothesis cut at the limit
