@@ -34,8 +34,8 @@ from attnx.checkpoint import LoadedModel, load_model
 from attnx.data.batch import collate
 from attnx.evaluation.bleu import score
 from attnx.export import CTranslate2Translator, export_ctranslate2
-from attnx.inference.search import SearchConfig, length_penalty, translate_batch
-from attnx.inference.translate import token_batches
+from attnx.inference.search import SearchConfig, length_penalty
+from attnx.inference.translator import Translator
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,20 +49,8 @@ Output = tuple[list[str], int]
 """Translations and the number of target tokens generated (``</s>`` included)."""
 
 
-def attnx_translate(loaded: LoadedModel, lines: list[str], search: SearchConfig, max_tokens: int) -> Output:
-    """attnx's eager decoding: encode, batch by tokens (shortest first), beam search, detokenize."""
-    tokenizer, model = loaded.tokenizer, loaded.model
-    ids = [x[: search.max_positions - 1] for x in tokenizer.encode_batch([line.strip() for line in lines])]
-    out: list[list[int]] = [[] for _ in lines]
-    for batch in token_batches([len(x) + 1 for x in ids], max_tokens):
-        b = collate([(ids[i], []) for i in batch])
-        for i, hyp in zip(batch, translate_batch(model, b.src, b.src_mask, search), strict=True):
-            out[i] = hyp
-    return [tokenizer.decode(x) for x in out], sum(len(x) + 1 for x in out)
-
-
-def ctranslate2_translate(translator: CTranslate2Translator, lines: list[str]) -> Output:
-    """What ``translator.translate`` does, keeping the ids to count them."""
+def translate_counted(translator: Translator | CTranslate2Translator, lines: list[str]) -> Output:
+    """What ``translator.translate`` does (either engine), keeping the ids to count them."""
     out = translator.translate_ids(translator.encode(lines))
     return [translator.decode(x) for x in out], sum(len(x) + 1 for x in out)
 
@@ -78,11 +66,7 @@ def explain(
     hypotheses scored by attnx (teacher forcing, ``log P / |Y|^α``)."""
     ids = translator.truncate(translator.encode(lines))
     ours = translator.translate_ids(ids)
-    reference: list[list[int]] = [[] for _ in ids]
-    for batch in token_batches([len(x) + 1 for x in ids], max_tokens):
-        b = collate([(ids[i], []) for i in batch])
-        for i, hyp in zip(batch, translate_batch(loaded.model, b.src, b.src_mask, search), strict=True):
-            reference[i] = hyp
+    reference = Translator(loaded.model, loaded.tokenizer, search, max_tokens).translate_ids(ids)
 
     def attnx_score(source: list[int], hyp: list[int]) -> float:
         b = collate([(source, hyp)])
@@ -185,11 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     systems: list[tuple[str, Callable[[], Output]]] = [
         (
             f"attnx eager, GNMT penalty α {args.alpha} (paper)",
-            lambda: attnx_translate(loaded, sources, gnmt, args.max_tokens),
+            lambda: translate_counted(
+                Translator(loaded.model, loaded.tokenizer, gnmt, args.max_tokens), sources
+            ),
         ),
         (
             f"attnx eager, len^{args.alpha} penalty",
-            lambda: attnx_translate(loaded, sources, fairseq, args.max_tokens),
+            lambda: translate_counted(
+                Translator(loaded.model, loaded.tokenizer, fairseq, args.max_tokens), sources
+            ),
         ),
     ]
     for quantization, patience in ((None, 1.0), (None, 2.0), ("int8", 1.0)):
@@ -205,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         systems.append(
             (
                 f"CTranslate2 {quantization or 'fp32'}, len^{args.alpha} penalty, patience {patience:g}",
-                lambda t=translator: ctranslate2_translate(t, sources),
+                lambda t=translator: translate_counted(t, sources),
             )
         )
 
