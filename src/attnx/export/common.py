@@ -6,7 +6,7 @@ output directory so that it appears only when complete.
 An attnx model is assembled from registered components (``attnx plugins`` lists them). An exporter maps
 the paper's own components onto the target's fixed architecture, so a model that uses anything else (a
 third-party attention, a positional encoding that acts on attention scores, constructor arguments that
-change the computation) is refused with an :class:`ExportError` that names the component and what the
+change the computation) is refused with an [`ExportError`][attnx.export.common.ExportError] that names the component and what the
 target supports, instead of writing a model that silently computes something else.
 """
 
@@ -72,7 +72,7 @@ def layer_norm_eps(config: TransformerConfig) -> float:
 
 
 def check_exportable(config: TransformerConfig, target: Target) -> None:
-    """Raise :class:`ExportError` listing every part of ``config`` that ``target`` cannot represent."""
+    """Raise [`ExportError`][attnx.export.common.ExportError] listing every part of ``config`` that ``target`` cannot represent."""
     problems: list[str] = []
 
     def component(
@@ -109,10 +109,10 @@ def check_exportable(config: TransformerConfig, target: Target) -> None:
 
 
 def load_exportable(ckpt_path: str | Path, target: Target) -> LoadedModel:
-    """The checkpoint's model and tokenizer, once its config has passed :func:`check_exportable`.
+    """The checkpoint's model and tokenizer, once its config has passed [`check_exportable`][attnx.export.common.check_exportable].
 
     The config is checked before the model is built, so a model made of components that are not even
-    installed here still gets the :class:`ExportError` rather than a registry error.
+    installed here still gets the [`ExportError`][attnx.export.common.ExportError] rather than a registry error.
     """
     config = TransformerConfig.from_dict(read_checkpoint(ckpt_path)["attnx"]["transformer"])
     check_exportable(config, target)

@@ -1,6 +1,6 @@
 """Export a checkpoint to CTranslate2, and translate with the exported directory behind attnx's Translator calls.
 
-:func:`export_ctranslate2` fills CTranslate2's own ``TransformerSpec`` (the spec API its OpenNMT-py, fairseq
+[`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2] fills CTranslate2's own ``TransformerSpec`` (the spec API its OpenNMT-py, fairseq
 and Marian converters use) from the rebuilt attnx model, then lets CTranslate2 validate, optimize (alias
 shared weights, quantize) and save it. What needs care:
 
@@ -19,10 +19,10 @@ shared weights, quantize) and save it. What needs care:
   LayerNorm. The LayerNorm epsilon is written to the model config.
 
 The directory also holds ``sentencepiece.model`` (the checkpoint's tokenizer) and ``attnx.json`` (format
-version, the transformer config, the default search settings), which :func:`is_ctranslate2_model` checks and
-:class:`CTranslate2Translator` reads.
+version, the transformer config, the default search settings), which [`is_ctranslate2_model`][attnx.export.ctranslate2.is_ctranslate2_model] checks and
+[`CTranslate2Translator`][attnx.export.ctranslate2.CTranslate2Translator] reads.
 
-**Search.** :class:`CTranslate2Translator` maps :class:`~attnx.inference.search.SearchConfig` onto
+**Search.** [`CTranslate2Translator`][attnx.export.ctranslate2.CTranslate2Translator] maps [`SearchConfig`][attnx.inference.config.SearchConfig] onto
 ``ctranslate2.Translator.translate_batch``; how the two searches differ, and what is done about it:
 
 * *Length penalty.* CTranslate2 divides a finished hypothesis's log-probability by ``|Y| ** length_penalty``
@@ -37,7 +37,7 @@ version, the transformer config, the default search settings), which :func:`is_c
   attnx's (attnx would have scored the forced ``</s>``; CTranslate2 ranks the unfinished hypothesis).
 * *Beam bookkeeping.* attnx's beam shrinks when a hypothesis finishes (it keeps its slot) and stops when no
   live hypothesis can still win; CTranslate2 keeps ``beam`` live hypotheses and stops once ``beam``
-  hypotheses have finished (``beam * patience``; ``patience`` is a :class:`CTranslate2Translator`
+  hypotheses have finished (``beam * patience``; ``patience`` is a [`CTranslate2Translator`][attnx.export.ctranslate2.CTranslate2Translator]
   argument). Both return the best finished hypothesis they found; the sets they explore differ after the
   first hypothesis finishes, so beam outputs agree on most but not all sentences (greedy outputs agree
   exactly).
@@ -217,7 +217,7 @@ def export_ctranslate2(
         output: Directory to create. It must not exist (or be empty) unless ``force``.
         quantization: Weight type: None (float32 as trained), ``int8``, ``int8_float32``, ``int8_float16``,
             ``int8_bfloat16``, ``int16``, ``float16`` or ``bfloat16``.
-        search: Default search settings stored with the model (default :data:`DEFAULT_SEARCH`); the length
+        search: Default search settings stored with the model (default [`DEFAULT_SEARCH`][attnx.export.ctranslate2.DEFAULT_SEARCH]); the length
             penalty must be the ``fairseq`` form for beams wider than 1.
         force: Replace an existing ``output``.
 
@@ -269,7 +269,7 @@ def read_metadata(directory: str | Path) -> dict[str, Any] | None:
 
 
 def is_ctranslate2_model(directory: str | Path) -> bool:
-    """Whether ``directory`` was written by :func:`export_ctranslate2` (any format version)."""
+    """Whether ``directory`` was written by [`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2] (any format version)."""
     return Path(directory).is_dir() and read_metadata(directory) is not None
 
 
@@ -301,7 +301,7 @@ class CTranslate2Translator:
     """An exported model decoded by CTranslate2, with the calls of attnx's own Translator.
 
     Args:
-        directory: Written by :func:`export_ctranslate2`.
+        directory: Written by [`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2].
         device: ``cpu``, ``cuda`` or ``cuda:N``.
         search: Search settings; default: those stored at export.
         max_tokens: Source tokens per CTranslate2 batch, padding included.
@@ -418,7 +418,7 @@ class CTranslate2Translator:
 
     def max_output_length(self, source_length: int) -> int:
         """``L = floor(a * (n + 1) + b)`` tokens before ``</s>`` for ``n`` source ids (+ ``</s>``), capped so
-        that ``L + 1`` positions fit (as :func:`attnx.inference.search.max_output_lengths`)."""
+        that ``L + 1`` positions fit (as [`max_output_lengths`][attnx.inference.search.max_output_lengths])."""
         s = self.search
         cap = (s.max_positions or self.max_positions) - 1
         return max(0, min(cap, math.floor(s.max_len_a * (source_length + 1) + s.max_len_b)))

@@ -59,7 +59,7 @@ def residual_permutation(d_model: int) -> Tensor:
 
 
 def marian_config(config: TransformerConfig) -> Any:
-    """The ``MarianConfig`` of an attnx model config (already checked against :data:`TARGET`)."""
+    """The ``MarianConfig`` of an attnx model config (already checked against `TARGET`)."""
     transformers = _transformers()
     return transformers.MarianConfig(
         vocab_size=config.vocab_size,

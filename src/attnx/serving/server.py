@@ -1,13 +1,13 @@
 """An HTTP translation service on LitServe: ``POST /translate`` with ``{"text": [...]}``.
 
-Three kinds of process, all started by :func:`serve`:
+Three kinds of process, all started by `serve`:
 
 - the main process checks the model loads, starts the others, prints one line when the service answers, and
-  on SIGTERM or SIGINT shuts everything down in order (:func:`serve` returns normally);
-- HTTP processes (uvicorn, one per worker) check every request against :class:`RequestLimits` before it is
-  queued (:class:`~attnx.serving.validation.RequestLimitsMiddleware`), so a bad request is answered 4xx at
+  on SIGTERM or SIGINT shuts everything down in order (`serve` returns normally);
+- HTTP processes (uvicorn, one per worker) check every request against `RequestLimits` before it is
+  queued (`attnx.serving.validation.RequestLimitsMiddleware`), so a bad request is answered 4xx at
   once and never joins a batch;
-- inference workers (``workers``, each with its own :class:`~attnx.inference.translator.Translator`) take up
+- inference workers (``workers``, each with its own `attnx.inference.translator.Translator`) take up
   to ``max_batch_size`` queued requests, waiting at most ``batch_timeout`` seconds for the batch to fill,
   and translate all their lines with one ``Translator.translate`` call (which batches them by tokens).
 
@@ -40,7 +40,7 @@ HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 
 
 def lines_of(payload: dict[str, Any]) -> list[str]:
-    """The lines of a request already checked by :func:`~attnx.serving.validation.request_lines`."""
+    """The lines of a request already checked by `attnx.serving.validation.request_lines`."""
     text = payload[FIELD]
     return [text] if isinstance(text, str) else list(text)
 
@@ -61,10 +61,10 @@ def exit_quietly(signum: int, frame: object) -> None:
 class TranslationAPI(ls.LitAPI):
     """The model side of the service: decode a request to lines, translate a batch of requests at once.
 
-    Holds only settings until :meth:`setup` runs in an inference worker, so it pickles cheaply into one.
+    Holds only settings until `setup` runs in an inference worker, so it pickles cheaply into one.
 
     Args:
-        model: Checkpoint file or exported CTranslate2 directory (anything :func:`attnx.load` reads).
+        model: Checkpoint file or exported CTranslate2 directory (anything `attnx.load` reads).
         search: How to decode.
         max_tokens: Source tokens per decoding batch, padding included.
         threads: Torch threads per worker on CPU; 0 leaves torch's default.
@@ -121,7 +121,7 @@ class TranslationAPI(ls.LitAPI):
 
 @dataclasses.dataclass(frozen=True)
 class ServeSettings:
-    """Everything :func:`serve` needs besides the model and how to decode."""
+    """Everything `serve` needs besides the model and how to decode."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -174,7 +174,7 @@ def device_placement(device: str) -> tuple[str, list[int] | int]:
 
 
 def check_port_free(host: str, port: int) -> None:
-    """An :class:`OSError` naming the port when it cannot be listened on (before any worker starts)."""
+    """An `OSError` naming the port when it cannot be listened on (before any worker starts)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
@@ -248,7 +248,7 @@ def announce_when_ready(url: str, message: str, stop: threading.Event) -> thread
 
 
 class GracefulStop:
-    """SIGTERM and SIGINT in the main process raise :class:`KeyboardInterrupt` once, the way LitServe stops.
+    """SIGTERM and SIGINT in the main process raise `KeyboardInterrupt` once, the way LitServe stops.
 
     LitServe answers a KeyboardInterrupt by letting the HTTP processes finish what they hold, then stopping
     the workers. A second signal during that shutdown is ignored rather than cutting it short. Processes

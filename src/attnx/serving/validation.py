@@ -63,7 +63,7 @@ def json_type(value: Any) -> str:
 
 
 def request_lines(payload: Any, limits: RequestLimits) -> list[str]:
-    """The lines of a decoded request body, or a :class:`RequestError` saying what is wrong with it."""
+    """The lines of a decoded request body, or a `RequestError` saying what is wrong with it."""
     if not isinstance(payload, dict):
         raise RequestError(422, f"the body is {json_type(payload)}; send a JSON object {EXAMPLE}")
     unknown = sorted(set(payload) - {FIELD})
@@ -100,7 +100,7 @@ def request_lines(payload: Any, limits: RequestLimits) -> list[str]:
 
 
 def parse_body(body: bytes, limits: RequestLimits) -> list[str]:
-    """The lines of a raw request body (JSON in UTF-8), or a :class:`RequestError`."""
+    """The lines of a raw request body (JSON in UTF-8), or a `RequestError`."""
     if len(body) > limits.max_body_bytes:
         raise RequestError(413, body_too_large(limits))
     try:
@@ -181,7 +181,7 @@ class RequestLimitsMiddleware:
 
     @staticmethod
     async def drain(receive: Receive) -> None:
-        """Read and drop the rest of a refused body (up to :data:`DRAIN_BYTES`), so that a client still
+        """Read and drop the rest of a refused body (up to `DRAIN_BYTES`), so that a client still
         sending it reads the 413 instead of a reset connection."""
         drained = 0
         while drained <= DRAIN_BYTES:
