@@ -113,7 +113,10 @@ class TranslationTask(pl.LightningModule):
         """The data's tokenizer (from the datamodule), saved into every checkpoint for decoding."""
         if self._tokenizer is not None:
             return self._tokenizer
-        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        try:
+            datamodule = self.trainer.datamodule
+        except RuntimeError:  # not attached to a Trainer
+            datamodule = None
         if datamodule is None or not hasattr(datamodule, "tokenizer"):
             raise RuntimeError(
                 "TranslationTask needs the tokenizer of its data: train through a TranslationDataModule "
