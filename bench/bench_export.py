@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from machine import cpu_model
 
 from attnx.checkpoint import LoadedModel, load_model
 from attnx.data.batch import collate
@@ -105,13 +106,6 @@ def timed(run: Callable[[], Output], repeats: int) -> tuple[Output, list[float]]
         out = run()
         times.append(time.perf_counter() - start)
     return out, times
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def dir_size(path: Path) -> float:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from machine import cpu_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -91,16 +92,6 @@ print(json.dumps({
     "vocab": len(task.source_dictionary), "fairseq": fairseq.__version__, "torch": torch.__version__,
 }))
 """
-
-
-def cpu_model() -> str:
-    """``Model name`` of ``lscpu``, as every speed figure of docs/benchmarks.md names its machine."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no lscpu)"
-    names = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")]
-    return names[0] if names else "unknown"
 
 
 def export_for_fairseq(corpus: PreparedCorpus, work: Path, fairseq_python: str) -> Path:

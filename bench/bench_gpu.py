@@ -46,9 +46,6 @@ import contextlib
 import json
 import math
 import os
-import platform
-import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +55,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from machine import cpu_model
 
 from attnx.data.batch import Batch
 from attnx.data.batching import TokenBatchSampler, collate_indices, plan_batches
@@ -96,16 +94,6 @@ NEWS_TRAIN = [
 """Every set of wmt_newstest_deen_other except newstestB2020 (the same sources as newstest2020 again)."""
 
 # --- the machine ------------------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        if m := re.search(r"^Model name:\s*(.+)$", out, re.MULTILINE):
-            return m.group(1).strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine(device: torch.device) -> dict[str, Any]:

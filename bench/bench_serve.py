@@ -28,7 +28,6 @@ import io
 import json
 import math
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -41,17 +40,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from machine import cpu_model
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def read_gz(path: Path, n: int | None = None) -> list[str]:

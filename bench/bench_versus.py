@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,17 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_model
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run(src: Path, argv: list[str], cwd: Path, stdin: Path | None = None) -> float:
