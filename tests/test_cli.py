@@ -151,3 +151,8 @@ def test_configs_lists_the_packaged_configs(capsys) -> None:
     out = capsys.readouterr().out
     for name in ("base", "big", "multi30k_cpu", "tiny", "table3/E_learned_positions"):
         assert any(line.split()[0] == name for line in out.splitlines()), name
+
+
+def test_misspelt_field_of_an_optional_settings_group_suggests_the_field(capsys) -> None:
+    assert main(["translate", "--model", "x.ckpt", "--search.bem", "2"]) == 2
+    assert "did you mean --search.beam?" in one_line(capsys)

@@ -89,7 +89,14 @@ def one_line(message: str) -> str:
 
 
 def suggest(message: str, options: list[str]) -> str:
-    """Add "did you mean --x?" to an unrecognized-option message when an option is close."""
+    """Add "did you mean --x?" to an unrecognized-option message when an option is close.
+
+    A field unknown to a settings group comes back from jsonargparse as ``Parser key "search": ... Option
+    'bem' is not accepted``: that message is replaced by ``unknown option --search.bem``.
+    """
+    nested = re.search(r'Parser key "([\w.]+)".*?Option \'(\w+)\' is not accepted', message)
+    if nested:
+        message = f"unknown option --{nested.group(1)}.{nested.group(2)}"
     unknown = re.findall(r"(--[\w.\-]+)", message)
     hints = []
     for option in unknown:
@@ -101,18 +108,28 @@ def suggest(message: str, options: list[str]) -> str:
     return f"{message} ({'; '.join(hints)})" if hints else message
 
 
-def option_names(function: Callable[..., Any]) -> list[str]:
-    """``--name`` for each parameter of ``function``, and ``--name.field`` for a dataclass parameter's fields."""
+def option_names(target: Any, prefix: str = "") -> list[str]:
+    """``--prefix.name`` for every parameter of a callable or field of a dataclass, and the same for the fields
+    of each dataclass-typed one (also when it is optional): what a misspelt option is compared with."""
     import dataclasses
     import typing
 
-    names = ["--config", "--print_config", "--help"]
-    hints = typing.get_type_hints(function)
-    for parameter in inspect.signature(function).parameters:
-        names.append(f"--{parameter}")
-        kind = hints.get(parameter)
-        if dataclasses.is_dataclass(kind):
-            names += [f"--{parameter}.{field.name}" for field in dataclasses.fields(kind)]
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # unresolvable annotations of a third-party signature: names only
+        hints = {}
+    if dataclasses.is_dataclass(target):
+        params = [field.name for field in dataclasses.fields(target)]
+    else:
+        params = [p for p in inspect.signature(target).parameters if p not in ("self", "args", "kwargs")]
+    names = []
+    for name in params:
+        key = f"{prefix}.{name}" if prefix else name
+        names.append(f"--{key}")
+        kind = hints.get(name)
+        for candidate in (kind, *typing.get_args(kind)):
+            if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
+                names += option_names(candidate, key)
     return names
 
 
@@ -160,7 +177,8 @@ def run_function(name: str, argv: list[str]) -> int:
     try:
         config = parser.parse_args(argv)
     except ArgumentError as err:
-        raise UsageError(suggest(one_line(str(err)), option_names(function))) from err
+        options = ["--config", "--print_config", "--help", *option_names(function)]
+        raise UsageError(suggest(one_line(str(err)), options)) from err
     values = parser.instantiate(config).as_dict()
     if config_file:
         values.pop("config", None)

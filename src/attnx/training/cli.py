@@ -219,30 +219,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def option_names() -> list[str]:
     """Every ``--section.key`` a fit/test config accepts, for "did you mean" hints."""
-    import dataclasses
-    import inspect
-
+    from attnx.cli import option_names as keys
     from attnx.data.datamodule import TranslationDataModule
-    from attnx.inference.config import SearchConfig
-    from attnx.model import TransformerConfig
-
-    def keys(prefix: str, target: Any) -> list[str]:
-        if dataclasses.is_dataclass(target):
-            return [f"--{prefix}.{f.name}" for f in dataclasses.fields(target)]
-        return [
-            f"--{prefix}.{p}" for p in inspect.signature(target).parameters if p not in ("self", "kwargs")
-        ]
 
     names = ["--config", "--print_config", "--ckpt_path", "--seed_everything", "--torch_threads"]
     for prefix, target in {
         "trainer": Trainer.__init__,
-        "model": TranslationTask.__init__,
-        "model.transformer": TransformerConfig,
+        "model": TranslationTask.__init__,  # with model.transformer.* and model.loss.*
         "data": TranslationDataModule.__init__,
-        "evaluation": TranslationEvaluator.__init__,
-        "evaluation.search": SearchConfig,
+        "evaluation": TranslationEvaluator.__init__,  # with evaluation.search.*
         "progress": ProgressLog.__init__,
         "throughput": TokenThroughput.__init__,
     }.items():
-        names += keys(prefix, target)
+        names += keys(target, prefix)
     return names
