@@ -17,10 +17,11 @@ import importlib
 import inspect
 import json
 import os
-import re
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from attnx.commands.usage import UsageError, bare_flags, one_line, option_names, suggest
 
 LIGHTNING_COMMANDS: dict[str, str] = {
     "fit": "train a model from a config (LightningCLI; e.g. attnx fit --config base)",
@@ -44,10 +45,6 @@ COMMANDS: dict[str, str] = {
     "describe": "attnx.commands.models:describe",
 }
 """Command name → ``module:function``; modules are imported only when their command runs."""
-
-
-class UsageError(Exception):
-    """A command line or config that cannot work as given (exit status 2)."""
 
 
 def command_function(name: str) -> Callable[..., Any]:
@@ -76,75 +73,6 @@ def usage() -> str:
 
 def debugging() -> bool:
     return os.environ.get("ATTNX_DEBUG", "") not in ("", "0")
-
-
-def one_line(message: str) -> str:
-    """An error message folded onto one line (jsonargparse's nested messages span several)."""
-    lines = [re.sub(r"^\s*-\s+", "", line).strip() for line in str(message).strip().splitlines()]
-    lines = [line for line in lines if line]
-    text = ""
-    for line in dict.fromkeys(lines):  # repeated lines once
-        text += (" " if not text or text.endswith(":") else "; ") + line
-    return re.sub(r"\s+", " ", text).strip()
-
-
-def suggest(message: str, options: list[str]) -> str:
-    """Add "did you mean --x?" to an unrecognized-option message when an option is close.
-
-    A field unknown to a settings group comes back from jsonargparse as ``Parser key "search": ... Option
-    'bem' is not accepted``: that message is replaced by ``unknown option --search.bem``.
-    """
-    nested = re.search(r'Parser key "([\w.]+)".*?Option \'(\w+)\' is not accepted', message)
-    if nested:
-        message = f"unknown option --{nested.group(1)}.{nested.group(2)}"
-    unknown = re.findall(r"(--[\w.\-]+)", message)
-    hints = []
-    for option in unknown:
-        if option in options:
-            continue
-        close = difflib.get_close_matches(option.split("=")[0], options, n=1, cutoff=0.75)
-        if close:
-            hints.append(f"{option}: did you mean {close[0]}?")
-    return f"{message} ({'; '.join(hints)})" if hints else message
-
-
-def option_names(target: Any, prefix: str = "") -> list[str]:
-    """``--prefix.name`` for every parameter of a callable or field of a dataclass, and the same for the fields
-    of each dataclass-typed one (also when it is optional): what a misspelt option is compared with."""
-    import dataclasses
-    import typing
-
-    try:
-        hints = typing.get_type_hints(target)
-    except Exception:  # unresolvable annotations of a third-party signature: names only
-        hints = {}
-    if dataclasses.is_dataclass(target):
-        params = [field.name for field in dataclasses.fields(target)]
-    else:
-        params = [p for p in inspect.signature(target).parameters if p not in ("self", "args", "kwargs")]
-    names = []
-    for name in params:
-        key = f"{prefix}.{name}" if prefix else name
-        names.append(f"--{key}")
-        kind = hints.get(name)
-        for candidate in (kind, *typing.get_args(kind)):
-            if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
-                names += option_names(candidate, key)
-    return names
-
-
-def bare_flags(function: Callable[..., Any], argv: list[str]) -> list[str]:
-    """``--link`` alone means ``--link=true`` for a bool option (jsonargparse wants a value)."""
-    import typing
-
-    flags = {f"--{name}" for name, kind in typing.get_type_hints(function).items() if kind is bool}
-    out = []
-    for i, arg in enumerate(argv):
-        following = argv[i + 1] if i + 1 < len(argv) else "--"
-        if arg in flags and following.startswith("-") and following.lower() not in ("true", "false"):
-            arg += "=true"
-        out.append(arg)
-    return out
 
 
 def run_function(name: str, argv: list[str]) -> int:

@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer_defaults={"enable_progress_bar": sys.stderr.isatty()},
         )
     except ArgumentError as err:
-        from attnx.cli import UsageError, one_line, suggest
+        from attnx.commands.usage import UsageError, one_line, suggest
 
         raise UsageError(suggest(one_line(str(err)), option_names())) from err
     return 0
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def option_names() -> list[str]:
     """Every ``--section.key`` a fit/test config accepts, for "did you mean" hints."""
-    from attnx.cli import option_names as keys
+    from attnx.commands.usage import option_names as keys
     from attnx.data.datamodule import TranslationDataModule
 
     names = ["--config", "--print_config", "--ckpt_path", "--seed_everything", "--torch_threads"]
