@@ -38,7 +38,8 @@ from torch import Tensor, nn
 from attnx.checkpoint import load_model
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, UNK_ID, collate
 from attnx.data.tokenizer import Tokenizer
-from attnx.inference.search import SearchConfig, translate_batch
+from attnx.inference.config import SearchConfig
+from attnx.inference.search import translate_batch
 from attnx.model import Transformer, TransformerConfig, build_transformer
 from attnx.model.transformer import DecoderState
 

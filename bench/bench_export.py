@@ -34,8 +34,11 @@ from machine import cpu_model
 from attnx.checkpoint import LoadedModel, load_model
 from attnx.data.batch import collate
 from attnx.evaluation.bleu import score
-from attnx.export import CTranslate2Translator, export_ctranslate2
-from attnx.inference.search import SearchConfig, length_penalty
+from attnx.export import export_ctranslate2
+from attnx.inference.config import SearchConfig
+from attnx.inference.ctranslate2 import CTranslate2Translator
+from attnx.inference.eager import EagerTranslator
+from attnx.inference.search import length_penalty
 from attnx.inference.translator import Translator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +53,7 @@ Output = tuple[list[str], int]
 """Translations and the number of target tokens generated (``</s>`` included)."""
 
 
-def translate_counted(translator: Translator | CTranslate2Translator, lines: list[str]) -> Output:
+def translate_counted(translator: Translator, lines: list[str]) -> Output:
     """What ``translator.translate`` does (either engine), keeping the ids to count them."""
     out = translator.translate_ids(translator.encode(lines))
     return [translator.decode(x) for x in out], sum(len(x) + 1 for x in out)
@@ -67,7 +70,7 @@ def explain(
     hypotheses scored by attnx (teacher forcing, ``log P / |Y|^α``)."""
     ids = translator.truncate(translator.encode(lines))
     ours = translator.translate_ids(ids)
-    reference = Translator(loaded.model, loaded.tokenizer, search, max_tokens).translate_ids(ids)
+    reference = EagerTranslator(loaded.model, loaded.tokenizer, search, max_tokens).translate_ids(ids)
 
     def attnx_score(source: list[int], hyp: list[int]) -> float:
         b = collate([(source, hyp)])
@@ -164,13 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         (
             f"attnx eager, GNMT penalty α {args.alpha} (paper)",
             lambda: translate_counted(
-                Translator(loaded.model, loaded.tokenizer, gnmt, args.max_tokens), sources
+                EagerTranslator(loaded.model, loaded.tokenizer, gnmt, args.max_tokens), sources
             ),
         ),
         (
             f"attnx eager, len^{args.alpha} penalty",
             lambda: translate_counted(
-                Translator(loaded.model, loaded.tokenizer, fairseq, args.max_tokens), sources
+                EagerTranslator(loaded.model, loaded.tokenizer, fairseq, args.max_tokens), sources
             ),
         ),
     ]

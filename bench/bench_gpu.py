@@ -62,7 +62,8 @@ from attnx.data.batching import TokenBatchSampler, collate_indices, plan_batches
 from attnx.data.corpus import PreparedCorpus
 from attnx.data.datamodule import TranslationDataModule
 from attnx.data.prepare import Inputs, Settings, prepare, report
-from attnx.inference.search import SearchConfig, translate_batch
+from attnx.inference.config import SearchConfig
+from attnx.inference.search import translate_batch
 from attnx.model import Transformer, TransformerConfig, build_transformer
 from attnx.model.builders import training_flops_per_token
 from attnx.training.loss import translation_loss

@@ -56,9 +56,11 @@ def tiny_checkpoint(data: Path, directory: Path) -> Path:
     import sentencepiece as spm
     import torch
 
-    from attnx.checkpoint import save_model
     from attnx.data.tokenizer import Tokenizer
     from attnx.model import TransformerConfig, build_transformer
+
+    sys.path.insert(0, str(REPO))  # the checkout, for tests/checkpoints.py
+    from tests.checkpoints import save_model
 
     text = read_gz(data / "multi30k" / "train.en.gz", 300) + read_gz(data / "multi30k" / "train.de.gz", 300)
     model = io.BytesIO()

@@ -15,15 +15,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-import pluggy
-
-hookimpl = pluggy.HookimplMarker("attnx")
-"""Marker for plugin hook implementations: ``@hookimpl def attnx_register_components(registry): ...``."""
+from attnx.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load": "attnx.inference.translator",
+    "load": "attnx.inference.load",
     "Translator": "attnx.inference.translator",
     "SearchConfig": "attnx.inference.config",
 }
@@ -32,7 +29,8 @@ __all__ = ["SearchConfig", "Translator", "__version__", "hookimpl", "load"]
 
 if TYPE_CHECKING:
     from attnx.inference.config import SearchConfig
-    from attnx.inference.translator import Translator, load
+    from attnx.inference.load import load
+    from attnx.inference.translator import Translator
 
 
 def __getattr__(name: str) -> Any:

@@ -127,9 +127,3 @@ def atomic_save(obj: Any, path: str | Path) -> None:
                 "space (or save elsewhere) and resume from the last whole checkpoint"
             ) from err
         raise
-
-
-def save_model(path: str | Path, model: Transformer, config: TransformerConfig, tokenizer: Tokenizer) -> None:
-    """A minimal decodable checkpoint (no optimizer state): what ``attnx average`` and tests write."""
-    state = {STATE_PREFIX + k: v for k, v in model.state_dict().items()}
-    atomic_save({"state_dict": state, "attnx": make_metadata(config, tokenizer)}, path)

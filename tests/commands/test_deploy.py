@@ -48,6 +48,23 @@ def test_every_option_has_help():
     assert "Beam size; 1 = greedy search." in search.stdout
 
 
+def test_serve_offers_every_server_setting_with_the_servers_default():
+    import dataclasses
+    import inspect
+
+    from attnx.commands.deploy import serve
+    from attnx.serving.settings import RequestLimits, ServeSettings
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ServeSettings) if f.name != "limits"}
+    defaults |= {f.name: f.default for f in dataclasses.fields(RequestLimits)}
+    options = {
+        name: p.default
+        for name, p in inspect.signature(serve).parameters.items()
+        if name not in ("model", "search")
+    }
+    assert options == defaults
+
+
 def test_serve_is_listed_with_the_commands(capsys):
     assert attnx_main(["--help"]) == 0
     listed = [line.split() for line in capsys.readouterr().out.splitlines()]

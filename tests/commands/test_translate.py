@@ -11,7 +11,7 @@ import matplotlib.image
 
 import attnx
 from attnx.cli import main as attnx_main
-from attnx.inference.search import SearchConfig
+from attnx.inference.config import SearchConfig
 from tests.inference.test_translator import LINES
 
 FAST = ["--search.beam", "2", "--search.max_len_b", "6"]

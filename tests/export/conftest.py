@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from attnx.checkpoint import LoadedModel, load_model, save_model
+from attnx.checkpoint import LoadedModel, load_model
 from attnx.data.batching import collate_indices, plan_batches
 from attnx.data.corpus import PreparedCorpus
 from attnx.data.prepare import Inputs, Settings, prepare
 from attnx.model import TransformerConfig, build_transformer
 from attnx.training.loss import translation_loss
+from tests.checkpoints import save_model
 
 TRAIN_PAIRS = 4000
 TEST_PAIRS = 200

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from attnx.data.batch import BOS_ID, PAD_ID, collate
-from attnx.inference.search import SearchConfig, length_penalty, translate_batch
+from attnx.inference.config import SearchConfig
+from attnx.inference.search import length_penalty, translate_batch
 
 
 def attnx_translate(

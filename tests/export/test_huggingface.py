@@ -12,13 +12,14 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from attnx.checkpoint import LoadedModel, load_model, save_model  # noqa: E402
+from attnx.checkpoint import LoadedModel, load_model  # noqa: E402
 from attnx.components.positional import sinusoid_table  # noqa: E402
 from attnx.data.batch import EOS_ID, collate  # noqa: E402
 from attnx.export import ExportError, export_huggingface  # noqa: E402
 from attnx.export.huggingface import residual_permutation  # noqa: E402
-from attnx.inference.search import SearchConfig  # noqa: E402
+from attnx.inference.config import SearchConfig  # noqa: E402
 from attnx.model import TransformerConfig, build_transformer  # noqa: E402
+from tests.checkpoints import save_model  # noqa: E402
 from tests.export.conftest import Pairs  # noqa: E402
 from tests.export.reference import attnx_translate, top2_gap  # noqa: E402
 

@@ -10,9 +10,10 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from attnx.checkpoint import LoadedModel, load_model, save_model
+from attnx.checkpoint import LoadedModel, load_model
 from attnx.data.tokenizer import Tokenizer
 from attnx.model import build_transformer
+from tests.checkpoints import save_model
 from tests.conftest import tiny_config
 
 

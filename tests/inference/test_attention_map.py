@@ -6,7 +6,7 @@ import pytest
 
 import attnx
 from attnx.inference.attention_map import plot_attention, save_attention_figure
-from attnx.inference.search import SearchConfig
+from attnx.inference.config import SearchConfig
 
 SOURCE = "A man in an orange hat starring at something."
 

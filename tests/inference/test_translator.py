@@ -9,8 +9,10 @@ import torch
 
 import attnx
 from attnx.data.batch import collate
-from attnx.inference.search import SearchConfig, translate_batch
-from attnx.inference.translator import Translator, token_batches
+from attnx.inference.config import SearchConfig
+from attnx.inference.eager import token_batches
+from attnx.inference.search import translate_batch
+from attnx.inference.translator import Translator
 
 LONG = " ".join(["A man in a blue shirt is standing on a ladder cleaning windows."] * 30)
 LINES = [

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("litserve", reason="attnx serve needs the serve extra: pip install 'attnx[serve]'")
 
 import attnx  # noqa: E402
-from attnx.inference.search import SearchConfig  # noqa: E402
+from attnx.inference.config import SearchConfig  # noqa: E402
 from attnx.serving.server import (  # noqa: E402
     GracefulStop,
     ServeSettings,

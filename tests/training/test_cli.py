@@ -91,7 +91,8 @@ def test_predict_writes_translations_in_corpus_order(run: Path, corpus: Path) ->
     loaded = load_model(run / "checkpoints" / "last.ckpt")
     sources = (corpus / "test.en").read_text(encoding="utf-8").splitlines()
     from attnx.data.batch import collate
-    from attnx.inference.search import SearchConfig, translate_batch
+    from attnx.inference.config import SearchConfig
+    from attnx.inference.search import translate_batch
 
     for i in (0, 17, 49):  # one sentence at a time, as the file must list them
         batch = collate([(loaded.tokenizer.encode(sources[i]), [])])

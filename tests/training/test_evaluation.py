@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from attnx.data.batch import collate
-from attnx.inference.search import SearchConfig
+from attnx.inference.config import SearchConfig
 from attnx.training.evaluation import TranslationEvaluator
 
 

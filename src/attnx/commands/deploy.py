@@ -6,23 +6,28 @@ from pathlib import Path
 from typing import Literal
 
 from attnx.inference.config import SearchConfig
+from attnx.serving.settings import RequestLimits, ServeSettings
+
+SERVE = ServeSettings()
+"""The server's own defaults: ``attnx serve`` offers each field of `ServeSettings` and `RequestLimits` as an
+option with that default."""
 
 
 def serve(
     model: str,
-    host: str = "127.0.0.1",
-    port: int = 8000,
+    host: str = SERVE.host,
+    port: int = SERVE.port,
     search: SearchConfig | None = None,
-    device: str = "cpu",
-    max_tokens: int = 4096,
-    max_batch_size: int = 32,
-    batch_timeout: float = 0.01,
-    max_lines: int = 64,
-    max_line_chars: int = 2000,
-    max_body_bytes: int = 1_000_000,
-    workers: int = 1,
-    threads: int = 0,
-    timeout: float = 30.0,
+    device: str = SERVE.device,
+    max_tokens: int = SERVE.max_tokens,
+    max_batch_size: int = SERVE.max_batch_size,
+    batch_timeout: float = SERVE.batch_timeout,
+    max_lines: int = SERVE.limits.max_lines,
+    max_line_chars: int = SERVE.limits.max_line_chars,
+    max_body_bytes: int = SERVE.limits.max_body_bytes,
+    workers: int = SERVE.workers,
+    threads: int = SERVE.threads,
+    timeout: float = SERVE.timeout,
 ) -> int:
     """Serve a trained model over HTTP: POST /translate, with concurrent requests translated together.
 
@@ -54,16 +59,14 @@ def serve(
     """
     import os
 
-    from attnx.cli import UsageError
     from attnx.commands.translate import check_device
+    from attnx.commands.usage import UsageError
 
     try:
         import litserve  # noqa: F401
     except ImportError:
         raise UsageError('attnx serve needs LitServe: pip install "attnx[serve]"') from None
-    from attnx.serving.server import ServeSettings
     from attnx.serving.server import serve as run_server
-    from attnx.serving.validation import RequestLimits
 
     check_device(device)
     if not os.path.exists(model):

@@ -6,9 +6,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from attnx.inference.config import SearchConfig
-
-PAPER_SEARCH = SearchConfig()
+from attnx.inference.config import DEFAULT_MAX_TOKENS, PAPER_SEARCH, SearchConfig
 
 
 def split_segments(text: str) -> list[str]:
@@ -61,7 +59,7 @@ def translate(
     input: str = "-",
     output: str = "-",
     search: SearchConfig | None = None,
-    max_tokens: int = 4096,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
     device: str = "cpu",
 ) -> int:
     """Translate text with a trained model: one segment a line in, one translation a line out, same order.
@@ -83,7 +81,7 @@ def translate(
     """
     import logging
 
-    from attnx.inference.translator import load
+    from attnx.inference.load import load
 
     check_device(device)
     lines = read_segments(input)
@@ -128,9 +126,9 @@ def attention(
         raise ValueError("--text is empty: give the sentence to translate and draw")
     check_device(device)
     from attnx.inference.attention_map import save_attention_figure
-    from attnx.inference.translator import Translator
+    from attnx.inference.eager import EagerTranslator
 
-    translator = Translator.from_checkpoint(model, device=device, search=search)
+    translator = EagerTranslator.from_checkpoint(model, device=device, search=search)
     maps = translator.attention(text)
     save_attention_figure(maps, output, layer=layer, dpi=dpi)
     print(f"translation: {maps.translation}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnx import hookimpl
+from attnx.hookspecs import hookimpl
 
 
 class ReluFeedForward(nn.Module):

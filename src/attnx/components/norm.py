@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from attnx import hookimpl
+from attnx.hookspecs import hookimpl
 
 
 class LayerNorm(nn.LayerNorm):

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnx import hookimpl
+from attnx.hookspecs import hookimpl
 
 
 def sinusoid_table(max_len: int, d_model: int) -> Tensor:

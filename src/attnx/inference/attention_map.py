@@ -1,6 +1,6 @@
 """One layer's attention heads for a sentence, drawn like the paper's appendix figures (``attnx attention``).
 
-[Translator.attention][attnx.inference.translator.Translator.attention] translates the sentence and collects
+[EagerTranslator.attention][attnx.inference.eager.EagerTranslator.attention] translates the sentence and collects
 every attention's weights over the teacher-forced result. The figure has one panel per head: first the
 encoder self-attention heads of the chosen layer (source × source), then its encoder-decoder attention heads
 (target × source). A target row is labelled with the token predicted at that step.
@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from attnx.inference.translator import AttentionMaps  # noqa: E402
+from attnx.inference.eager import AttentionMaps  # noqa: E402
 
 COLUMNS = 4
 """Heads per row of panels."""

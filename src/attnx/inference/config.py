@@ -7,6 +7,9 @@ from typing import Literal
 
 LengthPenalty = Literal["gnmt", "fairseq"]
 
+DEFAULT_MAX_TOKENS = 4096
+"""Source tokens per decoding batch, padding included: every engine's, ``attnx translate``'s and ``attnx serve``'s default."""
+
 
 @dataclass
 class SearchConfig:
@@ -24,3 +27,7 @@ class SearchConfig:
     """See ``max_len_a``."""
     max_positions: int | None = None
     """Target positions the model accepts (its ``max_len``); caps the maximum output length. None: no cap."""
+
+
+PAPER_SEARCH = SearchConfig()
+"""§6.1's search: beam 4, α 0.6 with the GNMT length penalty, maximum output length input + 50."""

@@ -50,7 +50,15 @@ from torch import Tensor, nn
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.inference.config import LengthPenalty, SearchConfig
 
-__all__ = ["Hypothesis", "SearchConfig", "beam_search", "greedy_search", "length_penalty", "translate_batch"]
+__all__ = [
+    "Hypothesis",
+    "beam_search",
+    "greedy_search",
+    "length_penalty",
+    "max_output_length",
+    "max_output_lengths",
+    "translate_batch",
+]
 
 
 @dataclass
@@ -75,9 +83,17 @@ def max_output_lengths(
     src_mask: Tensor, max_len_a: float, max_len_b: int, max_positions: int | None = None
 ) -> Tensor:
     """Per-sentence ``L = floor(a * input length + b)`` ``(B,)``: tokens allowed before the forced ``</s>``."""
-    cap = math.inf if max_positions is None else max_positions - 1  # L tokens + </s>: L + 1 positions
-    lengths = [max(0, min(cap, math.floor(max_len_a * n + max_len_b))) for n in src_mask.sum(1).tolist()]
+    lengths = [max_output_length(n, max_len_a, max_len_b, max_positions) for n in src_mask.sum(1).tolist()]
     return torch.tensor(lengths, dtype=torch.long, device=src_mask.device)
+
+
+def max_output_length(
+    input_length: int, max_len_a: float, max_len_b: int, max_positions: int | None = None
+) -> int:
+    """``L = floor(a * input length + b)`` tokens allowed before the forced ``</s>``, for a source of
+    ``input_length`` positions (its ``</s>`` included), capped so that ``L + 1`` positions fit the model."""
+    cap = math.inf if max_positions is None else max_positions - 1  # L tokens + </s>: L + 1 positions
+    return max(0, min(cap, math.floor(max_len_a * input_length + max_len_b)))
 
 
 @contextlib.contextmanager

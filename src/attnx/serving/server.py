@@ -7,7 +7,7 @@ Three kinds of process, all started by `serve`:
 - HTTP processes (uvicorn, one per worker) check every request against `RequestLimits` before it is
   queued (`attnx.serving.validation.RequestLimitsMiddleware`), so a bad request is answered 4xx at
   once and never joins a batch;
-- inference workers (``workers``, each with its own `attnx.inference.translator.Translator`) take up
+- inference workers (``workers``, each with its own `attnx.inference.translator.Translator`, from `attnx.inference.load.load`) take up
   to ``max_batch_size`` queued requests, waiting at most ``batch_timeout`` seconds for the batch to fill,
   and translate all their lines with one ``Translator.translate`` call (which batches them by tokens).
 
@@ -32,11 +32,10 @@ from typing import Any
 import litserve as ls
 
 from attnx.inference.config import SearchConfig
-from attnx.serving.validation import FIELD, RequestLimits, RequestLimitsMiddleware
+from attnx.serving.settings import ServeSettings
+from attnx.serving.validation import FIELD, RequestLimitsMiddleware
 
 API_PATH = "/translate"
-HOSTS = ("127.0.0.1", "0.0.0.0", "::")
-"""Interfaces LitServe binds to: loopback only (the default), every IPv4 interface, every interface."""
 
 
 def lines_of(payload: dict[str, Any]) -> list[str]:
@@ -90,7 +89,7 @@ class TranslationAPI(ls.LitAPI):
     def setup(self, device: str) -> None:
         import torch
 
-        from attnx.inference.translator import load
+        from attnx.inference.load import load
 
         # The main process decides when this worker stops: it sends SIGTERM once no request is left, and the
         # worker then exits through SystemExit so that its resources (tqdm's semaphore...) are released.
@@ -117,48 +116,6 @@ class TranslationAPI(ls.LitAPI):
 
     def encode_response(self, output: list[str]) -> dict[str, list[str]]:
         return {"translations": output}
-
-
-@dataclasses.dataclass(frozen=True)
-class ServeSettings:
-    """Everything `serve` needs besides the model and how to decode."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    device: str = "cpu"
-    max_tokens: int = 4096
-    max_batch_size: int = 32
-    batch_timeout: float = 0.01
-    timeout: float = 30.0
-    workers: int = 1
-    threads: int = 0
-    limits: RequestLimits = RequestLimits()
-
-    def __post_init__(self) -> None:
-        if self.host not in HOSTS:
-            raise ValueError(
-                f"--host {self.host}: LitServe binds only to {', '.join(HOSTS)} "
-                "(127.0.0.1: this machine only; 0.0.0.0 or ::: every interface)"
-            )
-        if not 1024 <= self.port <= 65535:
-            raise ValueError(f"--port {self.port}: choose a port from 1024 to 65535")
-        for name in ("max_tokens", "max_batch_size", "workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
-        if self.threads < 0:
-            raise ValueError(f"--threads must be 0 (torch's default) or more, got {self.threads}")
-        if self.timeout <= 0:
-            raise ValueError(f"--timeout must be positive, got {self.timeout}")
-        if not 0 <= self.batch_timeout < self.timeout:
-            raise ValueError(
-                f"--batch_timeout {self.batch_timeout} must be at least 0 and below --timeout {self.timeout}"
-            )
-
-    @property
-    def url(self) -> str:
-        """Where a client on this machine reaches the service."""
-        local = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(self.host, self.host)
-        return f"http://{local}:{self.port}"
 
 
 def device_placement(device: str) -> tuple[str, list[int] | int]:
@@ -287,7 +244,7 @@ class GracefulStop:
 
 def serve(model: str, search: SearchConfig, settings: ServeSettings) -> None:
     """Check ``model`` loads, then serve it until SIGTERM or SIGINT; returns after a clean shutdown."""
-    from attnx.inference.translator import load
+    from attnx.inference.load import load
 
     check_port_free(settings.host, settings.port)
     # Load once here so a bad model or search setting is a one-line error, not a worker's traceback; the
@@ -309,6 +266,9 @@ def serve(model: str, search: SearchConfig, settings: ServeSettings) -> None:
                 generate_client_file=False,
             )
         except KeyboardInterrupt:  # a signal before LitServe was serving: stop what it had started
+            # LitServer.run starts the workers but offers no public way to stop them when it is cut short
+            # before serving (its own shutdown path runs only once uvicorn is up): `inference_workers` is the
+            # list of processes it keeps, read defensively since it is not documented.
             for worker in getattr(server, "inference_workers", []):
                 worker.terminate()
                 worker.join(timeout=5)

@@ -16,33 +16,17 @@ batch of good ones: one request's mistake cannot fail its neighbours' translatio
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from attnx.serving.settings import RequestLimits
 
 FIELD = "text"
 DRAIN_BYTES = 100_000_000
 """Bytes of a refused body read and dropped before answering 413; a client sending more sees the connection
 closed instead."""
 EXAMPLE = '{"text": ["a line", ...]}'
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    """How much one request may ask for."""
-
-    max_lines: int = 64
-    """Lines (segments) per request."""
-    max_line_chars: int = 2000
-    """Characters per line."""
-    max_body_bytes: int = 1_000_000
-    """Bytes of the request body."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_lines", "max_line_chars", "max_body_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
 
 
 class RequestError(Exception):

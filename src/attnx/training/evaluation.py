@@ -20,9 +20,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from attnx.data.batch import Batch
 from attnx.evaluation.bleu import BleuReport, score
-from attnx.inference.search import SearchConfig
+from attnx.inference.config import PAPER_SEARCH, SearchConfig
 
-PAPER_SEARCH = SearchConfig()
 """§6.1's beam 4, α 0.6, maximum length input + 50 (copied, never modified)."""
 
 

@@ -21,8 +21,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from attnx import hookimpl
 from attnx.data.batch import Batch
+from attnx.hookspecs import hookimpl
 from attnx.model import Transformer
 
 

@@ -19,8 +19,8 @@ from torch import Tensor
 from attnx.checkpoint import CheckpointError, config_difference, make_metadata
 from attnx.data.batch import Batch
 from attnx.data.tokenizer import Tokenizer
-from attnx.inference.search import SearchConfig
-from attnx.inference.translator import Translator
+from attnx.inference.config import SearchConfig
+from attnx.inference.eager import EagerTranslator
 from attnx.model import ComponentSpec, TransformerConfig, build_transformer
 from attnx.registry import Kind
 from attnx.training.loss import LossSums
@@ -102,6 +102,8 @@ class TranslationTask(pl.LightningModule):
         self.eps = eps
         self.weight_decay = weight_decay
         self.model = build_transformer(self.config)
+        # seed_everything (LightningCLI's --seed_everything) keeps the seed only in PL_GLOBAL_SEED, the
+        # variable its docstring names for passing it to subprocesses; Lightning has no getter for it.
         self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         self._tokenizer: Tokenizer | None = None
         self._sums: Tensor | None = None
@@ -128,11 +130,13 @@ class TranslationTask(pl.LightningModule):
     def tokenizer(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
 
-    def translator(self, search: SearchConfig | None = None, max_tokens: int | None = None) -> Translator:
-        """A [Translator][attnx.inference.translator.Translator] over the model being trained."""
+    def translator(
+        self, search: SearchConfig | None = None, max_tokens: int | None = None
+    ) -> EagerTranslator:
+        """An [EagerTranslator][attnx.inference.eager.EagerTranslator] over the model being trained."""
         if max_tokens is None:
-            return Translator(self.model, self.tokenizer, search)
-        return Translator(self.model, self.tokenizer, search, max_tokens)
+            return EagerTranslator(self.model, self.tokenizer, search)
+        return EagerTranslator(self.model, self.tokenizer, search, max_tokens)
 
     # -------------------------------------------------------------------------------------------- training
 

@@ -1,0 +1,269 @@
+"""The CTranslate2 engine: a directory written by ``attnx export --format ctranslate2``
+([`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2]) decoded by CTranslate2 behind the
+[`Translator`][attnx.inference.translator.Translator] calls.
+
+The directory holds CTranslate2's ``model.bin``, ``sentencepiece.model`` (the checkpoint's tokenizer) and
+``attnx.json`` (format version, the transformer config, the default search settings), which
+[`is_ctranslate2_model`][attnx.inference.ctranslate2.is_ctranslate2_model] checks and
+[`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] reads.
+
+**Search.** [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] maps [`SearchConfig`][attnx.inference.config.SearchConfig] onto
+``ctranslate2.Translator.translate_batch``; how the two searches differ, and what is done about it:
+
+* *Length penalty.* CTranslate2 divides a finished hypothesis's log-probability by ``|Y| ** length_penalty``
+  and has no other form, so only ``length_penalty="fairseq"`` (``|Y| ** α``) can be reproduced; the GNMT
+  form raises a ``ValueError`` for beams wider than 1 (greedy search has no penalty). With
+  ``return_end_token=True`` the ``</s>`` is part of the hypothesis, so ``|Y|`` counts it as attnx does.
+* *Maximum length.* attnx allows ``L`` tokens and then forces ``</s>``; CTranslate2 has one
+  ``max_decoding_length`` per call and no forced end token: it stops after that many tokens, ``</s>`` or
+  not. Sentences are therefore decoded in groups of equal ``L`` with ``max_decoding_length = L + 1`` (room
+  for the ``</s>``); a hypothesis that reaches the limit without ``</s>`` has one token too many, which is
+  cut, so no output is ever longer than attnx allows. Only for such sentences can the output differ from
+  attnx's (attnx would have scored the forced ``</s>``; CTranslate2 ranks the unfinished hypothesis).
+* *Beam bookkeeping.* attnx's beam shrinks when a hypothesis finishes (it keeps its slot) and stops when no
+  live hypothesis can still win; CTranslate2 keeps ``beam`` live hypotheses and stops once ``beam``
+  hypotheses have finished (``beam * patience``; ``patience`` is a [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator]
+  argument). Both return the best finished hypothesis they found; the sets they explore differ after the
+  first hypothesis finishes, so beam outputs agree on most but not all sentences (greedy outputs agree
+  exactly).
+* *Banned tokens.* attnx never generates ``<pad>`` or ``<s>``; they are suppressed here too. CTranslate2
+  renormalizes the remaining probabilities (attnx keeps the model's own), which changes a step's
+  log-probabilities by ``log(1 - p(<pad>) - p(<s>))``, about 1e-5 for a trained model: only near-ties can
+  rank differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
+from attnx.data.tokenizer import Tokenizer
+from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
+from attnx.inference.search import max_output_length
+from attnx.inference.translator import Translator, fitted_search
+from attnx.model import TransformerConfig
+
+FORMAT = "attnx-ctranslate2"
+FORMAT_VERSION = 1
+METADATA = "attnx.json"
+SPM_MODEL = "sentencepiece.model"
+DEFAULT_SEARCH = SearchConfig(beam=4, alpha=0.6, length_penalty="fairseq", max_len_a=1.0, max_len_b=50)
+"""§6.1's beam, α and maximum length, with the one length-penalty form CTranslate2 has (``|Y| ** α``)."""
+
+
+def import_ctranslate2() -> Any:
+    try:
+        import ctranslate2
+    except ImportError as err:
+        raise ImportError(
+            "CTranslate2 export and decoding need the ctranslate2 package: pip install 'attnx[ct2]'"
+        ) from err
+    return ctranslate2
+
+
+def read_metadata(directory: str | Path) -> dict[str, Any] | None:
+    """``attnx.json`` of an exported directory, or None when ``directory`` is not one."""
+    path = Path(directory) / METADATA
+    if not path.is_file() or not (Path(directory) / "model.bin").is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
+def is_ctranslate2_model(directory: str | Path) -> bool:
+    """Whether ``directory`` was written by [`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2] (any format version)."""
+    return Path(directory).is_dir() and read_metadata(directory) is not None
+
+
+# ----------------------------------------------------------------------------------------------- decoding
+
+
+def check_search(search: SearchConfig) -> None:
+    """Raise ``ValueError`` for settings CTranslate2's search cannot reproduce."""
+    if search.beam < 1:
+        raise ValueError(f"search.beam must be at least 1, got {search.beam}")
+    if search.length_penalty not in ("gnmt", "fairseq"):
+        raise ValueError(f"length_penalty must be 'gnmt' or 'fairseq', got {search.length_penalty!r}")
+    if search.beam > 1 and search.length_penalty == "gnmt" and search.alpha != 0:
+        raise ValueError(
+            "CTranslate2 has only the |Y|^alpha length penalty (length_penalty='fairseq'), not GNMT's "
+            "((5+|Y|)/6)^alpha; decode with length_penalty='fairseq' (or alpha=0, or beam=1), or with the "
+            "attnx checkpoint"
+        )
+
+
+def _device(device: str | torch.device) -> tuple[str, int]:
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"CTranslate2 runs on cpu or cuda, not {device}")
+    return device.type, device.index or 0
+
+
+class CTranslate2Translator(Translator):
+    """An exported model decoded by CTranslate2, with the calls of attnx's own Translator.
+
+    Args:
+        directory: Written by [`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2].
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        search: Search settings; default: those stored at export.
+        max_tokens: Source tokens per CTranslate2 batch, padding included.
+        compute_type: CTranslate2's compute type (``default``: the stored weight type where the device
+            supports it).
+        threads: CTranslate2 threads per translation (``intra_threads``; 0: its default).
+        patience: CTranslate2's beam ``patience``: a sentence stops once ``beam * patience`` hypotheses
+            have finished. At 1 (CTranslate2's default) it can stop before a live hypothesis that would
+            still win under the length penalty has finished; 2 reproduces attnx's beam outputs more often
+            at some cost in speed (docs/deploy.md).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        device: str | torch.device = "cpu",
+        search: SearchConfig | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        compute_type: str = "default",
+        threads: int = 0,
+        patience: float = 1.0,
+    ) -> None:
+        directory = Path(directory)
+        meta = read_metadata(directory)
+        if meta is None:
+            raise ValueError(
+                f"{directory} is not a CTranslate2 model written by attnx export (no {METADATA} with "
+                f"format {FORMAT!r} beside model.bin)"
+            )
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{directory} has attnx-ctranslate2 format {meta.get('format_version')!r}; this attnx reads "
+                f"{FORMAT_VERSION}: export the checkpoint again"
+            )
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if patience <= 0:
+            raise ValueError(f"patience must be positive, got {patience}")
+        self.directory = directory
+        self.metadata = meta
+        self.config = TransformerConfig.from_dict(meta["transformer"])
+        self.max_positions = self.config.max_len
+        self.tokenizer = Tokenizer.load(directory / meta.get("tokenizer", SPM_MODEL))
+        self.pieces = [self.tokenizer.sp.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
+        self.piece_ids = {piece: i for i, piece in enumerate(self.pieces)}
+        if search is None:
+            search = SearchConfig(**meta.get("search", {})) if meta.get("search") else DEFAULT_SEARCH
+        self.search = self._capped(search)
+        self.max_tokens = max_tokens
+        self.compute_type = compute_type
+        self.threads = threads
+        self.patience = patience
+        self._translator: Any = None
+        self.to(device)
+
+    @classmethod
+    def load(
+        cls,
+        directory: str | Path,
+        device: str | torch.device = "cpu",
+        search: SearchConfig | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        compute_type: str = "default",
+        threads: int = 0,
+        patience: float = 1.0,
+        **changes: Any,
+    ) -> CTranslate2Translator:
+        """A translator for ``directory``; keyword ``changes`` override search settings (e.g. ``beam=1``)."""
+        translator = cls(directory, device, search, max_tokens, compute_type, threads, patience)
+        if changes:
+            translator.search = translator._capped(dataclasses.replace(translator.search, **changes))
+        return translator
+
+    def _capped(self, search: SearchConfig) -> SearchConfig:
+        check_search(search)
+        return fitted_search(search, self.max_positions)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def to(self, device: str | torch.device) -> CTranslate2Translator:
+        """Load the model on ``device`` (``cpu``, ``cuda``, ``cuda:N``) and return this translator."""
+        ct2 = import_ctranslate2()
+        kind, index = _device(device)
+        self._translator = ct2.Translator(
+            str(self.directory),
+            device=kind,
+            device_index=index,
+            compute_type=self.compute_type,
+            intra_threads=self.threads,
+        )
+        self._device = torch.device(kind, index) if kind == "cuda" else torch.device("cpu")
+        return self
+
+    def with_search(self, **changes: Any) -> CTranslate2Translator:
+        """This translator with some search settings changed (the loaded model is shared)."""
+        other = object.__new__(CTranslate2Translator)
+        other.__dict__.update(self.__dict__)
+        other.search = self._capped(dataclasses.replace(self.search, **changes))
+        return other
+
+    # ---------------------------------------------------------------------------------------------- ids
+
+    def max_output_length(self, source_length: int) -> int:
+        """``L`` tokens before ``</s>`` for ``n`` source ids (+ ``</s>``), as
+        [`max_output_length`][attnx.inference.search.max_output_length] counts them."""
+        s = self.search
+        return max_output_length(source_length + 1, s.max_len_a, s.max_len_b, s.max_positions)
+
+    def _options(self) -> dict[str, Any]:
+        s = self.search
+        return dict(
+            beam_size=s.beam,
+            patience=self.patience,
+            length_penalty=s.alpha if s.length_penalty == "fairseq" else 0.0,
+            min_decoding_length=0,
+            return_end_token=True,  # |Y| counts the </s>, and a missing </s> marks a hypothesis cut at the limit
+            max_input_length=0,  # inputs are truncated here, as attnx does
+            suppress_sequences=[[self.pieces[PAD_ID]], [self.pieces[BOS_ID]]],
+            max_batch_size=self.max_tokens,
+            batch_type="tokens",
+        )
+
+    def translate_ids(self, ids: Sequence[Sequence[int]], progress: bool = False) -> list[list[int]]:
+        """Output ids for source ids (no BOS/EOS), one per input in input order; ``[]`` in gives ``[]`` out."""
+        ids = self.truncate(ids)
+        out: list[list[int]] = [[] for _ in ids]
+        groups: dict[int, list[int]] = defaultdict(list)  # one max_decoding_length per CTranslate2 call
+        for i, x in enumerate(ids):
+            if x:
+                groups[self.max_output_length(len(x))].append(i)
+        options = self._options()
+        eos = self.pieces[EOS_ID]
+        total = sum(map(len, groups.values()))
+        with tqdm(total=total, unit="sent", disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
+            for limit, members in sorted(groups.items()):
+                results = self._translator.translate_batch(
+                    [[self.pieces[t] for t in ids[i]] for i in members],
+                    max_decoding_length=limit + 1,
+                    **options,
+                )
+                for i, result in zip(members, results, strict=True):
+                    tokens = result.hypotheses[0]
+                    tokens = tokens[:-1] if tokens and tokens[-1] == eos else tokens[:limit]
+                    out[i] = [self.piece_ids[t] for t in tokens]
+                bar.update(len(members))
+        return out
+
+    def __repr__(self) -> str:
+        return f"CTranslate2Translator({str(self.directory)!r}, device={str(self.device)!r}, search={self.search})"
