@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attnx.components.attention import MultiHeadAttention
-from attnx.components.protocols import AttentionCache
+from attnx.model.cache import AttentionCache
 from tests.model.reference import attention as reference_attention
 
 

@@ -97,7 +97,7 @@ def test_beam_reorder_within_sentences_moves_only_the_self_attention_cache():
         memory = model.encode(src, src_mask).repeat_interleave(2, 0)  # rows 0-1: sentence 0, 2-3: 1
         mask = src_mask.repeat_interleave(2, 0)
         state = model.start_decoding(model.encode(src, src_mask), src_mask)
-        state.expand(2)
+        state.reorder(torch.arange(2).repeat_interleave(2))  # each sentence twice, as the beam does
         for i in range(3):
             model.decode_step(prefix[:, i], state)
         index = torch.tensor([1, 1, 3, 2])  # back-pointers within each sentence

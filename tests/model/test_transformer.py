@@ -128,3 +128,21 @@ def test_config_round_trips_through_plain_dict():
 def test_d_model_not_divisible_by_heads_is_a_clear_error():
     with pytest.raises(ValueError, match=r"d_model \(30\) must be a positive multiple of n_heads \(4\)"):
         build_transformer(tiny_config(d_model=30))
+
+
+def test_a_positional_component_acting_elsewhere_than_the_embeddings_is_refused_by_name():
+    from attnx.components.positional import SinusoidalPositionalEncoding
+    from attnx.model.builders import ComponentSpec
+    from attnx.plugins import collect, plugin_manager
+    from attnx.registry import Kind
+
+    class ScoreBias(SinusoidalPositionalEncoding):
+        acts_on = "scores"  # would be added to attention scores: the Transformer has no such place
+
+    registry = collect(plugin_manager(entry_points=False))
+    registry.add(Kind.POSITIONAL, "score_bias", ScoreBias)
+    config = tiny_config()
+    build_transformer(config, registry)  # the built-in sinusoid acts on the embeddings
+    config.positional = ComponentSpec("score_bias")
+    with pytest.raises(ValueError, match="positional component 'score_bias' acts on 'scores'"):
+        build_transformer(config, registry)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnx.components.protocols import AttentionCache
+from attnx.model.cache import AttentionCache
 from attnx_restricted import RestrictedSelfAttention
 
 

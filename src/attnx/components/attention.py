@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnx import hookimpl
-from attnx.components.protocols import AttentionCache, attention_mask, cached_keys_values
+from attnx.components.masking import attention_mask, cached_keys_values
+from attnx.components.protocols import KeyValueCache
+from attnx.hookspecs import hookimpl
 
 
 class MultiHeadAttention(nn.Module):
@@ -68,7 +69,7 @@ class MultiHeadAttention(nn.Module):
         *,
         key_mask: Tensor | None = None,
         causal: bool = False,
-        cache: AttentionCache | None = None,
+        cache: KeyValueCache | None = None,
         need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         b, t, _ = query.shape

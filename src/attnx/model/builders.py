@@ -119,6 +119,17 @@ def build_transformer(config: TransformerConfig, registry: ComponentRegistry | N
     def norm() -> nn.Module:
         return component(Kind.NORM, config.norm, d)
 
+    def positional() -> nn.Module:
+        module = component(Kind.POSITIONAL, config.positional, d, config.max_len)
+        acts_on = getattr(module, "acts_on", None)
+        if acts_on not in Transformer.POSITIONAL_ACTS_ON:
+            raise ValueError(
+                f"positional component {config.positional.name!r} acts on {acts_on!r}, but the Transformer "
+                f"applies positions only to the {' or '.join(Transformer.POSITIONAL_ACTS_ON)} (its acts_on); "
+                "choose another positional component"
+            )
+        return module
+
     def wrap() -> nn.Module:
         return residual(norm(), config.dropout)
 
@@ -160,8 +171,8 @@ def build_transformer(config: TransformerConfig, registry: ComponentRegistry | N
     return Transformer(
         src_embedding=src_embedding,
         tgt_embedding=tgt_embedding,
-        src_positional=component(Kind.POSITIONAL, config.positional, d, config.max_len),
-        tgt_positional=component(Kind.POSITIONAL, config.positional, d, config.max_len),
+        src_positional=positional(),
+        tgt_positional=positional(),
         encoder_layers=encoder,
         decoder_layers=decoder,
         encoder_norm=norm() if pre_norm else None,

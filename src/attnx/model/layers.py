@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnx.components.protocols import AttentionCache
+from attnx.model.cache import AttentionCache
 
 
 class PostNorm(nn.Module):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnx.components.protocols import AttentionCache
+from attnx.model.cache import AttentionCache
 
 
 @dataclass
@@ -41,11 +40,6 @@ class DecoderState:
             if not same_sources:
                 cross_cache.reorder(index)
 
-    def expand(self, beam: int) -> None:
-        """Repeat every sentence ``beam`` times (rows ``b*beam .. b*beam+beam-1`` belong to sentence ``b``)."""
-        index = torch.arange(self.memory.shape[0], device=self.memory.device).repeat_interleave(beam)
-        self.reorder(index)
-
 
 class Transformer(nn.Module):
     """§3 Encoder-decoder Transformer.
@@ -55,6 +49,9 @@ class Transformer(nn.Module):
     decoder layers, and the pre-softmax projection, whose weight is the embedding matrix when
     ``output_weight`` is None (§3.4).
     """
+
+    POSITIONAL_ACTS_ON = ("embeddings",)
+    """Where this Transformer applies a positional component (its ``acts_on``): added to the scaled embeddings."""
 
     def __init__(
         self,

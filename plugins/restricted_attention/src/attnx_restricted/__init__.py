@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnx import hookimpl
-from attnx.components.protocols import AttentionCache, cached_keys_values
+from attnx.components.masking import cached_keys_values
+from attnx.components.protocols import KeyValueCache
 
 __all__ = ["RestrictedSelfAttention"]
 
@@ -40,7 +41,7 @@ class RestrictedSelfAttention(nn.Module):
         *,
         key_mask: Tensor | None = None,
         causal: bool = False,
-        cache: AttentionCache | None = None,
+        cache: KeyValueCache | None = None,
         need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         b, t, d = query.shape
