@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 
 from attnx.cli import main
+from attnx.data.corpus import FORMAT_VERSION
 
 
 def test_describe_takes_the_vocabulary_of_the_prepared_corpus(tmp_path: Path, monkeypatch, capsys) -> None:
     (tmp_path / "data" / "multi30k").mkdir(parents=True)
-    (tmp_path / "data" / "multi30k" / "meta.json").write_text(json.dumps({"vocab_size": 8000}))
+    meta = {"format_version": FORMAT_VERSION, "vocab_size": 8000}
+    (tmp_path / "data" / "multi30k" / "meta.json").write_text(json.dumps(meta))
     monkeypatch.chdir(tmp_path)
     assert main(["describe", "--config", "multi30k_cpu"]) == 0
     out = capsys.readouterr().out

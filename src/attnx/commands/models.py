@@ -87,16 +87,20 @@ def transformer_section(values: Any, source: str) -> dict[str, Any]:
 
 def data_vocab_size(values: Any, base: Path) -> int | None:
     """The vocabulary size of the prepared corpus a fit config trains on, if that corpus exists here."""
-    import json
+    from attnx.data.corpus import META, PreparedCorpus
+    from attnx.data.errors import DataError
 
     data = values.get("data") if isinstance(values, dict) else None
     data = data.get("init_args", data) if isinstance(data, dict) else None
     if not isinstance(data, dict) or "data_dir" not in data:
         return None
     for root in (Path.cwd(), base):
-        meta = root / str(data["data_dir"]) / "meta.json"
-        if meta.is_file():
-            return int(json.loads(meta.read_text(encoding="utf-8"))["vocab_size"])
+        directory = root / str(data["data_dir"])
+        if (directory / META).is_file():
+            try:
+                return int(PreparedCorpus(directory).vocab_size)
+            except DataError:  # prepared by another version of attnx: its vocabulary is not known here
+                continue
     return None
 
 
