@@ -159,6 +159,9 @@ class TranslationDataModule(L.LightningDataModule):
         """Training batches finished in this epoch, from the trainer when fitting (workers may run ahead)."""
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            # Lightning has no public count of the batches done in this epoch (the loader's workers run
+            # ahead of it); the fit loop's progress tracker is what Lightning's own loop state is restored
+            # from, and is not underscored.
             return trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return None
 
