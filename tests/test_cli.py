@@ -7,7 +7,6 @@ import errno
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -126,12 +125,10 @@ def test_help_of_commands_without_torch_imports_no_torch(name: str) -> None:
         f"with contextlib.redirect_stdout(io.StringIO()):\n    try:\n        main([{name!r}, '--help'])\n"
         "    except SystemExit:\n        pass\nprint('torch' in sys.modules)"
     )
-    start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True
     )
     assert done.stdout.strip() == "False", f"attnx {name} --help imported torch"
-    assert time.perf_counter() - start < 30  # a generous bound for a loaded machine; see docs/benchmarks.md
 
 
 def test_every_command_is_documented_with_every_option() -> None:
