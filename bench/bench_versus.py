@@ -3,7 +3,8 @@
 
     python bench/bench_versus.py --rev 4ef65f5 --ckpt_path CKPT [--rounds 3] [--steps 300]
 
-The other commit is checked out into a temporary git worktree and run with its ``src/`` first on
+The other commit is checked out into a temporary git worktree (or, with ``--other DIR``, taken from a copy of
+it already there, e.g. ``git archive 4ef65f5 | tar -x -C DIR``) and run with its ``src/`` first on
 PYTHONPATH; both versions read one corpus prepared by this checkout. Runs alternate (this, other, this, ...)
 so that a change in the machine's load hits both alike; the best of ``--rounds`` is reported for each.
 Training: ``configs/multi30k_cpu.yaml`` (3+3 layers, d_model 256, fp32, 2 threads) for ``--steps`` optimizer
@@ -68,18 +69,25 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--skip", choices=("fit", "translate"), action="append", default=[])
+    parser.add_argument(
+        "--other", type=Path, help="a copy of the --rev commit's files, instead of a worktree"
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="attnx-versus-"))
-    other = work / "other"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(other), args.rev], check=True,
-                   capture_output=True)  # fmt: skip
+    other = args.other.resolve() if args.other else work / "other"
+    if not args.other:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(other), args.rev],
+                       check=True, capture_output=True)  # fmt: skip
     try:
-        rev = subprocess.run(["git", "-C", str(other), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, check=True).stdout.strip()  # fmt: skip
+        rev = args.rev if args.other else subprocess.run(
+            ["git", "-C", str(other), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()  # fmt: skip
         this = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()  # fmt: skip
-        versions = {f"this ({this})": (REPO / "src", True), f"other ({rev})": (other / "src", False)}
+        # the one command system (attnx translate --model, --evaluation.*) came with src/attnx/commands/
+        other_new_cli = (other / "src" / "attnx" / "commands").is_dir()
+        versions = {f"this ({this})": (REPO / "src", True), f"other ({rev})": (other / "src", other_new_cli)}
         raw = args.data / "multi30k"
         prepared = work / "multi30k"
         run(REPO / "src", ["prepare", "--src_lang", "en", "--tgt_lang", "de", "--train", str(raw / "train"),
@@ -119,9 +127,10 @@ def main() -> int:
                 ratio = max(results[names[0]][key]) / max(results[names[1]][key])
                 print(f"{key}: this / other = {ratio:.3f}")
     finally:
-        subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "remove", "--force", str(other)], capture_output=True
-        )
+        if not args.other:
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(other)], capture_output=True
+            )
     return 0
 
 
