@@ -32,7 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run(src: Path, argv: list[str], cwd: Path, stdin: Path | None = None) -> float:
-    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "2"}
+    # each version with the plugin of its own tree (the installed one is this checkout's)
+    paths = [src, *src.parent.glob("plugins/*/src")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, paths)), "OMP_NUM_THREADS": "2"}
     start = time.perf_counter()
     with open(stdin or os.devnull, "rb") as f:
         done = subprocess.run(
