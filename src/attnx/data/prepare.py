@@ -10,8 +10,14 @@ Pipeline, one pass per step over each split:
    ratio (counted, never validation or test pairs), and write the flat id arrays, offsets and lengths;
 4. write ``meta.json`` last: a directory without it is incomplete, whatever else is there.
 
-A re-run with the same input files (path, size, modification time) and settings reuses the directory; a changed
+A re-run with the same input files (path and SHA-256 of their bytes) and settings reuses the directory; a changed
 input or setting rebuilds it (and retrains SentencePiece only if its own inputs or settings changed).
+
+Whose files are whose: prepare writes every new file into a hidden scratch directory it creates inside the output
+(``.attnx-prepare-XXXXXXXX``, marked as its own), moves them into place only when all are written, and lists them in
+``meta.json`` (``files``). It deletes only files listed there by an earlier run and its own scratch directories. It
+refuses an output directory that holds anything else, or that holds one of the inputs, so it never deletes,
+truncates or overwrites a file it did not write; an interrupted run leaves the previous corpus as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ import json
 import os
 import re
 import shutil
+import signal
+import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -42,6 +51,9 @@ TRAIN = "train"
 ENCODE_LINES = 20_000
 """Lines encoded at once: SentencePiece returns Python lists of ints, about 36 bytes a token, so keep it modest."""
 SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+SCRATCH_PREFIX = ".attnx-prepare-"
+SCRATCH_MARK = "SCRATCH-OF-ATTNX-PREPARE"
+"""The file that marks a scratch directory as prepare's own, so a run killed before removing it is cleaned up."""
 
 
 @dataclass
@@ -75,9 +87,13 @@ class Inputs:
         return cls(splits)
 
 
-def _file_stat(path: Path) -> list[Any]:
-    st = path.stat()
-    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes: reuse is decided on content, never on size and modification time."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror or e}") from e
 
 
 def _digest(obj: Any) -> str:
@@ -85,18 +101,24 @@ def _digest(obj: Any) -> str:
 
 
 def fingerprints(inputs: Inputs, settings: Settings) -> tuple[str, str]:
-    """(whole corpus, SentencePiece model): digests of input file stats and the settings that shape each."""
-    stats = {name: [[_file_stat(p) for p in side] for side in sides] for name, sides in inputs.splits.items()}
+    """(whole corpus, SentencePiece model): digests of the input files' paths and contents and of the settings
+    that shape each."""
+    stats = {
+        name: [[[str(p.resolve()), file_digest(p)] for p in side] for side in sides]
+        for name, sides in inputs.splits.items()
+    }
     spm_fp = _digest({"format": FORMAT_VERSION, "train": stats[TRAIN], **settings.spm_part()})
     corpus_fp = _digest({"format": FORMAT_VERSION, "inputs": stats, "settings": asdict(settings)})
     return corpus_fp, spm_fp
 
 
 def _read_meta(out: Path) -> dict[str, Any] | None:
+    """``out/meta.json`` when it is one attnx wrote (a JSON object with a format version), else None."""
     try:
-        return json.loads((out / META).read_text())
+        meta = json.loads((out / META).read_text())
     except (OSError, ValueError):
         return None
+    return meta if isinstance(meta, dict) and "format_version" in meta else None
 
 
 # --- step 1: read, check, normalize ---------------------------------------------------------------------
@@ -180,6 +202,8 @@ class SplitStats:
     read: int
     dropped: dict[str, int]
     inputs: dict[str, list[str]]
+    max_id: dict[str, int] = field(default_factory=dict)
+    """Largest token id in each language's ``.bin``: what opening the corpus checks the file against."""
 
 
 def encode_split(
@@ -191,14 +215,17 @@ def encode_split(
     settings: Settings,
     workers: int,
     dropped: Counter[str],
-) -> tuple[int, int, int]:
-    """Encode one normalized split into ``{name}.{lang}.bin/.idx.npy/.len.npy``; return (pairs, src, tgt tokens).
+) -> tuple[int, int, int, dict[str, int]]:
+    """Encode one normalized split into ``{name}.{lang}.bin/.idx.npy/.len.npy``.
+
+    Returns (pairs, source tokens, target tokens, largest id per language).
 
     Training pairs over ``max_sentence_tokens`` tokens or the ``max_ratio`` length ratio are dropped and counted.
     """
     dtype = ids_dtype(tokenizer.vocab_size)
     lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
     langs = {"src": settings.src_lang, "tgt": settings.tgt_lang}
+    max_id = {side: -1 for side in langs}
     files = {side: open(out / f"{name}.{lang}.bin", "wb") for side, lang in langs.items()}  # noqa: SIM115
     try:
         with tqdm(desc=f"encode {name}", unit=" pairs", disable=None, leave=False) as bar:
@@ -216,6 +243,8 @@ def encode_split(
                 for side, x in ids.items():
                     flat = np.fromiter(itertools.chain.from_iterable(x), dtype, int(lens[side].sum()))
                     files[side].write(flat.tobytes())
+                    if len(flat):
+                        max_id[side] = max(max_id[side], int(flat.max()))
                     lengths[side].append(lens[side])
                 bar.update(len(s))
     finally:
@@ -235,7 +264,7 @@ def encode_split(
             f"no training pair is left after dropping pairs over --max_sentence_tokens {settings.max_sentence_tokens} tokens or "
             f"--max_ratio {settings.max_ratio} ({dict(dropped)})"
         )
-    return n, totals[0], totals[1]
+    return n, totals[0], totals[1], {langs[side]: m for side, m in max_id.items()}
 
 
 def _keep(src: np.ndarray, tgt: np.ndarray, settings: Settings, dropped: Counter[str]) -> np.ndarray:
@@ -256,69 +285,84 @@ def _keep(src: np.ndarray, tgt: np.ndarray, settings: Settings, dropped: Counter
 def prepare(
     inputs: Inputs, out: str | Path, settings: Settings, workers: int | None = None
 ) -> dict[str, Any]:
-    """Build (or reuse) the prepared corpus in ``out``; return its ``meta.json`` content."""
+    """Build (or reuse) the prepared corpus in ``out``; return its ``meta.json`` content.
+
+    Raises:
+        DataError: ``out`` holds a file prepare did not write, or one of the inputs (nothing is touched then).
+    """
     if TRAIN not in inputs.splits:
         raise DataError("a training split is required (--train)")
     out, workers = Path(out), workers or os.cpu_count() or 1
-    corpus_fp, spm_fp = fingerprints(inputs, settings)
     old = _read_meta(out)
-    if old and old.get("fingerprint") == corpus_fp and _complete(out, old):
+    owned = check_output(out, inputs, old)
+    corpus_fp, spm_fp = fingerprints(inputs, settings)
+    if old and old.get("fingerprint") == corpus_fp and not old.get("incomplete") and _complete(out, old):
         old["reused"] = True
         return old
-    out.mkdir(parents=True, exist_ok=True)
-    (out / META).unlink(missing_ok=True)  # incomplete until the new one is written
-    work = out / "tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create --output {out}: {e.strerror or e}") from e
+    for name in owned:  # scratch directories of a run that was killed before it could remove them
+        if name.startswith(SCRATCH_PREFIX):
+            shutil.rmtree(out / name, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=out))
+    (work / SCRATCH_MARK).write_text("attnx prepare writes here and moves its files into place when done\n")
     start = time.perf_counter()
     try:
         stats: dict[str, SplitStats] = {}
         texts: dict[str, tuple[Path, Path]] = {}
         for name, (srcs, tgts) in inputs.splits.items():
-            where = work if name == TRAIN else out
-            texts[name] = (where / f"{name}.{settings.src_lang}", where / f"{name}.{settings.tgt_lang}")
+            texts[name] = (work / f"{name}.{settings.src_lang}", work / f"{name}.{settings.tgt_lang}")
             read, dropped = normalize_split(name, srcs, tgts, *texts[name])
             stats[name] = SplitStats(
                 0, 0, 0, read, dict(dropped), {"src": list(map(str, srcs)), "tgt": list(map(str, tgts))}
             )
 
         seconds = {"read": time.perf_counter() - start}
-        reuse_spm = old is not None and old.get("spm_fingerprint") == spm_fp and (out / SPM_MODEL).is_file()
+        reuse_spm = (
+            old is not None
+            and old.get("spm_fingerprint") == spm_fp
+            and not old.get("incomplete")
+            and (out / SPM_MODEL).is_file()
+        )
         if not reuse_spm:
-            train_sentencepiece(list(texts[TRAIN]), out, settings, workers)
-        tokenizer = Tokenizer.load(out / SPM_MODEL)
+            train_sentencepiece(list(texts[TRAIN]), work, settings, workers)
+        tokenizer = Tokenizer.load((out if reuse_spm else work) / SPM_MODEL)
         seconds["sentencepiece"] = time.perf_counter() - start - sum(seconds.values())
 
         for name, (src_text, tgt_text) in texts.items():
             dropped = Counter(stats[name].dropped)
-            pairs, src_tokens, tgt_tokens = encode_split(
-                name, src_text, tgt_text, out, tokenizer, settings, workers, dropped
+            pairs, src_tokens, tgt_tokens, max_id = encode_split(
+                name, src_text, tgt_text, work, tokenizer, settings, workers, dropped
             )
             stats[name].pairs, stats[name].src_tokens, stats[name].tgt_tokens = pairs, src_tokens, tgt_tokens
             stats[name].dropped = {k: v for k, v in dropped.items() if v}
+            stats[name].max_id = max_id
         seconds["encode"] = time.perf_counter() - start - sum(seconds.values())
+
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "src_lang": settings.src_lang,
+            "tgt_lang": settings.tgt_lang,
+            "vocab_size": tokenizer.vocab_size,
+            "dtype": ids_dtype(tokenizer.vocab_size).name,
+            "splits": {name: asdict(s) for name, s in stats.items()},
+            "settings": asdict(settings),
+            "fingerprint": corpus_fp,
+            "spm_fingerprint": spm_fp,
+            "seconds": {step: round(t, 2) for step, t in seconds.items()},
+        }
+        meta["files"] = _expected_files(meta)
+        _publish(out, work, meta, owned, fresh=[f for f in meta["files"] if (work / f).is_file()])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "src_lang": settings.src_lang,
-        "tgt_lang": settings.tgt_lang,
-        "vocab_size": tokenizer.vocab_size,
-        "dtype": ids_dtype(tokenizer.vocab_size).name,
-        "splits": {name: asdict(s) for name, s in stats.items()},
-        "settings": asdict(settings),
-        "fingerprint": corpus_fp,
-        "spm_fingerprint": spm_fp,
-        "seconds": {step: round(t, 2) for step, t in seconds.items()},
-    }
-    _remove_stale(out, meta)
-    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
     meta["reused"] = False
     return meta
 
 
 def _expected_files(meta: dict[str, Any]) -> list[str]:
+    """The files of a complete corpus described by ``meta`` (without ``meta.json`` itself)."""
     files = [SPM_MODEL, Path(SPM_MODEL).with_suffix(".vocab").name]
     for name in meta["splits"]:
         for lang in (meta["src_lang"], meta["tgt_lang"]):
@@ -329,15 +373,72 @@ def _expected_files(meta: dict[str, Any]) -> list[str]:
 
 
 def _complete(out: Path, meta: dict[str, Any]) -> bool:
-    return all((out / f).is_file() for f in _expected_files(meta))
+    return all((out / f).is_file() for f in meta.get("files") or _expected_files(meta))
 
 
-def _remove_stale(out: Path, meta: dict[str, Any]) -> None:
-    """Delete split files of an earlier run that this one no longer has (a removed test set, other languages)."""
-    keep = set(_expected_files(meta)) | {META}
-    for path in out.iterdir():
-        if path.is_file() and path.name not in keep and re.search(r"\.(bin|idx\.npy|len\.npy)$", path.name):
+def owned_files(out: Path, meta: dict[str, Any] | None) -> set[str]:
+    """Names in ``out`` that an earlier ``attnx prepare`` wrote: those ``meta.json`` lists (or, for a corpus of an
+    attnx that did not list them, those its splits imply), ``meta.json`` itself and prepare's scratch directories."""
+    names: set[str] = set()
+    if meta is not None:
+        names.add(META)
+        if isinstance(meta.get("files"), list):
+            names.update(f for f in meta["files"] if isinstance(f, str) and "/" not in f)
+        elif isinstance(meta.get("splits"), dict) and {"src_lang", "tgt_lang"} <= meta.keys():
+            names.update(_expected_files(meta))
+    if out.is_dir():
+        for path in out.iterdir():
+            if path.name.startswith(SCRATCH_PREFIX) and (path / SCRATCH_MARK).is_file():
+                names.add(path.name)
+    return names
+
+
+def check_output(out: Path, inputs: Inputs, meta: dict[str, Any] | None) -> set[str]:
+    """Refuse an output directory holding an input or a file prepare did not write; return what it did write."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--output {out} is a file, not a directory: pass a new directory as --output")
+    root = out.resolve()
+    for srcs, tgts in inputs.splits.values():
+        for path in srcs + tgts:
+            if path.resolve().is_relative_to(root):
+                raise DataError(
+                    f"--output {out} holds the input {path}: prepare writes there, so pass a directory apart from "
+                    f"the raw text as --output (e.g. --output {out.name}-prepared beside it)"
+                )
+    if not out.is_dir():
+        return set()
+    owned = owned_files(out, meta)
+    unknown = sorted(p.name + "/" * p.is_dir() for p in out.iterdir() if p.name not in owned)
+    if unknown:
+        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+        raise DataError(
+            f"--output {out} holds files attnx prepare did not write ({shown}); it never deletes or overwrites "
+            "them: pass a new or empty directory as --output"
+        )
+    return owned
+
+
+def _write_meta(out: Path, work: Path, meta: dict[str, Any]) -> None:
+    """Replace ``out/meta.json`` in one step (written in the scratch directory, then renamed)."""
+    (work / META).write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(work / META, out / META)
+
+
+def _publish(out: Path, work: Path, meta: dict[str, Any], owned: set[str], fresh: list[str]) -> None:
+    """Move the new files into ``out``, delete the earlier run's files this one no longer has, write the meta.
+
+    While files move, ``meta.json`` says the corpus is incomplete and lists every file of both runs, so a run
+    killed here is neither read as a corpus nor loses track of a file it wrote.
+    """
+    everything = sorted((owned - {META}) | set(meta["files"]))
+    _write_meta(out, work, {"format_version": FORMAT_VERSION, "incomplete": True, "files": everything})
+    for name in fresh:
+        os.replace(work / name, out / name)
+    for name in owned - set(meta["files"]) - {META}:
+        path = out / name
+        if path.is_file() and not path.is_symlink() and not name.startswith(SCRATCH_PREFIX):
             path.unlink()
+    _write_meta(out, work, meta)
 
 
 # --- command line -----------------------------------------------------------------------------------------
@@ -374,6 +475,34 @@ def _named(value: str, default: str) -> tuple[str, str]:
     return name, prefix
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (a scheduler, ``timeout``, ``kill``) during prepare: unwinds like Ctrl-C, so the scratch
+    directory is removed and the previous corpus stays as it was."""
+
+
+def _interruptible(run: Any, output: str | Path) -> Any:
+    """Run ``run()`` with SIGTERM turned into an exception; exit 128 + 15 after saying what was kept."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread: leave signals alone
+        return run()
+    try:
+        return run()
+    except Interrupted:
+        print(
+            f"attnx prepare: interrupted by SIGTERM; {output} keeps what it held before (run the same command "
+            "again to finish)",
+            file=sys.stderr,
+        )
+        raise SystemExit(128 + signal.SIGTERM) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def prepare_command(
     settings: Settings,
     train: Sequence[str],
@@ -405,7 +534,7 @@ def prepare_command(
             raise DataError(f"split {name!r} is given twice; name extra test sets with --test NAME=PREFIX")
         prefixes[name] = [prefix]
     inputs = Inputs.from_prefixes(prefixes, settings.src_lang, settings.tgt_lang)
-    meta = prepare(inputs, output, settings, workers)
+    meta = _interruptible(lambda: prepare(inputs, output, settings, workers), output)
     print(report(meta))
     print(f"corpus: {output}")
     return 0
