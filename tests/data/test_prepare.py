@@ -23,6 +23,8 @@ def main(argv: list[str]) -> int:
 
 
 def run(raw: Path, out: Path, *extra: str) -> int:
+    """Prepare ``raw/train`` with a 60-piece vocabulary; language identification is off: the toy corpora's
+    word salad is no language (the cleaning tests below use real lines)."""
     return main(
         [
             "--src_lang",
@@ -35,6 +37,8 @@ def run(raw: Path, out: Path, *extra: str) -> int:
             str(out),
             "--vocab_size",
             "60",
+            "--drop_wrong_language",
+            "false",
         ]
         + list(extra)
     )
@@ -247,6 +251,7 @@ def test_unwritable_output_is_an_error_not_a_traceback(toy: Path, tmp_path: Path
 
 def attnx_prepare(*argv: str | Path) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "attnx", "prepare", "--src_lang", "en", "--tgt_lang", "de"]
+    command += ["--drop_wrong_language", "false"]
     return subprocess.run(command + list(map(str, argv)), capture_output=True, text=True, env=os.environ)
 
 
@@ -360,7 +365,8 @@ def test_what_a_killed_run_left_is_cleaned_up_and_nothing_else(toy: Path, tmp_pa
 def run_in_process(raw: Path, out: Path) -> None:
     from attnx.data.prepare import Inputs, Settings, prepare
 
-    prepare(Inputs.from_prefixes({"train": [raw / "train"]}, "en", "de"), out, Settings("en", "de", 60))
+    settings = Settings("en", "de", 60, drop_wrong_language=False)
+    prepare(Inputs.from_prefixes({"train": [raw / "train"]}, "en", "de"), out, settings)
 
 
 # --- a damaged corpus is one error when it is opened ----------------------------------------------------

@@ -32,8 +32,8 @@ import signal
 import sys
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,9 +42,18 @@ import numpy as np
 import sentencepiece as spm
 from tqdm import tqdm
 
+from attnx.data.cleaning import (
+    SeenPairs,
+    copies,
+    identifier,
+    languages_of,
+    pair_keys,
+    start_worker,
+    wrong_language,
+)
 from attnx.data.corpus import FORMAT_VERSION, META, SPM_MODEL, ids_dtype
 from attnx.data.errors import DataError
-from attnx.data.text import read_chunks, read_pairs, resolve
+from attnx.data.text import read_aligned, read_chunks, read_pairs, resolve
 from attnx.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 TRAIN = "train"
@@ -68,9 +77,22 @@ class Settings:
     sample_size: int = 10_000_000
     character_coverage: float = 1.0
     seed: int = 1
+    drop_duplicates: bool = True
+    drop_copies: bool = True
+    drop_wrong_language: bool = True
 
     def spm_part(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("vocab_size", "sample_size", "character_coverage", "seed")}
+        """The settings that shape SentencePiece's training text and model."""
+        keys = ("vocab_size", "sample_size", "character_coverage", "seed")
+        return {k: getattr(self, k) for k in keys + CLEANING}
+
+
+CLEANING = ("drop_duplicates", "drop_copies", "drop_wrong_language")
+EXAMPLES = 3
+"""Dropped pairs kept as examples per corpus and reason (meta.json and --report)."""
+EXAMPLE_CHARS = 200
+LINES = "train.lines"
+"""Scratch file: corpus and line number of every training pair that survives cleaning (int64 each)."""
 
 
 @dataclass
@@ -127,8 +149,7 @@ def _read_meta(out: Path) -> dict[str, Any] | None:
 def normalize_split(
     name: str, srcs: list[Path], tgts: list[Path], src_out: Path, tgt_out: Path
 ) -> tuple[int, Counter[str]]:
-    """Write the normalized, aligned text of one split; return (pairs read, dropped by reason)."""
-    dropped: Counter[str] = Counter()
+    """Write the normalized, aligned text of a validation or test split; return (pairs read, nothing dropped)."""
     n_read = 0
     with (
         open(src_out, "w", encoding="utf-8") as fs,
@@ -136,16 +157,170 @@ def normalize_split(
         tqdm(desc=f"read {name}", unit=" pairs", disable=None, leave=False) as bar,
     ):
         for src, tgt in zip(srcs, tgts, strict=True):
-            for s, t in read_pairs(src, tgt, dropped if name == TRAIN else None):
-                if s:
-                    fs.write("\n".join(s) + "\n")
-                    ft.write("\n".join(t) + "\n")
+            for s, t in read_pairs(src, tgt):
+                fs.write("\n".join(s) + "\n")
+                ft.write("\n".join(t) + "\n")
                 n_read += len(s)
                 bar.update(len(s))
-    n_read += dropped["blank"]
-    if name == TRAIN and n_read == dropped["blank"]:
-        raise DataError(f"every training pair has a blank side ({', '.join(map(str, srcs + tgts))})")
-    return n_read, dropped
+    return n_read, Counter()
+
+
+@dataclass
+class CorpusStats:
+    """One training corpus: pairs read and kept, dropped per reason, a few dropped pairs per reason."""
+
+    read: int = 0
+    pairs: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def drop(self, reason: str, where: np.ndarray, src: list[str], tgt: list[str], lines: np.ndarray,
+             notes: Sequence[str] | None = None) -> None:  # fmt: skip
+        """Count the pairs where ``where`` is True under ``reason``; keep the first few as examples."""
+        hits = np.flatnonzero(where)
+        if not len(hits):
+            return
+        self.dropped[reason] += len(hits)
+        examples = self.examples.setdefault(reason, [])
+        for i in hits[: EXAMPLES - len(examples)]:
+            example = {"line": int(lines[i]), "src": src[i][:EXAMPLE_CHARS], "tgt": tgt[i][:EXAMPLE_CHARS]}
+            if notes is not None:
+                example["found"] = notes[i]
+            examples.append(example)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "read": self.read,
+            "pairs": self.pairs,
+            "dropped": dict(self.dropped),
+            "examples": self.examples,
+        }
+
+
+def corpus_name(path: Path, lang: str) -> str:
+    """A training corpus by the prefix it was given as: ``raw/wmt14_ende/commoncrawl``."""
+    return str(path).removesuffix(".gz").removesuffix(f".{lang}")
+
+
+def _select(keep: np.ndarray, *columns: Any) -> list[Any]:
+    if keep.all():
+        return list(columns)
+    at = np.flatnonzero(keep)
+    return [column[at] if isinstance(column, np.ndarray) else [column[i] for i in at] for column in columns]
+
+
+def _read_and_filter(
+    srcs: list[Path], tgts: list[Path], settings: Settings, corpora: list[CorpusStats]
+) -> Iterator[tuple[int, np.ndarray, list[str], list[str]]]:
+    """(corpus, line numbers, source, target) chunks left after the blank, copy and duplicate filters."""
+    seen = SeenPairs()
+    for corpus, (src, tgt) in enumerate(zip(srcs, tgts, strict=True)):
+        stats, first = corpora[corpus], 1
+        for s, t in read_aligned(src, tgt):
+            lines = np.arange(first, first + len(s), dtype=np.int64)
+            first += len(s)
+            stats.read += len(s)
+            blank = np.fromiter((not x or not y for x, y in zip(s, t, strict=True)), bool, len(s))
+            stats.drop("blank", blank, s, t, lines)
+            s, t, lines = _select(~blank, s, t, lines)
+            if settings.drop_copies:
+                copy = copies(s, t)
+                stats.drop("copy", copy, s, t, lines)
+                s, t, lines = _select(~copy, s, t, lines)
+            if settings.drop_duplicates and s:
+                duplicate = ~seen.first_seen(pair_keys(s, t))
+                stats.drop("duplicate", duplicate, s, t, lines)
+                s, t, lines = _select(~duplicate, s, t, lines)
+            yield corpus, lines, s, t
+
+
+def language_id_note(settings: Settings) -> str | None:
+    """Why language identification does not run for these settings, or None when it does."""
+    if not settings.drop_wrong_language:
+        return "off (--drop_wrong_language false)"
+    known = identifier().known
+    unknown = [lang for lang in (settings.src_lang, settings.tgt_lang) if lang not in known]
+    if unknown:
+        return f"off: the language identifier does not know {', '.join(map(repr, unknown))}"
+    return None
+
+
+def clean_training_split(
+    srcs: list[Path], tgts: list[Path], src_out: Path, tgt_out: Path, lines_out: Path, settings: Settings,
+    workers: int,
+) -> tuple[list[CorpusStats], str | None]:  # fmt: skip
+    """Read every training corpus, drop blank, copied, duplicate and wrong-language pairs, write what is left.
+
+    ``lines_out`` receives, for each pair written, ``corpus << 32 | line number``: what lets the length filters
+    of the encoding step count per corpus and quote the line of an example. Returns the stats of each corpus and
+    why language identification did not run (None when it did).
+    """
+    corpora = [CorpusStats() for _ in srcs]
+    note = language_id_note(settings)
+    chunks: Iterator[tuple[int, np.ndarray, list[str], list[str]]] = _read_and_filter(
+        srcs, tgts, settings, corpora
+    )
+    pool = None
+    with (
+        open(src_out, "w", encoding="utf-8") as fs,
+        open(tgt_out, "w", encoding="utf-8") as ft,
+        open(lines_out, "wb") as fl,
+        tqdm(desc="read and clean train", unit=" pairs", disable=None, leave=False) as bar,
+    ):
+        try:
+            if note is None:
+                chunks, pool = _identify_languages(chunks, settings, corpora, workers)
+            for corpus, lines, s, t in chunks:
+                bar.update(len(s))
+                if not s:
+                    continue
+                fs.write("\n".join(s) + "\n")
+                ft.write("\n".join(t) + "\n")
+                fl.write(((corpus << 32) | lines).astype(np.int64).tobytes())
+        finally:
+            if pool is not None:
+                pool.terminate()
+    if not sum(c.read - sum(c.dropped.values()) for c in corpora):
+        reasons = Counter(sum((c.dropped for c in corpora), Counter()))
+        if set(reasons) == {"blank"}:
+            raise DataError(f"every training pair has a blank side ({', '.join(map(str, srcs + tgts))})")
+        raise DataError(f"no training pair is left after cleaning (dropped: {dict(reasons)})")
+    return corpora, note
+
+
+def _identify_languages(
+    chunks: Iterator[tuple[int, np.ndarray, list[str], list[str]]],
+    settings: Settings,
+    corpora: list[CorpusStats],
+    workers: int,
+) -> tuple[Iterator[tuple[int, np.ndarray, list[str], list[str]]], Any]:
+    """Drop pairs whose either side is identified as another language, in ``workers`` processes."""
+    import multiprocessing
+
+    pending: deque[tuple[int, np.ndarray, list[str], list[str]]] = deque()
+
+    def texts() -> Iterator[tuple[list[str], list[str]]]:
+        for chunk in chunks:
+            pending.append(chunk)
+            yield chunk[2], chunk[3]
+
+    identifier()  # loaded once here, inherited by the worker processes
+    pool = None
+    if workers > 1:
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=start_worker)
+        found: Iterator[tuple[list[str], list[str]]] = pool.imap(languages_of, texts())
+    else:
+        found = map(languages_of, texts())
+
+    def filtered() -> Iterator[tuple[int, np.ndarray, list[str], list[str]]]:
+        for src_found, tgt_found in found:
+            corpus, lines, s, t = pending.popleft()
+            wrong = wrong_language(src_found, tgt_found, settings.src_lang, settings.tgt_lang)
+            notes = [f"{a}-{b}" for a, b in zip(src_found, tgt_found, strict=True)]
+            corpora[corpus].drop("language", wrong, s, t, lines, notes)
+            yield corpus, *_select(~wrong, lines, s, t)  # type: ignore[misc]
+
+    return filtered(), pool
 
 
 # --- step 2: the joint SentencePiece model ----------------------------------------------------------------
@@ -154,7 +329,7 @@ def normalize_split(
 def train_sentencepiece(texts: list[Path], out: Path, settings: Settings, workers: int) -> None:
     """Train the joint BPE model on ``texts`` (both languages) into ``out/spm.model``."""
     spm.set_random_generator_seed(settings.seed)
-    print(f"training SentencePiece BPE, {settings.vocab_size} pieces, on {' + '.join(map(str, texts))}")
+    print(f"training SentencePiece BPE, {settings.vocab_size} pieces, on both sides of the cleaned training text")
     try:
         spm.SentencePieceTrainer.train(
             input=[str(t) for t in texts],
@@ -204,6 +379,10 @@ class SplitStats:
     inputs: dict[str, list[str]]
     max_id: dict[str, int] = field(default_factory=dict)
     """Largest token id in each language's ``.bin``: what opening the corpus checks the file against."""
+    corpora: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Training only: each corpus's pairs read and kept, dropped per reason, and examples of dropped pairs."""
+    language_id: str = ""
+    """Training only: "on", or why language identification did not run."""
 
 
 def encode_split(
@@ -214,14 +393,20 @@ def encode_split(
     tokenizer: Tokenizer,
     settings: Settings,
     workers: int,
-    dropped: Counter[str],
+    corpora: list[CorpusStats] | None = None,
+    lines: Path | None = None,
 ) -> tuple[int, int, int, dict[str, int]]:
     """Encode one normalized split into ``{name}.{lang}.bin/.idx.npy/.len.npy``.
 
     Returns (pairs, source tokens, target tokens, largest id per language).
 
-    Training pairs over ``max_sentence_tokens`` tokens or the ``max_ratio`` length ratio are dropped and counted.
+    Training pairs over ``max_sentence_tokens`` tokens or the ``max_ratio`` length ratio are dropped and counted
+    in ``corpora``, the corpus and line of each pair read from ``lines`` (see ``clean_training_split``).
     """
+    codes = np.zeros(0, np.int64)
+    if lines is not None and lines.stat().st_size:
+        codes = np.memmap(lines, np.int64, mode="r")
+    position = 0
     dtype = ids_dtype(tokenizer.vocab_size)
     lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
     langs = {"src": settings.src_lang, "tgt": settings.tgt_lang}
@@ -235,8 +420,10 @@ def encode_split(
             for s, t in chunks:
                 ids = {"src": tokenizer.encode_batch(s, workers), "tgt": tokenizer.encode_batch(t, workers)}
                 lens = {side: np.fromiter(map(len, x), np.int32, len(x)) for side, x in ids.items()}
-                if name == TRAIN:
-                    keep = _keep(lens["src"], lens["tgt"], settings, dropped)
+                if corpora is not None:
+                    code = np.asarray(codes[position : position + len(s)])
+                    position += len(s)
+                    keep = _keep(lens["src"], lens["tgt"], settings, corpora, code, s, t)
                     if not keep.all():
                         ids = {side: [x[i] for i in np.flatnonzero(keep)] for side, x in ids.items()}
                         lens = {side: x[keep] for side, x in lens.items()}
@@ -260,6 +447,7 @@ def encode_split(
         totals.append(int(offsets[-1]))
     n = len(lengths["src"]) and sum(map(len, lengths["src"]))
     if n == 0:
+        dropped = sum((c.dropped for c in corpora or []), Counter())
         raise DataError(
             f"no training pair is left after dropping pairs over --max_sentence_tokens {settings.max_sentence_tokens} tokens or "
             f"--max_ratio {settings.max_ratio} ({dict(dropped)})"
@@ -267,16 +455,24 @@ def encode_split(
     return n, totals[0], totals[1], {langs[side]: m for side, m in max_id.items()}
 
 
-def _keep(src: np.ndarray, tgt: np.ndarray, settings: Settings, dropped: Counter[str]) -> np.ndarray:
+def _keep(
+    src: np.ndarray, tgt: np.ndarray, settings: Settings, corpora: list[CorpusStats], code: np.ndarray,
+    src_text: list[str], tgt_text: list[str],
+) -> np.ndarray:  # fmt: skip
     """fairseq/Moses-style cleaning: tokens in [1, max_len] on both sides and a bounded length ratio."""
     too_long = (src > settings.max_sentence_tokens) | (tgt > settings.max_sentence_tokens)
     empty = ~too_long & ((src == 0) | (tgt == 0))  # text that encodes to nothing
     ratio = np.maximum(src, tgt) / np.maximum(np.minimum(src, tgt), 1)
     bad_ratio = ~too_long & ~empty & (ratio > settings.max_ratio)
-    dropped["too_long"] += int(too_long.sum())
-    dropped["empty"] += int(empty.sum())
-    dropped["ratio"] += int(bad_ratio.sum())
-    return ~(too_long | empty | bad_ratio)
+    keep = ~(too_long | empty | bad_ratio)
+    corpus_of, line_of = code >> 32, code & 0xFFFFFFFF
+    for corpus in np.unique(corpus_of):
+        mine = corpus_of == corpus
+        stats = corpora[int(corpus)]
+        for reason, where in (("too_long", too_long), ("empty", empty), ("ratio", bad_ratio)):
+            stats.drop(reason, where & mine, src_text, tgt_text, line_of)
+        stats.pairs += int((keep & mine).sum())
+    return keep
 
 
 # --- the whole pipeline ---------------------------------------------------------------------------------
@@ -312,12 +508,19 @@ def prepare(
     try:
         stats: dict[str, SplitStats] = {}
         texts: dict[str, tuple[Path, Path]] = {}
+        corpora: list[CorpusStats] = []
         for name, (srcs, tgts) in inputs.splits.items():
             texts[name] = (work / f"{name}.{settings.src_lang}", work / f"{name}.{settings.tgt_lang}")
-            read, dropped = normalize_split(name, srcs, tgts, *texts[name])
-            stats[name] = SplitStats(
-                0, 0, 0, read, dict(dropped), {"src": list(map(str, srcs)), "tgt": list(map(str, tgts))}
-            )
+            files = {"src": list(map(str, srcs)), "tgt": list(map(str, tgts))}
+            if name == TRAIN:
+                corpora, language_id = clean_training_split(
+                    srcs, tgts, *texts[name], work / LINES, settings, workers
+                )
+                stats[name] = SplitStats(0, 0, 0, sum(c.read for c in corpora), {}, files)
+                stats[name].language_id = language_id or "on"
+            else:
+                read, _ = normalize_split(name, srcs, tgts, *texts[name])
+                stats[name] = SplitStats(0, 0, 0, read, {}, files)
 
         seconds = {"read": time.perf_counter() - start}
         reuse_spm = (
@@ -332,13 +535,18 @@ def prepare(
         seconds["sentencepiece"] = time.perf_counter() - start - sum(seconds.values())
 
         for name, (src_text, tgt_text) in texts.items():
-            dropped = Counter(stats[name].dropped)
+            train = name == TRAIN
             pairs, src_tokens, tgt_tokens, max_id = encode_split(
-                name, src_text, tgt_text, work, tokenizer, settings, workers, dropped
-            )
+                name, src_text, tgt_text, work, tokenizer, settings, workers,
+                corpora if train else None, work / LINES if train else None,
+            )  # fmt: skip
             stats[name].pairs, stats[name].src_tokens, stats[name].tgt_tokens = pairs, src_tokens, tgt_tokens
-            stats[name].dropped = {k: v for k, v in dropped.items() if v}
             stats[name].max_id = max_id
+            if train:
+                dropped = sum((c.dropped for c in corpora), Counter())
+                stats[name].dropped = {k: v for k, v in dropped.items() if v}
+                names = [corpus_name(p, settings.src_lang) for p in inputs.splits[TRAIN][0]]
+                stats[name].corpora = {n: c.as_dict() for n, c in zip(names, corpora, strict=True)}
         seconds["encode"] = time.perf_counter() - start - sum(seconds.values())
 
         meta = {
@@ -444,24 +652,86 @@ def _publish(out: Path, work: Path, meta: dict[str, Any], owned: set[str], fresh
 # --- command line -----------------------------------------------------------------------------------------
 
 
+def _reasons(settings: dict[str, Any]) -> dict[str, str]:
+    return {
+        "blank": "with a blank side",
+        "copy": "with the target a copy of the source",
+        "duplicate": "duplicating an earlier pair",
+        "language": "in another language",
+        "too_long": f"over {settings['max_sentence_tokens']} tokens",
+        "ratio": f"over length ratio {settings['max_ratio']}",
+        "empty": "that encode to no token",
+    }
+
+
+def _dropped(dropped: dict[str, int], read: int, reasons: dict[str, str]) -> str:
+    parts = [f"{n:,} {reasons.get(k, k)}" for k, n in dropped.items() if n]
+    return f"dropped {sum(dropped.values()):,} of {read:,}: " + ", ".join(parts) if parts else "dropped none"
+
+
 def report(meta: dict[str, Any]) -> str:
+    """What ``attnx prepare`` prints: the corpus, each split, and for training what each corpus lost and why."""
     lines = [
         f"{'reused' if meta.get('reused') else 'prepared'} {meta['src_lang']}-{meta['tgt_lang']} corpus, "
         f"vocabulary {meta['vocab_size']} ({meta['dtype']} ids)"
     ]
+    reasons = _reasons(meta["settings"])
     for name, s in meta["splits"].items():
         line = f"  {name}: {s['pairs']:,} pairs, {s['src_tokens']:,} + {s['tgt_tokens']:,} tokens"
         if s["dropped"]:
-            reasons = {
-                "blank": "with a blank side",
-                "too_long": f"over {meta['settings']['max_sentence_tokens']} tokens",
-                "ratio": f"over length ratio {meta['settings']['max_ratio']}",
-                "empty": "that encode to no token",
-            }
-            parts = [f"{n:,} {reasons.get(k, k)}" for k, n in s["dropped"].items()]
-            line += f"; dropped {sum(s['dropped'].values()):,} of {s['read']:,}: " + ", ".join(parts)
+            line += "; " + _dropped(s["dropped"], s["read"], reasons)
         lines.append(line)
+        corpora = s.get("corpora") or {}
+        if len(corpora) > 1:
+            for corpus, c in corpora.items():
+                lines.append(
+                    f"    {corpus}: {c['pairs']:,} pairs; " + _dropped(c["dropped"], c["read"], reasons)
+                )
+        if s.get("language_id") not in (None, "", "on"):
+            lines.append(f"    language identification {s['language_id']}")
     return "\n".join(lines)
+
+
+REPORT_HEADER = "# attnx prepare: what cleaning dropped"
+
+
+def report_markdown(meta: dict[str, Any], output: str | Path) -> str:
+    """The ``--report`` file: per training corpus and reason, how many pairs were dropped, with examples."""
+    reasons = _reasons(meta["settings"])
+    train = meta["splits"][TRAIN]
+    out = [REPORT_HEADER, "", f"Corpus `{output}`, {meta['src_lang']}-{meta['tgt_lang']}.", ""]
+    out += [f"Language identification: {train.get('language_id', 'on')}.", ""]
+    out += ["| corpus | read | kept | " + " | ".join(reasons) + " |"]
+    out += ["|---|---:|---:|" + "---:|" * len(reasons)]
+    for corpus, c in train.get("corpora", {}).items():
+        counts = " | ".join(f"{c['dropped'].get(k, 0):,}" for k in reasons)
+        out.append(f"| {corpus} | {c['read']:,} | {c['pairs']:,} | {counts} |")
+    for corpus, c in train.get("corpora", {}).items():
+        for reason, examples in c.get("examples", {}).items():
+            out += ["", f"## {corpus}: {c['dropped'].get(reason, 0):,} {reasons.get(reason, reason)}", ""]
+            for e in examples:
+                found = f" (identified as {e['found']})" if "found" in e else ""
+                out.append(f"- line {e['line']}{found}: `{e['src']}` → `{e['tgt']}`")
+    return "\n".join(out) + "\n"
+
+
+def write_report(path: Path, meta: dict[str, Any], output: str | Path) -> None:
+    """Write the ``--report`` file; a file of that name is replaced only if an earlier report wrote it."""
+    if path.exists():
+        try:
+            with open(path, encoding="utf-8") as f:
+                ours = f.readline().rstrip("\n") == REPORT_HEADER
+        except (OSError, UnicodeDecodeError):
+            ours = False
+        if not ours:
+            raise DataError(
+                f"--report {path} exists and is not a report attnx wrote; pass a new file name (the corpus in "
+                f"{output} is ready)"
+            )
+    try:
+        path.write_text(report_markdown(meta, output), encoding="utf-8")
+    except OSError as e:
+        raise DataError(f"cannot write --report {path}: {e.strerror or e}") from e
 
 
 def _named(value: str, default: str) -> tuple[str, str]:
@@ -510,6 +780,7 @@ def prepare_command(
     valid: str | None = None,
     test: Sequence[str] = (),
     workers: int | None = None,
+    report_file: str | Path | None = None,
 ) -> int:
     """``attnx prepare`` (see ``attnx.commands.data.prepare`` for the options): check, build, report."""
     if (
@@ -527,6 +798,8 @@ def prepare_command(
         train = [train]
     if isinstance(test, str):
         test = [test]
+    if len(set(train)) != len(train):
+        raise DataError("a training corpus is given twice in --train")
     prefixes: dict[str, list[str]] = {TRAIN: list(train)}
     for value, default in [(valid, "valid")] * bool(valid) + [(t, "test") for t in test]:
         name, prefix = _named(value, default)
@@ -536,5 +809,8 @@ def prepare_command(
     inputs = Inputs.from_prefixes(prefixes, settings.src_lang, settings.tgt_lang)
     meta = _interruptible(lambda: prepare(inputs, output, settings, workers), output)
     print(report(meta))
+    if report_file is not None:
+        write_report(Path(report_file), meta, output)
+        print(f"report of what cleaning dropped: {report_file}")
     print(f"corpus: {output}")
     return 0
