@@ -329,7 +329,9 @@ def _identify_languages(
 def train_sentencepiece(texts: list[Path], out: Path, settings: Settings, workers: int) -> None:
     """Train the joint BPE model on ``texts`` (both languages) into ``out/spm.model``."""
     spm.set_random_generator_seed(settings.seed)
-    print(f"training SentencePiece BPE, {settings.vocab_size} pieces, on both sides of the cleaned training text")
+    print(
+        f"training SentencePiece BPE, {settings.vocab_size} pieces, on both sides of the cleaned training text"
+    )
     try:
         spm.SentencePieceTrainer.train(
             input=[str(t) for t in texts],
