@@ -133,6 +133,10 @@ def test_long_and_unbalanced_training_pairs_are_dropped_and_reported(
     assert "dropped 3 of 100: 1 with a blank side, 1 over 250 tokens, 1 over length ratio 3.0" in printed
     corpus = PreparedCorpus(tmp_path / "out")
     assert len(corpus.dataset("train")) == 97
+    kept = [i for i in range(100) if i not in (10, 20, 30)]  # the ids of every pair left are its own text's
+    train = corpus.dataset("train")
+    for j, i in enumerate(kept):
+        assert [corpus.tokenizer.decode(x.tolist()) for x in train[j]] == [src[i], tgt[i]]
     valid = corpus.dataset("valid")  # never filtered
     assert len(valid) == 2 and int(valid.src_lengths[0]) > 250
 

@@ -174,7 +174,9 @@ class SeenPairs:
             self.runs.append(unique[new])
         while len(self.runs) > 1 and len(self.runs[-2]) <= 2 * len(self.runs[-1]):
             last = self.runs.pop()
-            self.runs[-1] = np.sort(np.concatenate([self.runs[-1], last]))
+            merged = np.concatenate([self.runs[-1], last])
+            merged.sort()
+            self.runs[-1] = merged
         keep = np.zeros(len(keys), bool)
         keep[first[new]] = True
         return keep

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -295,8 +296,6 @@ def _identify_languages(
     workers: int,
 ) -> tuple[Iterator[tuple[int, np.ndarray, list[str], list[str]]], Any]:
     """Drop pairs whose either side is identified as another language, in ``workers`` processes."""
-    import multiprocessing
-
     pending: deque[tuple[int, np.ndarray, list[str], list[str]]] = deque()
 
     def texts() -> Iterator[tuple[list[str], list[str]]]:
@@ -387,6 +386,49 @@ class SplitStats:
     """Training only: "on", or why language identification did not run."""
 
 
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _start_encoder(model: Path) -> None:
+    """An encoding worker process: its own SentencePiece model, one thread, default signals."""
+    global _worker_tokenizer
+    start_worker()
+    _worker_tokenizer = Tokenizer.load(model)
+
+
+def encode_chunk(
+    pairs: tuple[list[str], list[str]], tokenizer: Tokenizer | None = None, threads: int = 1
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """((source ids, lengths), (target ids, lengths)) of a chunk: flat id arrays, one length per line."""
+    tokenizer = tokenizer or _worker_tokenizer
+    assert tokenizer is not None
+    dtype = ids_dtype(tokenizer.vocab_size)
+    sides = []
+    for lines in pairs:
+        ids = tokenizer.encode_batch(lines, threads)
+        lengths = np.fromiter(map(len, ids), np.int32, len(ids))
+        sides.append((np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())), lengths))
+    return sides[0], sides[1]
+
+
+def _write_index(lengths_raw: Path, lengths_npy: Path, offsets_npy: Path) -> int:
+    """``.len.npy`` and ``.idx.npy`` from the raw int32 lengths, a block at a time; return the token count."""
+    n = lengths_raw.stat().st_size // 4
+    raw = np.memmap(lengths_raw, np.int32, mode="r") if n else np.zeros(0, np.int32)
+    lengths = np.lib.format.open_memmap(lengths_npy, mode="w+", dtype=np.int32, shape=(n,))
+    offsets = np.lib.format.open_memmap(offsets_npy, mode="w+", dtype=np.int64, shape=(n + 1,))
+    offsets[0] = total = 0
+    for start in range(0, n, 1 << 22):
+        block = np.asarray(raw[start : start + (1 << 22)])
+        lengths[start : start + len(block)] = block
+        offsets[start + 1 : start + 1 + len(block)] = total + np.cumsum(block, dtype=np.int64)
+        total = int(offsets[start + len(block)])
+    lengths.flush()
+    offsets.flush()
+    del lengths, offsets, raw
+    return total
+
+
 def encode_split(
     name: str,
     src_text: Path,
@@ -397,57 +439,73 @@ def encode_split(
     workers: int,
     corpora: list[CorpusStats] | None = None,
     lines: Path | None = None,
+    model_file: Path | None = None,
 ) -> tuple[int, int, int, dict[str, int]]:
     """Encode one normalized split into ``{name}.{lang}.bin/.idx.npy/.len.npy``.
 
     Returns (pairs, source tokens, target tokens, largest id per language).
 
-    Training pairs over ``max_sentence_tokens`` tokens or the ``max_ratio`` length ratio are dropped and counted
-    in ``corpora``, the corpus and line of each pair read from ``lines`` (see ``clean_training_split``).
+    Chunks are encoded in ``workers`` processes that load ``model_file`` (the tokenizer's; in this process for a
+    single worker or without it), written as they come, so
+    memory does not grow with the corpus. Training pairs over ``max_sentence_tokens`` tokens or the
+    ``max_ratio`` length ratio are dropped and counted in ``corpora``, the corpus and line of each pair read
+    from ``lines`` (see ``clean_training_split``).
     """
     codes = np.zeros(0, np.int64)
     if lines is not None and lines.stat().st_size:
         codes = np.memmap(lines, np.int64, mode="r")
-    position = 0
-    dtype = ids_dtype(tokenizer.vocab_size)
-    lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
+    position = n = 0
     langs = {"src": settings.src_lang, "tgt": settings.tgt_lang}
     max_id = {side: -1 for side in langs}
-    files = {side: open(out / f"{name}.{lang}.bin", "wb") for side, lang in langs.items()}  # noqa: SIM115
+    stems = {side: out / f"{name}.{lang}" for side, lang in langs.items()}
+    pending: deque[tuple[list[str], list[str]]] = deque()
+
+    def chunks() -> Iterator[tuple[list[str], list[str]]]:
+        pairs = zip(read_chunks(src_text, ENCODE_LINES), read_chunks(tgt_text, ENCODE_LINES), strict=True)
+        for chunk in pairs:
+            pending.append(chunk)
+            yield chunk
+
+    pool = None
+    if workers > 1 and model_file is not None:
+        pool = multiprocessing.get_context("fork").Pool(
+            workers, initializer=_start_encoder, initargs=(model_file,)
+        )
+        encoded: Iterator[Any] = pool.imap(encode_chunk, chunks())
+    else:
+        encoded = (encode_chunk(chunk, tokenizer) for chunk in chunks())
+    files = {side: open(f"{stem}.bin", "wb") for side, stem in stems.items()}  # noqa: SIM115
+    files |= {f"{side}.len": open(f"{stem}.len.raw", "wb") for side, stem in stems.items()}  # noqa: SIM115
     try:
         with tqdm(desc=f"encode {name}", unit=" pairs", disable=None, leave=False) as bar:
-            chunks = zip(
-                read_chunks(src_text, ENCODE_LINES), read_chunks(tgt_text, ENCODE_LINES), strict=True
-            )
-            for s, t in chunks:
-                ids = {"src": tokenizer.encode_batch(s, workers), "tgt": tokenizer.encode_batch(t, workers)}
-                lens = {side: np.fromiter(map(len, x), np.int32, len(x)) for side, x in ids.items()}
+            for (src_ids, src_lens), (tgt_ids, tgt_lens) in encoded:
+                s, t = pending.popleft()
+                ids = {"src": (src_ids, src_lens), "tgt": (tgt_ids, tgt_lens)}
                 if corpora is not None:
                     code = np.asarray(codes[position : position + len(s)])
                     position += len(s)
-                    keep = _keep(lens["src"], lens["tgt"], settings, corpora, code, s, t)
+                    keep = _keep(src_lens, tgt_lens, settings, corpora, code, s, t)
                     if not keep.all():
-                        ids = {side: [x[i] for i in np.flatnonzero(keep)] for side, x in ids.items()}
-                        lens = {side: x[keep] for side, x in lens.items()}
-                for side, x in ids.items():
-                    flat = np.fromiter(itertools.chain.from_iterable(x), dtype, int(lens[side].sum()))
+                        ids = {
+                            side: (x[np.repeat(keep, lens)], lens[keep]) for side, (x, lens) in ids.items()
+                        }
+                for side, (flat, lens) in ids.items():
                     files[side].write(flat.tobytes())
+                    files[f"{side}.len"].write(lens.tobytes())
                     if len(flat):
                         max_id[side] = max(max_id[side], int(flat.max()))
-                    lengths[side].append(lens[side])
+                n += len(ids["src"][1])
                 bar.update(len(s))
     finally:
         for f in files.values():
             f.close()
+        if pool is not None:
+            pool.terminate()
     totals = []
-    for side, lang in langs.items():
-        lens = np.concatenate(lengths[side]) if lengths[side] else np.zeros(0, np.int32)
-        offsets = np.zeros(len(lens) + 1, np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        np.save(out / f"{name}.{lang}.len.npy", lens)
-        np.save(out / f"{name}.{lang}.idx.npy", offsets)
-        totals.append(int(offsets[-1]))
-    n = len(lengths["src"]) and sum(map(len, lengths["src"]))
+    for stem in stems.values():
+        raw = Path(f"{stem}.len.raw")
+        totals.append(_write_index(raw, Path(f"{stem}.len.npy"), Path(f"{stem}.idx.npy")))
+        raw.unlink()
     if n == 0:
         dropped = sum((c.dropped for c in corpora or []), Counter())
         raise DataError(
@@ -533,14 +591,15 @@ def prepare(
         )
         if not reuse_spm:
             train_sentencepiece(list(texts[TRAIN]), work, settings, workers)
-        tokenizer = Tokenizer.load((out if reuse_spm else work) / SPM_MODEL)
+        model_file = (out if reuse_spm else work) / SPM_MODEL
+        tokenizer = Tokenizer.load(model_file)
         seconds["sentencepiece"] = time.perf_counter() - start - sum(seconds.values())
 
         for name, (src_text, tgt_text) in texts.items():
             train = name == TRAIN
             pairs, src_tokens, tgt_tokens, max_id = encode_split(
                 name, src_text, tgt_text, work, tokenizer, settings, workers,
-                corpora if train else None, work / LINES if train else None,
+                corpora if train else None, work / LINES if train else None, model_file,
             )  # fmt: skip
             stats[name].pairs, stats[name].src_tokens, stats[name].tgt_tokens = pairs, src_tokens, tgt_tokens
             stats[name].max_id = max_id
