@@ -386,22 +386,10 @@ class SplitStats:
     """Training only: "on", or why language identification did not run."""
 
 
-_worker_tokenizer: Tokenizer | None = None
-
-
-def _start_encoder(model: Path) -> None:
-    """An encoding worker process: its own SentencePiece model, one thread, default signals."""
-    global _worker_tokenizer
-    start_worker()
-    _worker_tokenizer = Tokenizer.load(model)
-
-
 def encode_chunk(
-    pairs: tuple[list[str], list[str]], tokenizer: Tokenizer | None = None, threads: int = 1
+    pairs: tuple[list[str], list[str]], tokenizer: Tokenizer, threads: int
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """((source ids, lengths), (target ids, lengths)) of a chunk: flat id arrays, one length per line."""
-    tokenizer = tokenizer or _worker_tokenizer
-    assert tokenizer is not None
     dtype = ids_dtype(tokenizer.vocab_size)
     sides = []
     for lines in pairs:
@@ -439,15 +427,13 @@ def encode_split(
     workers: int,
     corpora: list[CorpusStats] | None = None,
     lines: Path | None = None,
-    model_file: Path | None = None,
 ) -> tuple[int, int, int, dict[str, int]]:
     """Encode one normalized split into ``{name}.{lang}.bin/.idx.npy/.len.npy``.
 
     Returns (pairs, source tokens, target tokens, largest id per language).
 
-    Chunks are encoded in ``workers`` processes that load ``model_file`` (the tokenizer's; in this process for a
-    single worker or without it), written as they come, so
-    memory does not grow with the corpus. Training pairs over ``max_sentence_tokens`` tokens or the
+    Chunks are encoded on ``workers`` threads (SentencePiece's own; worker processes measured slower) and
+    written as they come, so memory does not grow with the corpus. Training pairs over ``max_sentence_tokens`` tokens or the
     ``max_ratio`` length ratio are dropped and counted in ``corpora``, the corpus and line of each pair read
     from ``lines`` (see ``clean_training_split``).
     """
@@ -458,28 +444,15 @@ def encode_split(
     langs = {"src": settings.src_lang, "tgt": settings.tgt_lang}
     max_id = {side: -1 for side in langs}
     stems = {side: out / f"{name}.{lang}" for side, lang in langs.items()}
-    pending: deque[tuple[list[str], list[str]]] = deque()
-
-    def chunks() -> Iterator[tuple[list[str], list[str]]]:
-        pairs = zip(read_chunks(src_text, ENCODE_LINES), read_chunks(tgt_text, ENCODE_LINES), strict=True)
-        for chunk in pairs:
-            pending.append(chunk)
-            yield chunk
-
-    pool = None
-    if workers > 1 and model_file is not None:
-        pool = multiprocessing.get_context("fork").Pool(
-            workers, initializer=_start_encoder, initargs=(model_file,)
-        )
-        encoded: Iterator[Any] = pool.imap(encode_chunk, chunks())
-    else:
-        encoded = (encode_chunk(chunk, tokenizer) for chunk in chunks())
     files = {side: open(f"{stem}.bin", "wb") for side, stem in stems.items()}  # noqa: SIM115
     files |= {f"{side}.len": open(f"{stem}.len.raw", "wb") for side, stem in stems.items()}  # noqa: SIM115
     try:
         with tqdm(desc=f"encode {name}", unit=" pairs", disable=None, leave=False) as bar:
-            for (src_ids, src_lens), (tgt_ids, tgt_lens) in encoded:
-                s, t = pending.popleft()
+            chunks = zip(
+                read_chunks(src_text, ENCODE_LINES), read_chunks(tgt_text, ENCODE_LINES), strict=True
+            )
+            for s, t in chunks:
+                (src_ids, src_lens), (tgt_ids, tgt_lens) = encode_chunk((s, t), tokenizer, workers)
                 ids = {"src": (src_ids, src_lens), "tgt": (tgt_ids, tgt_lens)}
                 if corpora is not None:
                     code = np.asarray(codes[position : position + len(s)])
@@ -499,8 +472,6 @@ def encode_split(
     finally:
         for f in files.values():
             f.close()
-        if pool is not None:
-            pool.terminate()
     totals = []
     for stem in stems.values():
         raw = Path(f"{stem}.len.raw")
@@ -599,7 +570,7 @@ def prepare(
             train = name == TRAIN
             pairs, src_tokens, tgt_tokens, max_id = encode_split(
                 name, src_text, tgt_text, work, tokenizer, settings, workers,
-                corpora if train else None, work / LINES if train else None, model_file,
+                corpora if train else None, work / LINES if train else None,
             )  # fmt: skip
             stats[name].pairs, stats[name].src_tokens, stats[name].tgt_tokens = pairs, src_tokens, tgt_tokens
             stats[name].max_id = max_id
