@@ -338,7 +338,8 @@ def test_sigterm_keeps_the_previous_corpus_and_exits_non_zero(
     _, err = child.communicate(timeout=120)
     assert child.returncode == 128 + signal.SIGTERM, err
     assert "interrupted by SIGTERM" in err and "Traceback" not in err
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no scratch left, nothing changed
+    assert sorted(p.name for p in out.iterdir()) == sorted(before), err  # no scratch directory left
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing changed
     assert len(PreparedCorpus(out).dataset("train")) == 300
 
 

@@ -533,10 +533,16 @@ def prepare(
     for name in owned:  # scratch directories of a run that was killed before it could remove them
         if name.startswith(SCRATCH_PREFIX):
             shutil.rmtree(out / name, ignore_errors=True)
+    # Ctrl-C or SIGTERM between creating the scratch directory and marking it as prepare's would leave a
+    # directory that no run owns: they wait until both are done and the cleanup below is armed
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     work = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=out))
-    (work / SCRATCH_MARK).write_text("attnx prepare writes here and moves its files into place when done\n")
     start = time.perf_counter()
     try:
+        (work / SCRATCH_MARK).write_text(
+            "attnx prepare writes here and moves its files into place when done\n"
+        )
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         stats: dict[str, SplitStats] = {}
         texts: dict[str, tuple[Path, Path]] = {}
         corpora: list[CorpusStats] = []
@@ -597,6 +603,7 @@ def prepare(
         _publish(out, work, meta, owned, fresh=[f for f in meta["files"] if (work / f).is_file()])
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     meta["reused"] = False
     return meta
 
