@@ -1,6 +1,13 @@
 """Data pipeline benchmarks: prepare throughput and memory, batch fill, DataModule memory on a WMT-sized corpus.
 
     python bench/bench_data.py [--data DIR] [--tmp DIR] [--pairs 1000000] [--big_pairs 4500000] [--only NAME ...]
+    python bench/bench_data.py --only wmt [--wmt_pairs 4500000] [--workers 2]   # cleaning at WMT14 scale
+
+``wmt`` builds a WMT14-sized training corpus of real sentences: every pair of the corpora in ``--data``
+(Multi30k, the OpenNMT WMT sample, newstest 2008-2020, about 85k pairs) repeated with the copy number appended
+to the source side, so deduplication keeps each copy and language identification sees real text. It is split
+into three corpora like Europarl, Common Crawl and News Commentary, prepared with every cleaning filter on, and
+each cleaning step is also timed alone on 100k pairs (``stages``): where the time goes.
 
 Each measurement runs in its own child process so that peak RSS (``ru_maxrss``) is that measurement's alone.
 Results go to stdout as a Markdown table; docs/benchmarks.md records them with the machine they ran on.
@@ -20,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,18 +41,132 @@ def rss_mb(kind: str = "VmRSS") -> float:
     return float("nan")
 
 
+def real_pairs(data: Path) -> tuple[list[str], list[str]]:
+    """Every aligned pair of ``data/*/*.en.gz`` + ``.de.gz`` (the filtered newstest2014 is a subset: skipped)."""
+    import gzip
+
+    src, tgt = [], []
+    for en in sorted(data.glob("*/*.en.gz")):
+        de = en.with_name(en.name.removesuffix(".en.gz") + ".de.gz")
+        if "filtered" in en.name or not de.is_file():
+            continue
+        with gzip.open(en, "rt", encoding="utf-8") as f, gzip.open(de, "rt", encoding="utf-8") as g:
+            a, b = f.read().splitlines(), g.read().splitlines()
+        if len(a) == len(b):
+            src += a
+            tgt += b
+    return src, tgt
+
+
+def wmt_sized_text(data: Path, raw: Path, pairs: int) -> list[Path]:
+    """Three gzipped corpora of ``pairs`` real pairs in all: copy ``k`` of a pair has `` (k)`` after its source."""
+    import gzip
+
+    src, tgt = real_pairs(data)
+    raw.mkdir(parents=True, exist_ok=True)
+    names = ["europarl", "commoncrawl", "news_commentary"]
+    sizes = [pairs // 3, pairs // 3, pairs - 2 * (pairs // 3)]
+    prefixes, n = [], 0
+    for name, size in zip(names, sizes, strict=True):
+        prefix = raw / name
+        with (
+            gzip.open(f"{prefix}.en.gz", "wt", compresslevel=1) as en,
+            gzip.open(f"{prefix}.de.gz", "wt", compresslevel=1) as de,
+        ):
+            for start in range(n, n + size, 100_000):
+                block = range(start, min(start + 100_000, n + size))
+                en.write("".join(f"{src[i % len(src)]} ({i // len(src)})\n" for i in block))
+                de.write("".join(f"{tgt[i % len(tgt)]}\n" for i in block))
+        n += size
+        prefixes.append(prefix)
+    return prefixes
+
+
+def stages(data: Path, n: int = 100_000) -> dict[str, float]:
+    """Seconds per 100k pairs of each cleaning and encoding step alone, in one process on one core."""
+    import sentencepiece as spm
+
+    from attnx.data.cleaning import SeenPairs, copies, identifier, pair_keys
+    from attnx.data.text import normalize
+
+    src, tgt = real_pairs(data)
+    src = [f"{src[i % len(src)]} ({i // len(src)})" for i in range(n)]
+    tgt = [tgt[i % len(tgt)] for i in range(n)]
+    timings: dict[str, float] = {}
+
+    def timed(name: str, fn: object) -> object:
+        start = time.perf_counter()
+        result = fn()  # type: ignore[operator]
+        timings[name] = round(time.perf_counter() - start, 3)
+        return result
+
+    timed("normalize", lambda: ([normalize(x) for x in src], [normalize(x) for x in tgt]))
+    timed("copies", lambda: copies(src, tgt))
+    timed("duplicates", lambda: SeenPairs().first_seen(pair_keys(src, tgt)))
+    identifier()
+    timed("language id (both sides)", lambda: (identifier().classify(src), identifier().classify(tgt)))
+    import py3langid
+
+    k = 5000
+    timed(f"py3langid line by line, {k} pairs", lambda: [py3langid.classify(x) for x in src[:k] + tgt[:k]])
+    model = REPO / "bench" / ".spm-for-stages"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(src[:20_000] + tgt[:20_000]), model_prefix=str(model), vocab_size=8000,
+        model_type="bpe", minloglevel=2,
+    )  # fmt: skip
+    sp = spm.SentencePieceProcessor(model_file=f"{model}.model")
+    timed(
+        "sentencepiece encode (both sides, 1 thread)",
+        lambda: (sp.encode(src, num_threads=1), sp.encode(tgt, num_threads=1)),
+    )
+    for suffix in (".model", ".vocab"):
+        Path(f"{model}{suffix}").unlink()
+    return timings
+
+
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def tree_pss_mb(pid: int) -> float:
+    """Proportional set size of a process and its descendants (shared pages counted once, split between
+    the processes sharing them): the memory a process tree really holds, forked workers included."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) / 1024
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # the process ended meanwhile
+            continue
+    return total
+
+
 def run_prepare(argv: list[str]) -> dict[str, float]:
-    """``attnx prepare ARGV`` in a child process: wall time and that child's peak RSS."""
+    """``attnx prepare ARGV`` in a child process: wall time, the peak RSS of its largest process (``ru_maxrss``
+    covers the child and the workers it waited for) and the peak PSS of the whole process tree (sampled)."""
+    import threading
+
     start = time.perf_counter()
     child = subprocess.Popen(
         [sys.executable, "-m", "attnx", "prepare", *argv], stdout=subprocess.PIPE, text=True
     )
+    peak_tree = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.25):
+            peak_tree[0] = max(peak_tree[0], tree_pss_mb(child.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     _, status, usage = os.wait4(child.pid, 0)
     seconds = time.perf_counter() - start
+    done.set()
+    sampler.join()
     output = child.stdout.read() if child.stdout else ""
     if status != 0:
         raise SystemExit(f"attnx prepare failed:\n{output}")
@@ -57,6 +179,7 @@ def run_prepare(argv: list[str]) -> dict[str, float]:
         "seconds": seconds,
         "pairs": pairs,
         "peak_rss_mb": usage.ru_maxrss / 1024,
+        "peak_tree_pss_mb": peak_tree[0],
         "steps": meta["seconds"],
     }
 
@@ -204,16 +327,38 @@ def main() -> None:
     p.add_argument(
         "--sample_size", type=int, default=2_000_000, help="SentencePiece sample on the synthetic corpus"
     )
+    p.add_argument("--wmt_pairs", type=int, default=4_500_000, help="pairs of the WMT-sized real-text corpus")
+    p.add_argument("--wmt_sample_size", type=int, default=1_000_000, help="SentencePiece sample on it")
+    p.add_argument("--workers", type=int, default=None, help="attnx prepare --workers (default: every core)")
     p.add_argument("--only", nargs="*", default=["multi30k", "synthetic", "fill", "datamodule"])
     args = p.parse_args()
     tmp = Path(args.tmp)
     tmp.mkdir(parents=True, exist_ok=True)
     m30k = Path(args.data) / "multi30k"
-    print(f"# {platform.node()} · {os.cpu_count()} cores · Python {platform.python_version()}")
+    print(
+        f"# {cpu_model()} · {os.cpu_count()} cores · load {os.getloadavg()[0]:.1f} · Python {platform.python_version()}"
+    )
     results: dict[str, object] = {}
     langs = ["--src_lang", "en", "--tgt_lang", "de", "--vocab_size", "8000"]
     prepared = tmp / "multi30k"
-    if {"multi30k", "fill", "datamodule"} & set(args.only) or not (prepared / "meta.json").exists():
+    if "stages" in args.only:
+        results["stages, seconds per 100k pairs"] = stages(Path(args.data))
+    if "wmt" in args.only:
+        start = time.perf_counter()
+        prefixes = wmt_sized_text(Path(args.data), tmp / "wmt_raw", args.wmt_pairs)
+        print(f"wrote {args.wmt_pairs:,} real pairs in 3 corpora in {time.perf_counter() - start:.0f} s")
+        train = "[" + ", ".join(map(str, prefixes)) + "]"
+        argv = [*langs, "--train", train, "--sample_size", str(args.wmt_sample_size)]
+        argv += ["--workers", str(args.workers)] if args.workers else []
+        report = tmp / "wmt_report.md"
+        result = run_prepare([*argv, "--output", str(tmp / "wmt"), "--report", str(report)])
+        train_meta = json.loads((tmp / "wmt" / "meta.json").read_text())["splits"]["train"]
+        result["pairs_per_second"] = result["pairs"] / result["seconds"]
+        result["kept"] = train_meta["pairs"]
+        result["dropped"] = train_meta["dropped"]
+        results[f"prepare wmt-sized {args.wmt_pairs:,} real pairs, cleaning on"] = result
+        shutil.rmtree(tmp / "wmt_raw"), shutil.rmtree(tmp / "wmt")
+    if {"multi30k", "fill", "datamodule"} & set(args.only):
         splits = ["--train", m30k / "train", "--valid", m30k / "val", "--test", m30k / "test_2016_flickr"]
         shutil.rmtree(prepared, ignore_errors=True)
         results["prepare multi30k"] = run_prepare([*langs, *map(str, splits), "--output", str(prepared)])

@@ -23,6 +23,8 @@ def main(argv: list[str]) -> int:
 
 
 def run(raw: Path, out: Path, *extra: str) -> int:
+    """Prepare ``raw/train`` with a 60-piece vocabulary; language identification is off: the toy corpora's
+    word salad is no language (the cleaning tests below use real lines)."""
     return main(
         [
             "--src_lang",
@@ -35,6 +37,8 @@ def run(raw: Path, out: Path, *extra: str) -> int:
             str(out),
             "--vocab_size",
             "60",
+            "--drop_wrong_language",
+            "false",
         ]
         + list(extra)
     )
@@ -129,6 +133,10 @@ def test_long_and_unbalanced_training_pairs_are_dropped_and_reported(
     assert "dropped 3 of 100: 1 with a blank side, 1 over 250 tokens, 1 over length ratio 3.0" in printed
     corpus = PreparedCorpus(tmp_path / "out")
     assert len(corpus.dataset("train")) == 97
+    kept = [i for i in range(100) if i not in (10, 20, 30)]  # the ids of every pair left are its own text's
+    train = corpus.dataset("train")
+    for j, i in enumerate(kept):
+        assert [corpus.tokenizer.decode(x.tolist()) for x in train[j]] == [src[i], tgt[i]]
     valid = corpus.dataset("valid")  # never filtered
     assert len(valid) == 2 and int(valid.src_lengths[0]) > 250
 
@@ -240,3 +248,156 @@ def test_unwritable_output_is_an_error_not_a_traceback(toy: Path, tmp_path: Path
     (tmp_path / "file").write_text("x")
     err = error_of(capsys, base(toy, tmp_path / "file" / "out") + ["--vocab_size", "60"])
     assert "file" in err
+
+
+# --- prepare writes only its own files (the real command, in a subprocess) ------------------------------
+
+
+def attnx_prepare(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "attnx", "prepare", "--src_lang", "en", "--tgt_lang", "de"]
+    command += ["--drop_wrong_language", "false"]
+    return subprocess.run(command + list(map(str, argv)), capture_output=True, text=True, env=os.environ)
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    return result.stderr
+
+
+def test_output_holding_the_users_files_is_refused_and_left_alone(toy: Path, tmp_path: Path) -> None:
+    mydir = tmp_path / "mydir"
+    (mydir / "tmp").mkdir(parents=True)
+    (mydir / "tmp" / "notes.txt").write_text("my notes\n")
+    (mydir / "firmware.bin").write_bytes(b"\x7fELF firmware")
+    err = one_error_line(attnx_prepare("--train", toy / "train", "--vocab_size", 60, "--output", mydir))
+    assert "did not write (firmware.bin, tmp/)" in err and "pass a new or empty directory" in err
+    assert sorted(p.name for p in mydir.rglob("*")) == ["firmware.bin", "notes.txt", "tmp"]
+    assert (mydir / "tmp" / "notes.txt").read_text() == "my notes\n"
+    assert (mydir / "firmware.bin").read_bytes() == b"\x7fELF firmware"
+
+    # a file the user adds to a prepared corpus later is just as safe: the rebuild is refused, the file kept
+    out = tmp_path / "out"
+    assert attnx_prepare("--train", toy / "train", "--vocab_size", 60, "--output", out).returncode == 0
+    (out / "tmp").mkdir()
+    (out / "tmp" / "notes.txt").write_text("mine")
+    err = one_error_line(attnx_prepare("--train", toy / "train", "--vocab_size", 61, "--output", out))
+    assert "tmp/" in err and (out / "tmp" / "notes.txt").read_text() == "mine"
+    assert PreparedCorpus(out).vocab_size == 60
+
+
+def test_output_holding_an_input_is_refused_and_the_input_untouched(toy: Path, tmp_path: Path) -> None:
+    before = {p.name: p.read_bytes() for p in toy.iterdir()}
+    for output in (toy, toy.parent):  # the input directory itself, and one that contains it
+        err = one_error_line(
+            attnx_prepare(
+                "--train", toy / "train", "--valid", toy / "valid", "--vocab_size", 60, "--output", output
+            )
+        )
+        assert "holds the input" in err and "pass a directory apart from the raw text" in err
+        assert {p.name: p.read_bytes() for p in toy.iterdir()} == before
+
+
+def test_reuse_is_decided_on_content_not_size_and_time(toy: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = ("--train", toy / "train", "--vocab_size", 60, "--output", out)
+    assert "prepared" in attnx_prepare(*argv).stdout
+    assert "reused" in attnx_prepare(*argv).stdout
+    first = PreparedCorpus(out).dataset("train")[0][0].tolist()
+
+    path = toy / "train.en"
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[0] = ord("X") if data[0] != ord("X") else ord("Y")  # one byte, same size, same modification time
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+
+    result = attnx_prepare(*argv)
+    assert result.returncode == 0 and "prepared" in result.stdout and "reused" not in result.stdout
+    assert PreparedCorpus(out).dataset("train")[0][0].tolist() != first
+
+
+def test_sigterm_keeps_the_previous_corpus_and_exits_non_zero(
+    toy: Path, tmp_path: Path, shared_data: Path
+) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    assert run(toy, out) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    m30k = shared_data / "multi30k"
+    command = [sys.executable, "-m", "attnx", "prepare", "--src_lang", "en", "--tgt_lang", "de"]
+    command += ["--train", str(m30k / "train"), "--vocab_size", "8000", "--output", str(out)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(out.glob(".attnx-prepare-*")) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 128 + signal.SIGTERM, err
+    assert "interrupted by SIGTERM" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == sorted(before), err  # no scratch directory left
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing changed
+    assert len(PreparedCorpus(out).dataset("train")) == 300
+
+
+def test_what_a_killed_run_left_is_cleaned_up_and_nothing_else(toy: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert run(toy, out, "--test", str(toy / "test")) == 0
+    files = json.loads((out / "meta.json").read_text())["files"]
+    assert set(files) | {"meta.json"} == {p.name for p in out.iterdir()}
+    # SIGKILL while moving files into place: a scratch directory and a meta.json that says "incomplete"
+    scratch = out / ".attnx-prepare-killed"
+    scratch.mkdir()
+    (scratch / "SCRATCH-OF-ATTNX-PREPARE").write_text("")
+    (scratch / "train.en.bin").write_bytes(b"partial")
+    meta = {"format_version": 1, "incomplete": True, "files": files}
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="incomplete: an `attnx prepare` into it was interrupted"):
+        PreparedCorpus(out)
+    # a look-alike directory the user made is not prepare's: refused, kept
+    (out / ".attnx-prepare-mine").mkdir()
+    with pytest.raises(DataError, match=r"did not write \(\.attnx-prepare-mine/\)"):
+        run_in_process(toy, out)
+    (out / ".attnx-prepare-mine").rmdir()
+    assert run(toy, out) == 0  # the test split is gone: its files go, the scratch directory too
+    assert {p.name for p in out.iterdir()} == set(PreparedCorpus(out).meta["files"]) | {"meta.json"}
+    assert not (out / "test.en.bin").exists() and len(PreparedCorpus(out).dataset("train")) == 300
+
+
+def run_in_process(raw: Path, out: Path) -> None:
+    from attnx.data.prepare import Inputs, Settings, prepare
+
+    settings = Settings("en", "de", 60, drop_wrong_language=False)
+    prepare(Inputs.from_prefixes({"train": [raw / "train"]}, "en", "de"), out, settings)
+
+
+# --- a damaged corpus is one error when it is opened ----------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["out-of-vocabulary", "changed", "truncated"])
+def test_damaged_bin_is_named_when_the_corpus_is_opened(toy: Path, tmp_path: Path, damage: str) -> None:
+    from attnx.data.datamodule import TranslationDataModule
+
+    out = tmp_path / "out"
+    assert run(toy, out) == 0
+    path = out / "train.de.bin"
+    ids = np.fromfile(path, np.uint16)
+    recorded = PreparedCorpus(out).meta["splits"]["train"]["max_id"]["de"]
+    assert recorded == ids.max() < 60
+    if damage == "out-of-vocabulary":
+        ids[len(ids) // 2] = 60_000
+        message = r"train\.de\.bin holds token id 60000, outside the vocabulary of 60 pieces"
+    elif damage == "changed":
+        ids[ids == recorded] = 4  # still inside the vocabulary, but not what was written
+        message = r"train\.de\.bin changed after it was prepared"
+    else:
+        ids = ids[:-5]
+        message = r"train\.de\.bin holds .* ids but its index train\.de\.idx\.npy covers"
+    path.write_bytes(ids.tobytes())
+    with pytest.raises(DataError, match=message):
+        PreparedCorpus(out).dataset("train")
+    with pytest.raises(DataError, match=rf"{message}.*run `attnx prepare` again into"):
+        TranslationDataModule(str(out)).train_dataloader()

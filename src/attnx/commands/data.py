@@ -53,12 +53,19 @@ def prepare(
     sample_size: int = Settings.sample_size,
     character_coverage: float = Settings.character_coverage,
     seed: int = Settings.seed,
+    drop_duplicates: bool = Settings.drop_duplicates,
+    drop_copies: bool = Settings.drop_copies,
+    drop_wrong_language: bool = Settings.drop_wrong_language,
+    report: Path | None = None,
     workers: int | None = None,
 ) -> int:
     """Train one joint SentencePiece BPE model on both languages and write a memory-mapped binarized corpus.
 
     A split PREFIX means the files PREFIX.SRC_LANG and PREFIX.TGT_LANG, each plain or .gz, one segment a line.
-    A re-run with the same inputs and settings reuses the output directory.
+    Training pairs are cleaned (blank, copied, duplicate, wrong-language, too long, unbalanced: each counted per
+    corpus); validation and test sets are kept whole. A re-run with the same inputs (by content) and settings
+    reuses the output directory, which must be new, empty or an earlier prepare's: prepare never deletes or
+    overwrites a file it did not write.
     Example: attnx prepare --src_lang en --tgt_lang de --train raw/multi30k/train --valid raw/multi30k/val
     --test raw/multi30k/test_2016_flickr --vocab_size 8000 --output data/multi30k
 
@@ -66,7 +73,7 @@ def prepare(
         src_lang: Source language code: the file suffix, e.g. en.
         tgt_lang: Target language code: the file suffix, e.g. de.
         train: Training corpus prefix; a list concatenates several corpora: --train '[europarl, commoncrawl]'.
-        output: Output directory (created; reused when inputs and settings match).
+        output: Output directory: new, empty, or written by an earlier prepare (reused when inputs and settings match).
         valid: Validation set prefix (split name: valid), or NAME=PREFIX.
         test: Test set prefixes, split name 'test' unless written NAME=PREFIX: --test newstest2014=PATH.
         vocab_size: Pieces in the joint BPE vocabulary (§5.1: about 37,000 for WMT14 en-de).
@@ -75,7 +82,13 @@ def prepare(
         sample_size: SentencePiece trains on a random sample of this many sentences.
         character_coverage: Share of characters the vocabulary must cover; rarer ones become <unk>.
         seed: Seed of SentencePiece's sampling.
-        workers: Threads for SentencePiece training and encoding (default: every core).
+        drop_duplicates: Drop a training pair identical to an earlier one (in any training corpus).
+        drop_copies: Drop training pairs whose target is the source, unchanged.
+        drop_wrong_language: Drop training pairs with a side that language identification (py3langid) finds in
+            another language than SRC_LANG / TGT_LANG; off by itself for a language it does not know.
+        report: Also write a Markdown report of the pairs dropped per training corpus and reason, with examples.
+        workers: Threads for SentencePiece training and encoding, processes for language identification
+            (default: every core).
     """
     from attnx.data.prepare import prepare_command
 
@@ -89,10 +102,14 @@ def prepare(
             sample_size=sample_size,
             character_coverage=character_coverage,
             seed=seed,
+            drop_duplicates=drop_duplicates,
+            drop_copies=drop_copies,
+            drop_wrong_language=drop_wrong_language,
         ),
         train=train,
         output=output,
         valid=valid,
         test=test or [],
         workers=workers,
+        report_file=report,
     )

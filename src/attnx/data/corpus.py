@@ -3,7 +3,8 @@
 ``attnx prepare`` writes one directory::
 
     meta.json                  languages, vocabulary, splits with their counts, what was dropped and why,
-                               the settings and the fingerprint of the inputs
+                               the largest id of each .bin, the settings, the fingerprint of the inputs and
+                               the list of files prepare wrote (the only ones it ever deletes)
     spm.model, spm.vocab       the joint SentencePiece BPE model (§5.1: shared source-target vocabulary)
     {split}.{lang}.bin         every token id of the split, one flat array (uint16, or int32 for ≥ 65,536 pieces)
     {split}.{lang}.idx.npy     int64 offsets: sentence i is ids[idx[i]:idx[i + 1]]   (n + 1 entries)
@@ -95,7 +96,17 @@ class PreparedCorpus:
             raise DataError(
                 f"{self.data_dir} is not a prepared corpus (no {META}); create it with `attnx prepare --output {self.data_dir} ...` (see `attnx prepare --help`)"
             )
-        self.meta: dict[str, Any] = json.loads(meta_path.read_text())
+        try:
+            self.meta: dict[str, Any] = json.loads(meta_path.read_text())
+        except ValueError as e:
+            raise DataError(f"{meta_path} is not valid JSON ({e}): run `attnx prepare` again") from None
+        if not isinstance(self.meta, dict):
+            raise DataError(f"{meta_path} is not a prepared corpus's meta: run `attnx prepare` again")
+        self._checked: set[str] = set()
+        if self.meta.get("incomplete"):
+            raise DataError(
+                f"{self.data_dir} is incomplete: an `attnx prepare` into it was interrupted; run it again"
+            )
         if self.meta.get("format_version") != FORMAT_VERSION:
             raise DataError(
                 f"{self.data_dir} was prepared in format {self.meta.get('format_version')}, this attnx reads "
@@ -128,9 +139,47 @@ class PreparedCorpus:
             raise DataError(f"{self.data_dir} has no split {split!r}; it has {', '.join(self.splits)}")
 
     def dataset(self, split: str) -> ParallelDataset:
-        """The memory-mapped ``(src_ids, tgt_ids)`` pairs of ``split``."""
+        """The memory-mapped ``(src_ids, tgt_ids)`` pairs of ``split``.
+
+        The first time a split is opened its files are checked against ``meta.json``: the index must cover the
+        ``.bin`` exactly and every id must be below the vocabulary size (and equal, at most, the largest id
+        prepare recorded), so a corrupt file is one error naming it rather than an index error mid-training.
+        """
         self._check(split)
-        return ParallelDataset(self.data_dir, split, self.src_lang, self.tgt_lang, self.meta["dtype"])
+        dataset = ParallelDataset(self.data_dir, split, self.src_lang, self.tgt_lang, self.meta["dtype"])
+        if split not in self._checked:
+            self._verify(split, dataset)
+            self._checked.add(split)
+        return dataset
+
+    def _verify(self, split: str, dataset: ParallelDataset) -> None:
+        recorded = self.meta["splits"][split].get("max_id") or {}
+        sides = [
+            (self.src_lang, dataset.src_ids, dataset.src_offsets, dataset.src_lengths),
+            (self.tgt_lang, dataset.tgt_ids, dataset.tgt_offsets, dataset.tgt_lengths),
+        ]
+        again = f"run `attnx prepare` again into {self.data_dir}"
+        for lang, ids, offsets, lengths in sides:
+            path = self.data_dir / f"{split}.{lang}.bin"
+            if len(offsets) != len(lengths) + 1 or int(offsets[-1]) != len(ids):
+                raise DataError(
+                    f"{path} holds {len(ids):,} ids but its index {path.with_suffix('.idx.npy').name} covers "
+                    f"{int(offsets[-1]):,}: the corpus is damaged; {again}"
+                )
+            if not len(ids):
+                continue
+            top, bottom = int(ids.max()), int(ids.min())
+            if top >= self.vocab_size or bottom < 0:
+                bad = top if top >= self.vocab_size else bottom
+                raise DataError(
+                    f"{path} holds token id {bad}, outside the vocabulary of {self.vocab_size} pieces: the file "
+                    f"is corrupt or from another corpus; {again}"
+                )
+            if lang in recorded and top != recorded[lang]:
+                raise DataError(
+                    f"{path} changed after it was prepared (largest id {top}, {META} records {recorded[lang]}); "
+                    f"{again}"
+                )
 
     def _text(self, split: str, lang: str) -> list[str]:
         self._check(split)

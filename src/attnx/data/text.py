@@ -86,13 +86,11 @@ def count_lines(path: Path) -> int:
             raise DataError(f"{path}: cannot read: {e}") from e
 
 
-def read_pairs(
-    src: Path, tgt: Path, dropped: Counter[str] | None = None, chunk_lines: int = CHUNK_LINES
+def read_aligned(
+    src: Path, tgt: Path, chunk_lines: int = CHUNK_LINES
 ) -> Iterator[tuple[list[str], list[str]]]:
-    """Aligned chunks of normalized ``(source lines, target lines)``.
+    """Aligned chunks of normalized ``(source lines, target lines)``, blank lines included.
 
-    A pair with a blank side is dropped and counted in ``dropped["blank"]`` when ``dropped`` is given
-    (training data); otherwise it is an error naming the file and line (references must stay aligned).
     Files with different line counts, or an empty file, are errors naming both files.
     """
     n = 0
@@ -104,6 +102,23 @@ def read_pairs(
             raise DataError(
                 f"{src} has {n_src} lines but {tgt} has {n_tgt}: line i of one must translate line i of the other"
             )
+        n += len(s)
+        yield s, t
+    if n == 0:
+        raise DataError(f"{src} and {tgt} are empty: a split needs at least one sentence pair")
+
+
+def read_pairs(
+    src: Path, tgt: Path, dropped: Counter[str] | None = None, chunk_lines: int = CHUNK_LINES
+) -> Iterator[tuple[list[str], list[str]]]:
+    """Aligned chunks of normalized ``(source lines, target lines)``.
+
+    A pair with a blank side is dropped and counted in ``dropped["blank"]`` when ``dropped`` is given
+    (training data); otherwise it is an error naming the file and line (references must stay aligned).
+    Files with different line counts, or an empty file, are errors naming both files.
+    """
+    n = 0
+    for s, t in read_aligned(src, tgt, chunk_lines):
         blank = [i for i, (x, y) in enumerate(zip(s, t, strict=True)) if not x or not y]
         if blank and dropped is None:
             i = blank[0]
@@ -112,12 +127,10 @@ def read_pairs(
                 f"{path}:{n + i + 1}: blank line; every segment of a validation or test set needs a "
                 f"translation to score against (both files must have text on line {n + i + 1})"
             )
+        n += len(s)
         if blank:
             dropped["blank"] += len(blank)
             keep = set(range(len(s))).difference(blank)
             s = [x for i, x in enumerate(s) if i in keep]
             t = [y for i, y in enumerate(t) if i in keep]
-        n += len(blank) + len(s)
         yield s, t
-    if n == 0:
-        raise DataError(f"{src} and {tgt} are empty: a split needs at least one sentence pair")
