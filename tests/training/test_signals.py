@@ -1,0 +1,114 @@
+"""A run told to stop saves first: SIGTERM anywhere and Slurm's SIGUSR1 (requeue) end a real ``attnx fit`` with a
+checkpoint, one line saying how to resume and a non-zero status; resuming ends with the uninterrupted run's weights."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.training.conftest import fit_args
+from tests.training.test_resume import resume_args
+
+STEPS = "12"  # the uninterrupted run; the interrupted ones are stopped near step 3
+
+
+def attnx_command(corpus: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "attnx", *fit_args(corpus, *resume_args(), *extra)]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
+
+
+def run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    cwd.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        command, cwd=cwd, env=env or environment(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def interrupt(
+    command: list[str], cwd: Path, signum: int, env: dict[str, str] | None = None, after: str = "step=2.ckpt"
+) -> subprocess.CompletedProcess:
+    """Start ``command``, send ``signum`` once its checkpoint directory holds ``after``, wait for it to end."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(command, cwd=cwd, env=env or environment(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(cwd.glob(f"runs/tiny/version_0/checkpoints/{after}")):
+            assert process.poll() is None and time.monotonic() < deadline, "the run ended before the signal"
+            time.sleep(0.02)
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return subprocess.CompletedProcess(command, process.returncode, "", stderr)
+
+
+def resume_hint(stderr: str) -> tuple[int, list[str]]:
+    """The step and the command of ``attnx fit: interrupted at step N (SIG...); resume with: attnx fit ...``."""
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith("attnx fit: interrupted at step "), stderr[-3000:]
+    step = int(line.split("interrupted at step ")[1].split()[0])
+    command = shlex.split(line.split("resume with: ")[1])
+    assert command[:2] == ["attnx", "fit"]
+    return step, [sys.executable, "-m", "attnx", *command[1:]]
+
+
+def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return torch.load(checkpoint, weights_only=True)["state_dict"]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    ours, theirs = weights(a), weights(b)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``last.ckpt`` of a 12-step run never interrupted."""
+    work = tmp_path_factory.mktemp("whole")
+    run(attnx_command(corpus, "--trainer.max_steps", STEPS), work)
+    return work / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def test_sigterm_saves_says_how_to_resume_and_exits_143(
+    corpus: Path, tmp_path: Path, uninterrupted: Path
+) -> None:
+    stopped = interrupt(attnx_command(corpus, "--trainer.max_steps", "100000"), tmp_path, signal.SIGTERM)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    step, command = resume_hint(stopped.stderr)
+    assert "(SIGTERM)" in stopped.stderr.splitlines()[-1]
+    assert 2 < step < int(STEPS)
+    checkpoint = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    assert command[-2:] == ["--ckpt_path", str(checkpoint.relative_to(tmp_path))]
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == step
+    run([*command, "--trainer.max_steps", STEPS], tmp_path)  # the printed command, run where it was printed
+    assert_same_weights(tmp_path / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
+
+
+def test_sigterm_to_one_rank_of_ddp_stops_every_rank_at_one_saved_step(corpus: Path, tmp_path: Path) -> None:
+    """Only rank 0 (the launching process) is signalled; rank 1 learns it at the next step and saves with it."""
+    ddp = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_steps", "100000"]
+    stopped = interrupt(attnx_command(corpus, *ddp), tmp_path, signal.SIGTERM)
+    assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert stopped.stderr.count("attnx fit: interrupted at step") == 1  # rank 0 alone says it
+    step, _ = resume_hint(stopped.stderr)
+    checkpoints = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
+    assert not list(tmp_path.glob("runs/tiny/version_1"))  # one run directory for both ranks
