@@ -112,3 +112,47 @@ def test_sigterm_to_one_rank_of_ddp_stops_every_rank_at_one_saved_step(corpus: P
     checkpoints = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints"
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
     assert not list(tmp_path.glob("runs/tiny/version_1"))  # one run directory for both ranks
+
+
+SLURM = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "attnx-fit",
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NODELIST": "127.0.0.1",
+}
+"""What Slurm sets for a one-task job: Lightning's SLURMEnvironment (auto_requeue) takes charge."""
+
+
+def fake_scontrol(directory: Path) -> Path:
+    """An ``scontrol`` that only records its arguments (no Slurm here): the log it writes to."""
+    directory.mkdir(parents=True, exist_ok=True)
+    log = directory / "scontrol.log"
+    script = directory / "scontrol"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    script.chmod(0o755)
+    return log
+
+
+def test_slurm_sigusr1_saves_requeues_and_the_requeued_job_resumes_exactly(
+    corpus: Path, tmp_path: Path, uninterrupted: Path
+) -> None:
+    calls = fake_scontrol(tmp_path / "bin")
+    env = environment(**SLURM, PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    work = tmp_path / "job"
+    stopped = interrupt(attnx_command(corpus, "--trainer.max_steps", "100000"), work, signal.SIGUSR1, env)
+    assert stopped.returncode == 128 + signal.SIGUSR1 and "Traceback" not in stopped.stderr, stopped.stderr[
+        -3000:
+    ]
+    step, _ = resume_hint(stopped.stderr)
+    assert "(SIGUSR1); requeued Slurm job 4242;" in stopped.stderr.splitlines()[-1]
+    assert calls.read_text() == "requeue 4242\n"
+    assert not list(work.rglob("hpc_ckpt_*.ckpt"))  # attnx saved, not Lightning's own SIGUSR1 handler
+    assert 2 < step < int(STEPS)
+    # the requeued job runs the sbatch script again, which resumes with --ckpt_path last (docs/cluster.md)
+    env["SLURM_RESTART_COUNT"] = "1"
+    run(attnx_command(corpus, "--trainer.max_steps", STEPS, "--ckpt_path", "last"), work, env)
+    assert_same_weights(work / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
