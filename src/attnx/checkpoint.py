@@ -158,7 +158,10 @@ def atomic_write(path: str | Path, needed: int = 0) -> Iterator[BinaryIO]:
     except OSError as err:
         raise CheckpointError(f"cannot write checkpoint {path}: {err.strerror or err}") from err
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # before the first byte: see remove_stale_temporaries
+        # before the first byte: see remove_stale_temporaries. A filesystem without locks (Lustre mounted
+        # without flock) refuses it; the write goes on, and the cleaner, refused as well, keeps the file.
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()

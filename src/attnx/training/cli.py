@@ -26,6 +26,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from attnx.checkpoint import CheckpointError, read_checkpoint, remove_stale_temporaries
 from attnx.training.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint, TrainingInterrupted
@@ -224,7 +225,8 @@ def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
         return ckpt_path
     if ckpt_path == "last":
         ckpt_path = str(last_checkpoint(trainer))
-        print(f"attnx {subcommand}: --ckpt_path last is {ckpt_path}", file=sys.stderr)
+        if rank_zero_only.rank == 0:  # every rank resolves it; one says so
+            print(f"attnx {subcommand}: --ckpt_path last is {ckpt_path}", file=sys.stderr)
     read_checkpoint(
         ckpt_path
     )  # one line for a missing, unreadable or foreign file, before Lightning's torch.load
