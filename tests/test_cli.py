@@ -118,16 +118,17 @@ def unreadable_checkpoint_commands(corpus: Path, bad: Path, out: Path) -> dict[s
     }
 
 
-# each command meets two kinds of file, each kind three or four commands (one process per command and kind)
+# every kind of file meets two commands or more (one process per command and kind; read_checkpoint's own test
+# gives each command's one loader every kind)
 UNREADABLE = {
     "fit": ("truncated", "payload"),
-    "validate": ("random", "text"),
-    "test": ("random", "pickle"),
-    "translate": ("text", "truncated"),
-    "attention": ("payload", "random"),
-    "average": ("truncated", "pickle"),
-    "export": ("text", "payload"),
-    "serve": ("random", "truncated"),
+    "validate": ("random",),
+    "test": ("pickle",),
+    "translate": ("text",),
+    "attention": ("payload",),
+    "average": ("truncated",),
+    "export": ("text",),
+    "serve": ("random", "pickle"),
 }
 
 
