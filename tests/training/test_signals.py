@@ -8,20 +8,21 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from tests.training.conftest import fit_args
+from tests.training.conftest import TINY
 from tests.training.test_resume import resume_args
 
 STEPS = "12"  # the uninterrupted run; the interrupted ones are stopped near step 3
 
 
-def attnx_command(corpus: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "attnx", *fit_args(corpus, *resume_args(), *extra)]
+def attnx_command(corpus: Path, *extra: str, config: Path = TINY) -> list[str]:
+    args = ["fit", "--config", str(config), "--data.data_dir", str(corpus), *resume_args(), *extra]
+    return [sys.executable, "-m", "attnx", *args]
 
 
 def environment(**extra: str) -> dict[str, str]:
@@ -38,23 +39,36 @@ def run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> sub
 
 
 def interrupt(
-    command: list[str], cwd: Path, signum: int, env: dict[str, str] | None = None, after: str = "step=2.ckpt"
+    command: list[str], cwd: Path, signum: int, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """Start ``command``, send ``signum`` once its checkpoint directory holds ``after``, wait for it to end."""
+    """Start ``command``, send ``signum`` once it has printed its progress line of step 2, wait for it to end."""
     cwd.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen(command, cwd=cwd, env=env or environment(), stderr=subprocess.PIPE, text=True)
+    command = [*command, "--progress.every_n_steps", "1"]
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env or environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
-        deadline = time.monotonic() + 240
-        while not list(cwd.glob(f"runs/tiny/version_0/checkpoints/{after}")):
-            assert process.poll() is None and time.monotonic() < deadline, "the run ended before the signal"
-            time.sleep(0.02)
+        for line in process.stdout:  # rank 0's plain progress lines: "step 2/100000 | ..."
+            if line.startswith("step 2/"):
+                break
+        else:
+            pytest.fail(f"the run ended before step 2: {process.wait()}, {process.stderr.read()[-3000:]}")
         process.send_signal(signum)
-        _, stderr = process.communicate(timeout=240)
+        stdout, stderr = process.communicate(timeout=240)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    return subprocess.CompletedProcess(command, process.returncode, "", stderr)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def hourly_checkpoints(tmp_path: Path) -> Path:
+    """configs/tiny.yaml saving once an hour instead of every step: a checkpoint can only come from the signal."""
+    config = yaml.safe_load(TINY.read_text())
+    config["trainer"]["callbacks"][0]["init_args"]["minutes"] = 60
+    path = tmp_path / "hourly.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def resume_hint(stderr: str) -> tuple[int, list[str]]:
@@ -89,15 +103,20 @@ def uninterrupted(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def test_sigterm_saves_says_how_to_resume_and_exits_143(
     corpus: Path, tmp_path: Path, uninterrupted: Path
 ) -> None:
-    stopped = interrupt(attnx_command(corpus, "--trainer.max_steps", "100000"), tmp_path, signal.SIGTERM)
+    hourly = attnx_command(corpus, "--trainer.max_steps", "100000", config=hourly_checkpoints(tmp_path))
+    stopped = interrupt(hourly, tmp_path, signal.SIGTERM)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
     step, command = resume_hint(stopped.stderr)
     assert "(SIGTERM)" in stopped.stderr.splitlines()[-1]
-    assert 2 < step < int(STEPS)
-    checkpoint = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
-    assert command[-2:] == ["--ckpt_path", str(checkpoint.relative_to(tmp_path))]
-    assert torch.load(checkpoint, weights_only=True)["global_step"] == step
+    assert 2 <= step < int(STEPS)
+    checkpoints = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "last.ckpt",
+        f"step={step}.ckpt",
+    ]  # the signal's save
+    assert command[-2:] == ["--ckpt_path", str((checkpoints / "last.ckpt").relative_to(tmp_path))]
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
     run([*command, "--trainer.max_steps", STEPS], tmp_path)  # the printed command, run where it was printed
     assert_same_weights(tmp_path / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
 
@@ -151,7 +170,7 @@ def test_slurm_sigusr1_saves_requeues_and_the_requeued_job_resumes_exactly(
     assert "(SIGUSR1); requeued Slurm job 4242;" in stopped.stderr.splitlines()[-1]
     assert calls.read_text() == "requeue 4242\n"
     assert not list(work.rglob("hpc_ckpt_*.ckpt"))  # attnx saved, not Lightning's own SIGUSR1 handler
-    assert 2 < step < int(STEPS)
+    assert 2 <= step < int(STEPS)
     # the requeued job runs the sbatch script again, which resumes with --ckpt_path last (docs/cluster.md)
     env["SLURM_RESTART_COUNT"] = "1"
     run(attnx_command(corpus, "--trainer.max_steps", STEPS, "--ckpt_path", "last"), work, env)
