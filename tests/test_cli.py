@@ -90,8 +90,70 @@ def test_full_disk_during_a_checkpoint_save_is_one_line(
     monkeypatch.setattr("attnx.checkpoint.os.fsync", full)
     assert main(fit_args(corpus, "--trainer.max_steps", "2")) == 1
     line = one_line(capsys)
-    assert "No space left on device" in line and "step=1.ckpt" in line and "previous file is kept" in line
+    assert "the disk is full" in line and "step=1.ckpt" in line and "previous file is kept" in line
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def unreadable_checkpoint_commands(corpus: Path, bad: Path, out: Path) -> dict[str, list[str]]:
+    """Every command that reads a checkpoint, given ``bad`` as the checkpoint."""
+    (out / "in.txt").write_text("A dog runs.\n")
+    return {
+        "fit": fit_args(corpus, "--ckpt_path", str(bad)),
+        "validate": fit_args(corpus, "--ckpt_path", str(bad), subcommand="validate"),
+        "test": fit_args(corpus, "--ckpt_path", str(bad), subcommand="test"),
+        "translate": ["translate", "--model", str(bad), "--input", str(out / "in.txt")],
+        "attention": ["attention", "--model", str(bad), "--text", "A dog.", "--output", str(out / "a.png")],
+        "average": ["average", "--checkpoints", f"[{bad}, {bad}]", "--output", str(out / "avg.ckpt")],
+        "export": [
+            "export",
+            "--ckpt_path",
+            str(bad),
+            "--format",
+            "ctranslate2",
+            "--output",
+            str(out / "ct2"),
+        ],
+        "serve": ["serve", "--model", str(bad), "--port", "8977"],  # the model loads before the port is bound
+    }
+
+
+# every kind of file meets two commands or more (one process per command and kind; read_checkpoint's own test
+# gives each command's one loader every kind)
+UNREADABLE = {
+    "fit": ("truncated", "payload"),
+    "validate": ("random",),
+    "test": ("pickle",),
+    "translate": ("text",),
+    "attention": ("payload",),
+    "average": ("truncated",),
+    "export": ("text",),
+    "serve": ("random", "pickle"),
+}
+
+
+@pytest.mark.parametrize("command", UNREADABLE)
+def test_an_unreadable_checkpoint_is_one_line_in_every_command(
+    command: str, corpus: Path, tmp_path: Path
+) -> None:
+    from tests.test_checkpoint import unreadable_files
+
+    files = unreadable_files(tmp_path / "bad")
+    for kind in UNREADABLE[command]:
+        args = unreadable_checkpoint_commands(corpus, files[kind], tmp_path)[command]
+        done = subprocess.run(
+            [sys.executable, "-m", "attnx", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, (
+            kind,
+            done.stderr[-2000:],
+        )
+        assert lines[0].startswith(f"attnx {command}: error: ") and str(files[kind]) in lines[0], (
+            kind,
+            lines,
+        )
+        assert "weights_only" not in lines[0]
+    assert not (tmp_path / "bad" / "ran").exists()  # the payload never ran
 
 
 def test_debug_shows_the_traceback(corpus: Path, capsys) -> None:

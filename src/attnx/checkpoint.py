@@ -10,13 +10,20 @@ Model weights live in ``checkpoint["state_dict"]`` under the ``model.`` prefix. 
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
 import pickle
+import re
+import shutil
 import tempfile
+import warnings
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -41,27 +48,54 @@ class LoadedModel:
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """``torch.load`` with ``weights_only=True``, turning every failure into a
-    [`CheckpointError`][attnx.checkpoint.CheckpointError]."""
+    [`CheckpointError`][attnx.checkpoint.CheckpointError] of one line naming the file.
+
+    The one loader of every command. A file that is not a zip archive (what ``torch.save`` writes) is refused
+    before anything is unpickled; a pickle payload inside one never runs (``weights_only``), and torch's advice
+    to load it with ``weights_only=False`` is never passed on.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    truncated = (
+        f"checkpoint {path} cannot be read: it is truncated or corrupt. Use another checkpoint (e.g. an earlier "
+        "one from the same run directory)."
+    )
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as err:
+        with open(path, "rb") as f:
+            zip_header = f.read(4) == b"PK\x03\x04"
+        whole_zip = zipfile.is_zipfile(path)
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {err.strerror or err}") from err
+    if not whole_zip:
+        if zip_header:  # a zip archive whose end is missing: an interrupted copy or download
+            raise CheckpointError(truncated)
         raise CheckpointError(
-            f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
-            "it is truncated, corrupt, or not a torch file. Use another checkpoint (e.g. an earlier one "
-            "from the same run directory)."
+            f"{path} is not a checkpoint: it is not a zip archive as torch.save writes (random, text or "
+            "legacy-pickle content). attnx reads checkpoints written by `attnx fit` or `attnx average`."
+        )
+    try:
+        with warnings.catch_warnings():  # torch's notes about pickle protocols concern files we refuse anyway
+            warnings.simplefilter("ignore")
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"checkpoint {path} holds Python objects other than tensors and plain values, which attnx never "
+            "loads (no code in a checkpoint is run); it was not written by attnx. Use a checkpoint written by "
+            "`attnx fit` or `attnx average`."
         ) from err
+    except Exception as err:  # a truncated or corrupt archive fails in many ways, none of them a bug here
+        raise CheckpointError(truncated) from err
     if not isinstance(checkpoint, dict) or "attnx" not in checkpoint or "state_dict" not in checkpoint:
         raise CheckpointError(
             f"checkpoint {path} is not an attnx checkpoint (no 'attnx' metadata); it was written by another "
             "program. attnx reads checkpoints written by `attnx fit` or `attnx average`."
         )
     meta = checkpoint["attnx"]
-    if meta.get("format_version") != FORMAT_VERSION:
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        version = meta.get("format_version") if isinstance(meta, dict) else None
         raise CheckpointError(
-            f"checkpoint {path} has attnx format {meta.get('format_version')!r}; this attnx reads {FORMAT_VERSION}"
+            f"checkpoint {path} has attnx format {version!r}; this attnx reads {FORMAT_VERSION}"
         )
     return checkpoint
 
@@ -101,29 +135,119 @@ def make_metadata(config: TransformerConfig, tokenizer: Tokenizer) -> dict[str, 
     }
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """Write ``obj`` with ``torch.save`` to a temporary file beside ``path``, then rename it into place.
+TEMPORARY_SUFFIX = ".attnx.tmp"
+"""Ends the name of every file attnx is still writing: ``.<target name>.<8 random characters>.attnx.tmp``."""
 
-    A crash mid-write leaves the previous file intact, never a truncated one. A failed write (a full disk,
-    a lost mount) raises [CheckpointError][attnx.checkpoint.CheckpointError] naming the file.
+_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}" + re.escape(TEMPORARY_SUFFIX) + "$")
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | Path, needed: int = 0) -> Iterator[BinaryIO]:
+    """A binary file to write ``path`` through: a temporary file beside it, fsynced and renamed into place.
+
+    A crash mid-write leaves the previous ``path`` intact, never a truncated one; the writer holds an
+    exclusive lock on its temporary file, so [`remove_stale_temporaries`][attnx.checkpoint.remove_stale_temporaries]
+    removes it only once the writer is gone. A failed write (a full disk, a lost mount) raises
+    [CheckpointError][attnx.checkpoint.CheckpointError] naming the file and, on a full disk, the free space
+    and the ``needed`` bytes.
     """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
     except OSError as err:
         raise CheckpointError(f"cannot write checkpoint {path}: {err.strerror or err}") from err
     try:
+        # before the first byte: see remove_stale_temporaries. A filesystem without locks (Lustre mounted
+        # without flock) refuses it; the write goes on, and the cleaner, refused as well, keeps the file.
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise CheckpointError(
-                f"cannot write checkpoint {path}: {err.strerror or err}; the previous file is kept. Free disk "
-                "space (or save elsewhere) and resume from the last whole checkpoint"
-            ) from err
+        if isinstance(err, OSError) or _is_write_failure(err):
+            raise CheckpointError(_write_failure(path, err, needed)) from err
         raise
+
+
+def _is_write_failure(err: BaseException) -> bool:
+    """torch.save reports a failed write as ``RuntimeError: [enforce fail ...] ... file write failed``."""
+    return isinstance(err, RuntimeError) and "write failed" in str(err)
+
+
+def _write_failure(path: Path, err: BaseException, needed: int) -> str:
+    free = shutil.disk_usage(path.parent).free
+    full = getattr(err, "errno", None) == errno.ENOSPC or (needed and free < needed)
+    if full:
+        reason = f"the disk is full ({_size(free)} free in {path.parent}, the checkpoint needs about {_size(needed)})"
+    else:
+        reason = getattr(err, "strerror", None) or str(err).splitlines()[0][:200]
+    return (
+        f"cannot write checkpoint {path}: {reason}; the previous file is kept. Free disk space (or save "
+        "elsewhere) and resume from the last whole checkpoint"
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of every tensor in a nested dict/list: about what ``torch.save(obj)`` writes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    if isinstance(obj, (bytes, bytearray)):
+        return len(obj)
+    return 0
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """Write ``obj`` with ``torch.save`` through [`atomic_write`][attnx.checkpoint.atomic_write]."""
+    with atomic_write(path, needed=tensor_bytes(obj)) as f:
+        torch.save(obj, f)
+
+
+def atomic_copy(source: str | Path, target: str | Path) -> None:
+    """Copy ``source`` to ``target`` through [`atomic_write`][attnx.checkpoint.atomic_write]."""
+    with open(source, "rb") as src, atomic_write(target, needed=os.fstat(src.fileno()).st_size) as f:
+        shutil.copyfileobj(src, f, 1 << 20)
+
+
+def remove_stale_temporaries(directory: str | Path) -> list[Path]:
+    """Remove the temporary files that writes through [`atomic_write`][attnx.checkpoint.atomic_write] left when
+    their process was killed; returns them.
+
+    Only files named as ``atomic_write`` names them are considered, and only those no process holds a lock on
+    (a live writer keeps its lock until it renames the file). An empty one is left alone: its writer may not
+    have taken the lock yet.
+    """
+    directory = Path(directory)
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    for path in sorted(directory.iterdir()):
+        if not _TEMPORARY.match(path.name) or not path.is_file() or path.is_symlink():
+            continue
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:  # removed meanwhile, or not ours to open
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_size > 0:
+                path.unlink()
+                removed.append(path)
+        except OSError:  # locked: a writer is still at work
+            pass
+        finally:
+            os.close(fd)
+    return removed
+

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from attnx.cli import main as attnx
 from attnx.data.datamodule import TranslationDataModule
+from tests.test_checkpoint import killed_write
 from tests.training.conftest import fit_args, train_losses
 
 MAX_TOKENS = "1536"  # 10 batches an epoch: the run below crosses an epoch boundary after resuming
 
 
-def fit(corpus: Path, work: Path, name: str, *extra: str) -> Path:
+def resume_args() -> list[str]:
+    """10 batches an epoch, dropout on (losses differ at every step), validation every 3 batches, no BLEU."""
     args = [
         "--data.max_tokens",
         MAX_TOKENS,
@@ -22,7 +27,11 @@ def fit(corpus: Path, work: Path, name: str, *extra: str) -> Path:
         "--evaluation.bleu_samples",
         "0",
     ]
-    args += ["--trainer.val_check_interval", "3"]
+    return [*args, "--trainer.val_check_interval", "3"]
+
+
+def fit(corpus: Path, work: Path, name: str, *extra: str) -> Path:
+    args = resume_args()
     (work / name).mkdir()
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work / name)
@@ -42,3 +51,39 @@ def test_resumed_run_has_the_same_batches_and_losses(corpus: Path, tmp_path: Pat
     assert len(set(expected.values())) == 14  # dropout is on: equal losses are not a coincidence
     for step, loss in {**before, **after}.items():
         assert loss == pytest.approx(expected[step], rel=1e-6, abs=1e-6), f"step {step}"
+
+
+def attnx_process(corpus: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "attnx", *fit_args(corpus, *resume_args(), *extra)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_ckpt_path_last_without_a_run_stops_with_one_line(corpus: Path, tmp_path: Path) -> None:
+    done = attnx_process(corpus, tmp_path, "--ckpt_path", "last")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines[0].startswith("attnx fit: error: --ckpt_path last: no last.ckpt in this config's runs")
+    assert not (tmp_path / "runs").exists()  # nothing trained from step 0
+
+
+def test_ckpt_path_last_resumes_the_newest_run_and_removes_killed_writes(
+    corpus: Path, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs" / "tiny"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        assert attnx(fit_args(corpus, *resume_args(), "--trainer.max_steps", "2")) == 0
+        first = runs / "version_0" / "checkpoints" / "last.ckpt"
+        assert (
+            attnx(fit_args(corpus, *resume_args(), "--trainer.max_steps", "4", "--ckpt_path", str(first)))
+            == 0
+        )
+    newest = runs / "version_1" / "checkpoints"
+    left = killed_write(newest / "last.ckpt")
+    done = attnx_process(corpus, tmp_path, "--trainer.max_steps", "5", "--ckpt_path", "last")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--ckpt_path last is runs/tiny/version_1/checkpoints/last.ckpt" in done.stderr
+    assert f"removed {left.relative_to(tmp_path)}, left by a checkpoint write that was killed" in done.stderr
+    assert not left.exists() and (newest / "last.ckpt").is_file()
+    assert sorted(train_losses(runs / "version_2")) == [4]  # step 5 only: it continued from step 4

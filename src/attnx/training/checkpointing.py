@@ -1,21 +1,29 @@
 """Checkpoints as the paper keeps them: one every few minutes (§6.1: "written at 10-minute intervals"),
-written atomically, and the last k averaged at the end of training (§6.1: 5 for base, 20 for big)."""
+written atomically, and the last k averaged at the end of training (§6.1: 5 for base, 20 for big).
+
+A run told to stop (SIGTERM from Slurm, Kubernetes or ``timeout``; Slurm's requeue signal) saves a checkpoint
+first, on every rank at the same optimizer step, and ends with
+[TrainingInterrupted][attnx.training.checkpointing.TrainingInterrupted].
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+import signal
+import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, Checkpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from attnx.checkpoint import atomic_save, read_checkpoint
+from attnx.checkpoint import atomic_copy, atomic_save, read_checkpoint
 from attnx.inference.average import average_checkpoints
 
 
@@ -38,13 +46,97 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return read_checkpoint(path)
 
 
+class TrainingInterrupted(Exception):
+    """Training stopped on a signal after saving ``checkpoint`` at optimizer step ``step``.
+
+    ``exit_status`` is what a shell reports for a process killed by that signal (128 + its number, e.g. 143
+    for SIGTERM), so job schedulers and scripts see the run did not finish. ``requeued`` names the Slurm job
+    that was put back in the queue, if any.
+    """
+
+    def __init__(
+        self, signum: int, step: int, checkpoint: Path, rank: int, requeued: str | None = None
+    ) -> None:
+        self.signum, self.step, self.checkpoint, self.rank, self.requeued = (
+            signum,
+            step,
+            checkpoint,
+            rank,
+            requeued,
+        )
+        self.signal_name = signal.Signals(signum).name
+        self.exit_status = 128 + signum
+        super().__init__(f"interrupted by {self.signal_name} at step {step}; checkpoint {checkpoint}")
+
+
+class StopSignals:
+    """Remembers SIGTERM (and Slurm's requeue signal) instead of dying at once, so that the run can save first.
+
+    The handler only records the signal: no collective or file operation runs inside a signal handler, where
+    ranks would meet at different points of their programs.
+    """
+
+    def __init__(self, signums: tuple[int, ...]) -> None:
+        self.signums = signums
+        self.received: set[int] = set()
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.received.add(signum)
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self.signums:
+            self._previous[signum] = signal.signal(signum, self._handler)
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+
+def slurm_requeue_signal(trainer: pl.Trainer) -> int | None:
+    """The signal Slurm sends ahead of preemption (``--signal=SIGUSR1@90``), when Lightning's
+    ``SLURMEnvironment`` with ``auto_requeue`` is in charge; else None."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if not isinstance(environment, SLURMEnvironment):
+        environment = SLURMEnvironment() if SLURMEnvironment.detect() else None
+    if environment is None or not environment.auto_requeue:
+        return None
+    return int(environment.requeue_signal or signal.SIGUSR1)
+
+
+def requeue_slurm_job() -> str | None:
+    """``scontrol requeue`` this Slurm job (an array task as ``JOB_TASK``); the job id, or None if it failed."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    except OSError as err:
+        rank_zero_warn(f"could not requeue Slurm job {job}: {err}")
+        return None
+    if done.returncode != 0:
+        rank_zero_warn(f"could not requeue Slurm job {job}: {done.stderr.strip() or done.returncode}")
+        return None
+    return job
+
+
 class PeriodicCheckpoint(Checkpoint):
-    """Save a checkpoint every ``minutes`` of training and at its end, keeping the newest ``keep``.
+    """Save a checkpoint every ``minutes`` of training, at its end, and when the run is told to stop.
 
     Files are ``step=N.ckpt`` in ``dirpath`` (default: ``<log_dir>/checkpoints``), plus ``last.ckpt`` (a copy
     of the newest, what ``--ckpt_path`` resumes from). ``minutes: 0`` saves after every optimizer step.
-    Saves happen only at optimizer-step boundaries (never mid-accumulation), and rank 0 decides when, so every
-    rank joins the same saves.
+    Saves happen only at optimizer-step boundaries (never mid-accumulation), and all ranks decide together
+    (rank 0's clock), so every rank joins the same saves.
+
+    SIGTERM (from Slurm, Kubernetes, ``timeout``) and, under Lightning's ``SLURMEnvironment`` with
+    ``auto_requeue``, its requeue signal (``SIGUSR1``) are caught: at the next optimizer-step boundary all
+    ranks learn that one of them received it, save, (for the requeue signal) rank 0 runs ``scontrol requeue``,
+    and training ends with [TrainingInterrupted][attnx.training.checkpointing.TrainingInterrupted]. A signal
+    that arrives during validation takes effect after it.
     """
 
     def __init__(self, minutes: float = 10.0, keep: int = 5, dirpath: str | None = None) -> None:
@@ -62,6 +154,8 @@ class PeriodicCheckpoint(Checkpoint):
         self.saved: list[str] = []  # step checkpoints on disk, oldest first
         self._last_time = 0.0
         self._last_step = -1
+        self._signals: StopSignals | None = None
+        self._requeue_signal: int | None = None
 
     @property
     def directory(self) -> Path:
@@ -75,6 +169,13 @@ class PeriodicCheckpoint(Checkpoint):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_time = time.monotonic()
         self._last_step = trainer.global_step
+        # Lightning has installed its own handlers by now; these replace them for the training loop
+        self._requeue_signal = slurm_requeue_signal(trainer)
+        signums = (signal.SIGTERM,) + ((self._requeue_signal,) if self._requeue_signal else ())
+        self._signals = StopSignals(tuple(int(s) for s in signums))
+        if trainer.received_sigterm:  # it came before the loop started
+            self._signals.received.add(signal.SIGTERM)
+        self._signals.install()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx
@@ -82,13 +183,47 @@ class PeriodicCheckpoint(Checkpoint):
         if (batch_idx + 1) % trainer.accumulate_grad_batches or trainer.global_step == self._last_step:
             return
         due = self.minutes == 0 or time.monotonic() - self._last_time >= 60 * self.minutes
-        if trainer.strategy.broadcast(due, src=0):
+        received = self._signals.received if self._signals else set()
+        flags = torch.tensor(
+            [
+                due and trainer.is_global_zero,
+                signal.SIGTERM in received,
+                self._requeue_signal is not None and self._requeue_signal in received,
+            ],
+            dtype=torch.int32,
+            device=trainer.strategy.root_device,
+        )
+        due, terminate, requeue = trainer.strategy.reduce(
+            flags, reduce_op="max"
+        ).tolist()  # any rank's signal
+        if due or terminate or requeue:
             self.save(trainer)
+        if terminate or requeue:
+            self.stop(trainer, signal.SIGTERM if terminate else self._requeue_signal, requeue=bool(requeue))
+
+    def stop(self, trainer: pl.Trainer, signum: int, requeue: bool) -> None:
+        """End training after the save that a stop signal asked for (and requeue the Slurm job)."""
+        self._restore_signals()
+        requeued = requeue_slurm_job() if requeue and trainer.is_global_zero else None
+        raise TrainingInterrupted(
+            int(signum), trainer.global_step, self.directory / "last.ckpt", trainer.global_rank, requeued
+        )
+
+    def _restore_signals(self) -> None:
+        if self._signals is not None:
+            self._signals.restore()
+            self._signals = None
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The weights training ends with are a checkpoint too (the last one averaged)."""
+        self._restore_signals()
         if trainer.global_step > 0 and trainer.global_step != self._last_step:
             self.save(trainer)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore_signals()
 
     def save(self, trainer: pl.Trainer) -> Path:
         """Write ``step=N.ckpt`` and ``last.ckpt`` now; drop the oldest step checkpoints beyond ``keep``."""
@@ -96,7 +231,7 @@ class PeriodicCheckpoint(Checkpoint):
         path = self.directory / f"step={step}.ckpt"
         trainer.save_checkpoint(path, weights_only=False)
         if trainer.is_global_zero:
-            copy_atomically(path, self.directory / "last.ckpt")
+            atomic_copy(path, self.directory / "last.ckpt")
         if str(path) not in self.saved:
             self.saved.append(str(path))
         while len(self.saved) > self.keep:
@@ -114,18 +249,6 @@ class PeriodicCheckpoint(Checkpoint):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("dirpath") == self.dirpath or self.dirpath is None:
             self.saved = [p for p in state_dict.get("saved", []) if Path(p).is_file()]
-
-
-def copy_atomically(source: Path, target: Path) -> None:
-    """Copy ``source`` to ``target`` through a temporary file beside it: ``target`` is whole or the old one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class AverageCheckpoints(Callback):

@@ -12,8 +12,11 @@ written atomically and read with ``weights_only=True``.
 from __future__ import annotations
 
 import logging
+import shlex
+import signal
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,9 +25,11 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from attnx.checkpoint import read_checkpoint
-from attnx.training.checkpointing import AtomicCheckpointIO
+from attnx.checkpoint import CheckpointError, read_checkpoint, remove_stale_temporaries
+from attnx.training.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint, TrainingInterrupted
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
 from attnx.training.progress import ProgressLog
@@ -121,6 +126,15 @@ class AttnxCLI(LightningCLI):
             "(one per core). On a CPU shared with other jobs, fewer threads than cores avoids stalls.",
         )
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            config = self.config[subcommand]
+            config["ckpt_path"] = checked_checkpoint(
+                subcommand, config.get("ckpt_path"), config.get("trainer")
+            )
+
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         config = self.config.get(subcommand, self.config) if subcommand else self.config
@@ -145,6 +159,107 @@ class AttnxCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())
         return super().instantiate_trainer(plugins=plugins, **kwargs)
+
+
+# ------------------------------------------------------------------------------------ resuming a run
+
+LIGHTNING_KEYWORDS = ("best", "hpc", "registry")
+"""``--ckpt_path`` values Lightning resolves itself; ``last`` attnx resolves (Lightning's finds no
+``ModelCheckpoint`` here and would start from step 0)."""
+
+
+def _get(values: Any, key: str, default: Any = None) -> Any:
+    return values.get(key, default) if hasattr(values, "get") else default
+
+
+def checkpoint_directories(trainer: Any) -> list[Path]:
+    """The directories where this config's runs keep their checkpoints, existing ones only: the
+    ``PeriodicCheckpoint`` ``dirpath`` if the config sets one, else ``checkpoints/`` in every ``version_N``
+    of its loggers' ``save_dir/name`` (and of ``default_root_dir``)."""
+    callbacks = _get(trainer, "callbacks") or []
+    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+        if str(_get(callback, "class_path", "")).endswith(PeriodicCheckpoint.__name__):
+            dirpath = _get(_get(callback, "init_args"), "dirpath")
+            if dirpath:
+                return [Path(dirpath)] if Path(dirpath).is_dir() else []
+    root = Path(_get(trainer, "default_root_dir") or ".")
+    parents = [root, root / "lightning_logs"]
+    loggers = _get(trainer, "logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        args = _get(logger, "init_args")
+        if _get(args, "save_dir") is not None:
+            parents.append(Path(_get(args, "save_dir")) / str(_get(args, "name") or "lightning_logs"))
+    found = [root / "checkpoints"]
+    for parent in dict.fromkeys(parents):
+        found += parent.glob("version_*/checkpoints")
+    return [d for d in dict.fromkeys(found) if d.is_dir()]
+
+
+def last_checkpoint(trainer: Any) -> Path:
+    """``--ckpt_path last``: the newest ``last.ckpt`` among this config's runs, or a one-line error."""
+    directories = checkpoint_directories(trainer)
+    found = [d / "last.ckpt" for d in directories if (d / "last.ckpt").is_file()]
+    if not found:
+        where = ", ".join(str(d) for d in directories) or "no run directory of this config exists here"
+        raise CheckpointError(
+            f"--ckpt_path last: no last.ckpt in this config's runs ({where}); pass the checkpoint's path, or "
+            "leave --ckpt_path out to start a new run"
+        )
+    return max(found, key=lambda path: path.stat().st_mtime_ns)
+
+
+def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
+    """``ckpt_path`` resolved (``last``) and readable, before Lightning reads it; for ``fit`` also the
+    leftovers of checkpoint writes that were killed are removed from this config's run directories."""
+    if subcommand == "fit":
+        directories = checkpoint_directories(trainer)
+        if ckpt_path and ckpt_path not in ("last", *LIGHTNING_KEYWORDS):
+            directories.append(Path(ckpt_path).parent)
+        for directory in dict.fromkeys(directories):
+            for path in remove_stale_temporaries(directory):
+                print(
+                    f"attnx {subcommand}: removed {path}, left by a checkpoint write that was killed",
+                    file=sys.stderr,
+                )
+    if not ckpt_path or ckpt_path in LIGHTNING_KEYWORDS:
+        return ckpt_path
+    if ckpt_path == "last":
+        ckpt_path = str(last_checkpoint(trainer))
+        if rank_zero_only.rank == 0:  # every rank resolves it; one says so
+            print(f"attnx {subcommand}: --ckpt_path last is {ckpt_path}", file=sys.stderr)
+    read_checkpoint(
+        ckpt_path
+    )  # one line for a missing, unreadable or foreign file, before Lightning's torch.load
+    return ckpt_path
+
+
+def resume_command(argv: list[str], checkpoint: Path) -> str:
+    """The command line that resumes an interrupted ``attnx fit`` from ``checkpoint``."""
+    args, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--ckpt_path":
+            skip = True
+        elif not arg.startswith("--ckpt_path="):
+            args.append(arg)
+    try:
+        checkpoint = checkpoint.resolve().relative_to(Path.cwd())
+    except ValueError:
+        checkpoint = checkpoint.resolve()
+    return shlex.join(["attnx", *args, "--ckpt_path", str(checkpoint)])
+
+
+def interrupted(err: TrainingInterrupted, argv: list[str]) -> int:
+    """Say where an interrupted run can resume from (rank 0 only) and return its exit status."""
+    if err.rank == 0:
+        requeued = f"; requeued Slurm job {err.requeued}" if err.requeued else ""
+        print(
+            f"attnx {argv[0]}: interrupted at step {err.step} ({err.signal_name}){requeued}; resume with: "
+            f"{resume_command(argv, err.checkpoint)}",
+            file=sys.stderr,
+        )
+    return err.exit_status
 
 
 def pin_log_versions(trainer: Any) -> None:
@@ -195,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             f"attnx {subcommand} needs a config: attnx {subcommand} --config FILE_OR_NAME (`attnx configs` lists "
             f"the packaged ones, e.g. --config multi30k_cpu); `attnx {subcommand} --help` lists every option"
         )
+    original = list(argv)  # as typed, for the resume hint
     argv = resolve_configs(argv)
     if subcommand in DECODING_COMMANDS:
         argv = checkpoint_override(argv)
@@ -214,6 +330,14 @@ def main(argv: list[str] | None = None) -> int:
         from attnx.commands.usage import UsageError, one_line, suggest
 
         raise UsageError(suggest(one_line(str(err)), option_names())) from err
+    except TrainingInterrupted as err:
+        return interrupted(err, original)
+    except SIGTERMException:  # Lightning's own handling: the signal came before training began
+        print(
+            f"attnx {subcommand}: interrupted by SIGTERM before training began; nothing was saved",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGTERM
     return 0
 
 

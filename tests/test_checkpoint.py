@@ -1,0 +1,130 @@
+"""The checkpoint file: one reader that refuses every unreadable file in one line and never runs a payload;
+writes that are whole or absent; leftovers of killed writes removed, and nothing else."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from attnx.checkpoint import CheckpointError, atomic_save, read_checkpoint, remove_stale_temporaries
+from tests.training.conftest import TINY
+
+
+class Payload:
+    """Unpickling this runs a shell command that creates a file: it must never run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def unreadable_files(directory: Path) -> dict[str, Path]:
+    """A random file, a truncated checkpoint, a pickle payload (inside a torch archive and bare) and a text
+    file; the payload's marker file is ``directory / "ran"``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = directory / "ran"
+    files = {
+        name: directory / f"{name}.ckpt" for name in ("random", "truncated", "payload", "pickle", "text")
+    }
+    files["random"].write_bytes(random.Random(0).randbytes(5000))
+    atomic_save({"attnx": {"format_version": 1}, "state_dict": {"w": torch.ones(1000)}}, directory / "whole")
+    whole = (directory / "whole").read_bytes()
+    files["truncated"].write_bytes(whole[: len(whole) // 2])
+    torch.save({"state_dict": {}, "attnx": Payload(marker)}, files["payload"])
+    files["pickle"].write_bytes(pickle.dumps(Payload(marker)))
+    files["text"].write_text(
+        "root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n"
+    )
+    return files
+
+
+def test_unreadable_files_are_one_line_and_a_payload_never_runs(tmp_path: Path) -> None:
+    for kind, path in unreadable_files(tmp_path).items():
+        with pytest.raises(CheckpointError) as caught:
+            read_checkpoint(path)
+        message = str(caught.value)
+        assert str(path) in message and "\n" not in message, kind
+        assert "weights_only" not in message, kind  # never torch's advice to load unsafely
+        expected = {
+            "truncated": "truncated or corrupt",
+            "payload": "never loads",
+            "pickle": "not a checkpoint",
+        }
+        assert expected.get(kind, "not a checkpoint") in message, (kind, message)
+    assert not (tmp_path / "ran").exists()
+
+
+HOLDER = """
+import sys, time
+from attnx.checkpoint import atomic_write
+with atomic_write(sys.argv[1]) as f:
+    f.write(b"partial checkpoint")
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(600)
+"""
+
+
+def killed_write(path: Path) -> Path:
+    """Start a write of ``path``, kill its process mid-write, return the temporary file it left."""
+    before = set(path.parent.iterdir())
+    writer = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+        (left,) = set(path.parent.iterdir()) - before
+        assert remove_stale_temporaries(path.parent) == [] and left.exists()  # a live writer's file stays
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    return left
+
+
+def test_leftovers_of_killed_writes_are_removed_and_nothing_else(tmp_path: Path) -> None:
+    theirs = [".last.ckpt.abcdefgh.tmp", "notes.tmp", ".step=3.ckpt.tmp", "x.attnx.tmp", "last.ckpt"]
+    for name in theirs:
+        (tmp_path / name).write_text("the user's")
+    left = killed_write(tmp_path / "last.ckpt")
+    assert remove_stale_temporaries(tmp_path) == [left]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(theirs)
+
+
+def test_a_full_disk_during_fit_is_one_line_naming_the_file_and_the_space(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """A real full filesystem: a 1.6 MiB tmpfs (checkpoints of the tiny model are about 1.05 MiB) mounted in a
+    user and mount namespace, holding the checkpoint directory."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip(
+            "mounting a small tmpfs needs `unshare -rm` (user namespaces), which this machine refuses"
+        )
+    config = yaml.safe_load(TINY.read_text())
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    config["trainer"]["callbacks"][0]["init_args"]["dirpath"] = str(checkpoints)
+    (tmp_path / "full.yaml").write_text(yaml.safe_dump(config))
+    fit = f"{sys.executable} -m attnx fit --config full.yaml --data.data_dir {corpus} --trainer.max_steps 3"
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=1600k tmpfs {checkpoints} && {fit}"],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines[-1].startswith("attnx fit: error: cannot write checkpoint "), lines[-1]
+    assert str(checkpoints) in lines[-1] and "the disk is full" in lines[-1], lines[-1]
+    assert "MiB free in" in lines[-1] and "the checkpoint needs about 1.0 MiB" in lines[-1], lines[-1]

@@ -1,0 +1,174 @@
+"""Multi-node training as docs/cluster.md launches it: two torchrun "nodes" on this machine (gloo, 127.0.0.1),
+static and c10d rendezvous, a resume on one node; and the paper's shape, 8 ranks with big.yaml's DDP settings."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import REPO
+from tests.training.conftest import train_losses
+from tests.training.ddp_probe import assert_ranks_agree, read_ranks
+
+PAGE = REPO / "docs" / "cluster.md"
+BIN = Path(sys.executable).parent  # where torchrun and attnx are installed
+
+
+def page_commands(prefix: str) -> list[str]:
+    """The commands of docs/cluster.md's bash blocks that start with ``prefix`` (continuation lines joined)."""
+    blocks = re.findall(r"```bash\n(.*?)```", PAGE.read_text(encoding="utf-8"), flags=re.S)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    return [re.sub(r"\s+", " ", line).strip() for line in lines if line.strip().startswith(prefix)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def environment() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+
+
+def probe_args(corpus: Path, probe: Path, steps: int) -> list[str]:
+    """What a test adds to the page's commands: its corpus, a short run, and a probe that records each rank."""
+    return [
+        *(
+            "--data.data_dir",
+            str(corpus),
+            "--trainer.max_steps",
+            str(steps),
+            "--evaluation.bleu_samples",
+            "0",
+        ),
+        *(
+            "--trainer.callbacks+=tests.training.ddp_probe.RankProbe",
+            "--trainer.callbacks.output",
+            str(probe),
+        ),
+    ]
+
+
+def launch(commands: list[str], cwd: Path, extras: list[str]) -> list[subprocess.CompletedProcess]:
+    """Run the commands at once (one per node) and wait for all of them."""
+    env = {**environment(), "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    processes = [
+        subprocess.Popen(
+            [*shlex.split(command), *extras],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for command in commands
+    ]
+    try:
+        outputs = [p.communicate(timeout=400)[0] for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    done = [
+        subprocess.CompletedProcess(p.args, p.returncode, out, "")
+        for p, out in zip(processes, outputs, strict=True)
+    ]
+    for d in done:
+        assert d.returncode == 0, d.stdout[-4000:]
+    return done
+
+
+def assert_one_checkpoint_set(cwd: Path, steps: int) -> Path:
+    runs = sorted(p.name for p in (cwd / "runs" / "tiny").iterdir())
+    assert runs == ["version_0"], runs  # one run directory, written by rank 0 alone
+    checkpoints = cwd / "runs" / "tiny" / "version_0" / "checkpoints"
+    names = sorted(p.name for p in checkpoints.iterdir())
+    kept = [f"step={s}.ckpt" for s in range(max(1, steps - 2), steps + 1)]
+    assert names == sorted(["averaged.ckpt", "last.ckpt", *kept]), names
+    return checkpoints
+
+
+def test_two_nodes_through_torchrun_then_a_resume_on_one(corpus: Path, tmp_path: Path) -> None:
+    port = free_port()
+    commands = [c.replace("--master_port 29500", f"--master_port {port}") for c in page_commands("torchrun")]
+    static = [c for c in commands if "--node_rank" in c]
+    assert [c.split("--node_rank ")[1][0] for c in static] == ["0", "1"] and len(
+        {c.split(" --node_rank")[1][2:] for c in static}
+    ) == 1
+    launch(static, tmp_path, probe_args(corpus, tmp_path / "probe", 4))
+    records = read_ranks(tmp_path / "probe", 2)
+    assert all(r["num_nodes"] == 2 for r in records)
+    assert_ranks_agree(records, 4)
+    checkpoints = assert_one_checkpoint_set(tmp_path, 4)
+    saved = torch.load(checkpoints / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 4
+
+    # one node, one process: continues from step 4, saying the batch order changes with the world size
+    resume = [BIN / "attnx", "fit", "--config", "tiny", "--data.data_dir", str(corpus), "--ckpt_path", "last"]
+    done = subprocess.run(
+        [*map(str, resume), "--trainer.max_steps", "6", "--evaluation.bleu_samples", "0"],
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the batch plan differs from the checkpoint's" in done.stderr and "world size" in done.stderr
+    assert sorted(train_losses(tmp_path / "runs" / "tiny" / "version_1")) == [4, 5]
+
+
+def test_two_nodes_through_a_c10d_rendezvous(corpus: Path, tmp_path: Path) -> None:
+    port = free_port()
+    (command,) = [c for c in page_commands("torchrun") if "--rdzv_backend c10d" in c]
+    command = command.replace("127.0.0.1:29400", f"127.0.0.1:{port}")
+    launch([command, command], tmp_path, probe_args(corpus, tmp_path / "probe", 2))
+    assert_ranks_agree(read_ranks(tmp_path / "probe", 2), 2)
+    assert_one_checkpoint_set(tmp_path, 2)
+
+
+def test_the_slurm_script_requeues_on_sigusr1_and_resumes_with_last() -> None:
+    """The script's signal and resume lines are what tests/training/test_signals.py runs under Slurm's variables."""
+    script = PAGE.read_text(encoding="utf-8")
+    assert "#SBATCH --signal=SIGUSR1@90" in script and "#SBATCH --requeue" in script
+    assert 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then RESUME=(--ckpt_path last); fi' in script
+    (srun,) = page_commands("srun")
+    assert srun.startswith("srun attnx fit --config big ") and srun.endswith('"${RESUME[@]}"')
+
+
+@pytest.mark.slow
+def test_eight_ranks_with_the_big_configs_ddp_settings(corpus: Path, tmp_path: Path) -> None:
+    """configs/big.yaml's trainer on the tiny model, 8 CPU processes instead of 8 GPUs: 2 steps."""
+    big = yaml.safe_load((REPO / "configs" / "big.yaml").read_text())["trainer"]
+    ddp = {key: big[key] for key in ("devices", "num_nodes", "strategy", "accumulate_grad_batches")}
+    assert ddp == {"devices": 8, "num_nodes": 1, "strategy": "ddp", "accumulate_grad_batches": 1}
+    args = [f"--trainer.{key}={value}" for key, value in ddp.items()] + ["--trainer.accelerator", "cpu"]
+    command = [
+        str(BIN / "attnx"),
+        "fit",
+        "--config",
+        "tiny",
+        *args,
+        *probe_args(corpus, tmp_path / "probe", 2),
+    ]
+    env = {**environment(), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-4000:]
+    records = read_ranks(tmp_path / "probe", 8)
+    assert_ranks_agree(records, 2)
+    checkpoints = assert_one_checkpoint_set(tmp_path, 2)
+    averaged = torch.load(checkpoints / "averaged.ckpt", weights_only=True)["state_dict"]
+    states = [torch.load(checkpoints / f"step={s}.ckpt", weights_only=True)["state_dict"] for s in (1, 2)]
+    for name in averaged:
+        torch.testing.assert_close(averaged[name], (states[0][name] + states[1][name]) / 2)

@@ -1,0 +1,177 @@
+"""A run told to stop saves first: SIGTERM anywhere and Slurm's SIGUSR1 (requeue) end a real ``attnx fit`` with a
+checkpoint, one line saying how to resume and a non-zero status; resuming ends with the uninterrupted run's weights."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.training.conftest import TINY
+from tests.training.test_resume import resume_args
+
+STEPS = "12"  # the uninterrupted run; the interrupted ones are stopped near step 3
+
+
+def attnx_command(corpus: Path, *extra: str, config: Path = TINY) -> list[str]:
+    args = ["fit", "--config", str(config), "--data.data_dir", str(corpus), *resume_args(), *extra]
+    return [sys.executable, "-m", "attnx", *args]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
+
+
+def run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    cwd.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        command, cwd=cwd, env=env or environment(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def interrupt(
+    command: list[str], cwd: Path, signum: int, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Start ``command``, send ``signum`` once it has printed its progress line of step 2, wait for it to end."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    command = [*command, "--progress.every_n_steps", "1"]
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env or environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for line in process.stdout:  # rank 0's plain progress lines: "step 2/100000 | ..."
+            if line.startswith("step 2/"):
+                break
+        else:
+            pytest.fail(f"the run ended before step 2: {process.wait()}, {process.stderr.read()[-3000:]}")
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def hourly_checkpoints(tmp_path: Path) -> Path:
+    """configs/tiny.yaml saving once an hour instead of every step: a checkpoint can only come from the signal."""
+    config = yaml.safe_load(TINY.read_text())
+    config["trainer"]["callbacks"][0]["init_args"]["minutes"] = 60
+    path = tmp_path / "hourly.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def resume_hint(stderr: str) -> tuple[int, list[str]]:
+    """The step and the command of ``attnx fit: interrupted at step N (SIG...); resume with: attnx fit ...``."""
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith("attnx fit: interrupted at step "), stderr[-3000:]
+    step = int(line.split("interrupted at step ")[1].split()[0])
+    command = shlex.split(line.split("resume with: ")[1])
+    assert command[:2] == ["attnx", "fit"]
+    return step, [sys.executable, "-m", "attnx", *command[1:]]
+
+
+def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return torch.load(checkpoint, weights_only=True)["state_dict"]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    ours, theirs = weights(a), weights(b)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``last.ckpt`` of a 12-step run never interrupted."""
+    work = tmp_path_factory.mktemp("whole")
+    run(attnx_command(corpus, "--trainer.max_steps", STEPS), work)
+    return work / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def test_sigterm_saves_says_how_to_resume_and_exits_143(
+    corpus: Path, tmp_path: Path, uninterrupted: Path
+) -> None:
+    hourly = attnx_command(corpus, "--trainer.max_steps", "100000", config=hourly_checkpoints(tmp_path))
+    stopped = interrupt(hourly, tmp_path, signal.SIGTERM)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    step, command = resume_hint(stopped.stderr)
+    assert "(SIGTERM)" in stopped.stderr.splitlines()[-1]
+    assert 2 <= step < int(STEPS)
+    checkpoints = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "last.ckpt",
+        f"step={step}.ckpt",
+    ]  # the signal's save
+    assert command[-2:] == ["--ckpt_path", str((checkpoints / "last.ckpt").relative_to(tmp_path))]
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
+    run([*command, "--trainer.max_steps", STEPS], tmp_path)  # the printed command, run where it was printed
+    assert_same_weights(tmp_path / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
+
+
+def test_sigterm_to_one_rank_of_ddp_stops_every_rank_at_one_saved_step(corpus: Path, tmp_path: Path) -> None:
+    """Only rank 0 (the launching process) is signalled; rank 1 learns it at the next step and saves with it."""
+    ddp = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_steps", "100000"]
+    stopped = interrupt(attnx_command(corpus, *ddp), tmp_path, signal.SIGTERM)
+    assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert stopped.stderr.count("attnx fit: interrupted at step") == 1  # rank 0 alone says it
+    step, _ = resume_hint(stopped.stderr)
+    checkpoints = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
+    assert not list(tmp_path.glob("runs/tiny/version_1"))  # one run directory for both ranks
+
+
+SLURM = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "attnx-fit",
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NODELIST": "127.0.0.1",
+}
+"""What Slurm sets for a one-task job: Lightning's SLURMEnvironment (auto_requeue) takes charge."""
+
+
+def fake_scontrol(directory: Path) -> Path:
+    """An ``scontrol`` that only records its arguments (no Slurm here): the log it writes to."""
+    directory.mkdir(parents=True, exist_ok=True)
+    log = directory / "scontrol.log"
+    script = directory / "scontrol"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    script.chmod(0o755)
+    return log
+
+
+def test_slurm_sigusr1_saves_requeues_and_the_requeued_job_resumes_exactly(
+    corpus: Path, tmp_path: Path, uninterrupted: Path
+) -> None:
+    calls = fake_scontrol(tmp_path / "bin")
+    env = environment(**SLURM, PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    work = tmp_path / "job"
+    stopped = interrupt(attnx_command(corpus, "--trainer.max_steps", "100000"), work, signal.SIGUSR1, env)
+    assert stopped.returncode == 128 + signal.SIGUSR1 and "Traceback" not in stopped.stderr, stopped.stderr[
+        -3000:
+    ]
+    step, _ = resume_hint(stopped.stderr)
+    assert "(SIGUSR1); requeued Slurm job 4242;" in stopped.stderr.splitlines()[-1]
+    assert calls.read_text() == "requeue 4242\n"
+    assert not list(work.rglob("hpc_ckpt_*.ckpt"))  # attnx saved, not Lightning's own SIGUSR1 handler
+    assert 2 <= step < int(STEPS)
+    # the requeued job runs the sbatch script again, which resumes with --ckpt_path last (docs/cluster.md)
+    env["SLURM_RESTART_COUNT"] = "1"
+    run(attnx_command(corpus, "--trainer.max_steps", STEPS, "--ckpt_path", "last"), work, env)
+    assert_same_weights(work / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
