@@ -224,12 +224,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def exit_status(err: BaseException) -> int | None:
     """2 for a usage or config error, 1 for an expected runtime failure, None for a bug (traceback)."""
-    from attnx.registry import DuplicateComponentError, UnknownComponentError
+    from attnx.registry import ComponentArgumentError, DuplicateComponentError, UnknownComponentError
 
     usage_errors: tuple[type[BaseException], ...] = (
         UsageError,
         UnknownComponentError,
         DuplicateComponentError,
+        ComponentArgumentError,
     )
     try:
         from jsonargparse import ArgumentError

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -19,6 +21,10 @@ class Kind(StrEnum):
 
 class UnknownComponentError(LookupError):
     """A config names a component that no installed plugin registered."""
+
+
+class ComponentArgumentError(TypeError):
+    """A config gives a component an argument its constructor does not take (or leaves out one it needs)."""
 
 
 class DuplicateComponentError(ValueError):
@@ -94,9 +100,47 @@ class ComponentRegistry:
         """The class (or factory) registered as ``name`` of ``kind``; an unknown name lists the known ones."""
         return self.entry(kind, name).factory
 
+    def check_arguments(
+        self, kind: Kind | str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Raise [ComponentArgumentError][attnx.registry.ComponentArgumentError] naming the component, the bad
+        key and the accepted ones when ``kwargs`` (a config's `args`) do not fit the constructor's signature,
+        after the positional shape arguments `args` the model passes."""
+        entry = self.entry(kind, name)
+        try:
+            signature = inspect.signature(entry.factory)
+        except (TypeError, ValueError):  # no introspectable signature: the call itself reports
+            return
+        params = list(signature.parameters.values())
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        from_model = [p.name for p in positional[: len(args)]]
+        accepted = [
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in from_model
+        ]
+        where = f"{entry.kind} component {name!r} ({entry.factory.__qualname__}, from {entry.distribution})"
+        takes = f"accepted args: {', '.join(accepted)}" if accepted else "it accepts no args"
+        for key in kwargs:
+            if key in from_model:
+                raise ComponentArgumentError(
+                    f"{where}: argument {key!r} is set by the model (from {', '.join(from_model)}), not in args; "
+                    f"remove it from args ({takes})"
+                )
+            if key not in accepted and not any(p.kind is p.VAR_KEYWORD for p in params):
+                close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ComponentArgumentError(f"{where} has no argument {key!r}{hint}; {takes}")
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise ComponentArgumentError(f"{where}: {err}; {takes}") from None
+
     def build(self, kind: Kind | str, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Instantiate component ``name`` of ``kind``; a bad argument names the component."""
+        """Instantiate component ``name`` of ``kind``; arguments that do not fit its signature are refused
+        before it is called, naming the component, the bad key and the accepted ones."""
         factory = self.get(kind, name)
+        self.check_arguments(kind, name, args, kwargs)
         try:
             return factory(*args, **kwargs)
         except TypeError as err:
