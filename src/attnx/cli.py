@@ -13,6 +13,7 @@ traceback instead.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
 import json
@@ -186,6 +187,33 @@ def run_function(name: str, argv: list[str]) -> int:
     return int(result or 0)
 
 
+CLOSED_PIPE = 141
+"""Exit status when the reader of standard output went away (``attnx ... | head``): 128 + SIGPIPE, what a
+shell reports for ``ls`` or ``git log`` cut short the same way, so a pipeline with ``set -o pipefail`` sees
+attnx as it sees them."""
+
+
+def quiet_on_closed_pipe(run: Callable[..., int]) -> Callable[..., int]:
+    """Exit with [CLOSED_PIPE][attnx.cli.CLOSED_PIPE] and no traceback when standard output is closed early.
+
+    The recipe of Python's signal documentation: further writes (and the final flush) go to devnull.
+    """
+
+    @functools.wraps(run)
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        try:
+            status = run(*args, **kwargs)
+            sys.stdout.flush()  # a pipe closed after the last write shows only here
+            return status
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return CLOSED_PIPE
+
+    return wrapper
+
+
+@quiet_on_closed_pipe
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv or debugging()
@@ -223,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_status(err: BaseException) -> int | None:
-    """2 for a usage or config error, 1 for an expected runtime failure, None for a bug (traceback)."""
+    """2 for a usage or config error, 1 for an expected runtime failure, None for a bug (traceback) and for
+    a closed standard output (which `main` ends quietly)."""
+    if isinstance(err, BrokenPipeError):
+        return None
     from attnx.registry import ComponentArgumentError, DuplicateComponentError, UnknownComponentError
 
     usage_errors: tuple[type[BaseException], ...] = (
