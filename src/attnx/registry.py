@@ -1,4 +1,4 @@
-"""A typed registry of model components, filled by plugins through ``attnx_register_components``."""
+"""A typed registry of model components, filled by plugins through `attnx_register_components`."""
 
 from __future__ import annotations
 
@@ -45,9 +45,9 @@ class Entry:
 class ComponentRegistry:
     """Components by kind and name.
 
-    Plugins receive an instance in ``attnx_register_components`` and call the ``add_*`` methods; the model
-    builder calls [`get`][attnx.registry.ComponentRegistry.get]. ``plugin`` and ``distribution`` are set by
-    the plugin manager while it calls each plugin, so errors and ``attnx plugins`` can say where a component
+    Plugins receive an instance in `attnx_register_components` and call the `add_*` methods; the model
+    builder calls [`get`][attnx.registry.ComponentRegistry.get]. `plugin` and `distribution` are set by
+    the plugin manager while it calls each plugin, so errors and `attnx plugins` can say where a component
     came from.
     """
 
@@ -97,14 +97,14 @@ class ComponentRegistry:
             ) from None
 
     def get(self, kind: Kind | str, name: str) -> type:
-        """The class (or factory) registered as ``name`` of ``kind``; an unknown name lists the known ones."""
+        """The class (or factory) registered as `name` of `kind`; an unknown name lists the known ones."""
         return self.entry(kind, name).factory
 
     def check_arguments(
         self, kind: Kind | str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         """Raise [ComponentArgumentError][attnx.registry.ComponentArgumentError] naming the component, the bad
-        key and the accepted ones when ``kwargs`` (a config's `args`) do not fit the constructor's signature,
+        key and the accepted ones when `kwargs` (a config's `args`) do not fit the constructor's signature,
         after the positional shape arguments `args` the model passes."""
         entry = self.entry(kind, name)
         try:
@@ -137,7 +137,7 @@ class ComponentRegistry:
             raise ComponentArgumentError(f"{where}: {err}; {takes}") from None
 
     def build(self, kind: Kind | str, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Instantiate component ``name`` of ``kind``; arguments that do not fit its signature are refused
+        """Instantiate component `name` of `kind`; arguments that do not fit its signature are refused
         before it is called, naming the component, the bad key and the accepted ones."""
         factory = self.get(kind, name)
         self.check_arguments(kind, name, args, kwargs)

@@ -1,4 +1,4 @@
-"""``attnx export`` and ``attnx serve``: a trained model as another engine's model, or behind an HTTP API."""
+"""`attnx export` and `attnx serve`: a trained model as another engine's model, or behind an HTTP API."""
 
 from __future__ import annotations
 

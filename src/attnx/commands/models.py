@@ -1,4 +1,4 @@
-"""``attnx average``, ``attnx configs``, ``attnx plugins`` and ``attnx describe``."""
+"""`attnx average`, `attnx configs`, `attnx plugins` and `attnx describe`."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def plugins() -> int:
 
 
 def transformer_section(values: Any, source: str) -> dict[str, Any]:
-    """The transformer settings in a fit config (``model.transformer``) or a bare transformer config."""
+    """The transformer settings in a fit config (`model.transformer`) or a bare transformer config."""
     if not isinstance(values, dict):
         raise ValueError(f"{source} is not a YAML mapping")
     model = values.get("model")

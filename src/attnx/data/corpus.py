@@ -1,16 +1,18 @@
 """A prepared corpus on disk and its memory-mapped reader.
 
-``attnx prepare`` writes one directory::
+`attnx prepare` writes one directory:
 
-    meta.json                  languages, vocabulary, splits with their counts, what was dropped and why,
-                               the settings and the fingerprint of the inputs
-    spm.model, spm.vocab       the joint SentencePiece BPE model (§5.1: shared source-target vocabulary)
-    {split}.{lang}.bin         every token id of the split, one flat array (uint16, or int32 for ≥ 65,536 pieces)
-    {split}.{lang}.idx.npy     int64 offsets: sentence i is ids[idx[i]:idx[i + 1]]   (n + 1 entries)
-    {split}.{lang}.len.npy     int32 sentence lengths in tokens, without BOS/EOS     (n entries)
-    {split}.{lang}             normalized text, one segment a line (every split but train): what is scored
+```text
+meta.json                  languages, vocabulary, splits with their counts, what was dropped and why,
+                           the settings and the fingerprint of the inputs
+spm.model, spm.vocab       the joint SentencePiece BPE model (§5.1: shared source-target vocabulary)
+{split}.{lang}.bin         every token id of the split, one flat array (uint16, or int32 for ≥ 65,536 pieces)
+{split}.{lang}.idx.npy     int64 offsets: sentence i is ids[idx[i]:idx[i + 1]]   (n + 1 entries)
+{split}.{lang}.len.npy     int32 sentence lengths in tokens, without BOS/EOS     (n entries)
+{split}.{lang}             normalized text, one segment a line (every split but train): what is scored
+```
 
-Everything numeric is opened with ``np.memmap``: loading a 4.5M-pair corpus reads a few kilobytes, creates
+Everything numeric is opened with `np.memmap`: loading a 4.5M-pair corpus reads a few kilobytes, creates
 no Python object per sentence, and DDP ranks share the page cache instead of each holding a copy.
 """
 
@@ -36,16 +38,16 @@ def ids_dtype(vocab_size: int) -> np.dtype:
 
 
 def _open(path: Path, dtype: np.dtype | str) -> np.ndarray:
-    """Read-only memory map of a raw array (``np.memmap`` refuses empty files; those become empty arrays)."""
+    """Read-only memory map of a raw array (`np.memmap` refuses empty files; those become empty arrays)."""
     if path.stat().st_size == 0:
         return np.zeros(0, dtype)
     return np.memmap(path, dtype=dtype, mode="r")
 
 
 class ParallelDataset:
-    """One binarized split: ``dataset[i]`` is ``(src_ids, tgt_ids)``, two small numpy arrays without BOS/EOS.
+    """One binarized split: `dataset[i]` is `(src_ids, tgt_ids)`, two small numpy arrays without BOS/EOS.
 
-    ``src_lengths``/``tgt_lengths`` are memory-mapped int32 arrays, what token-budget batching sorts on.
+    `src_lengths`/`tgt_lengths` are memory-mapped int32 arrays, what token-budget batching sorts on.
     Pickling (to DataLoader workers) carries paths, not data; each process maps the files itself.
     """
 
@@ -82,10 +84,10 @@ class ParallelDataset:
 
 
 class PreparedCorpus:
-    """Reader of a directory written by ``attnx prepare``.
+    """Reader of a directory written by `attnx prepare`.
 
     Args:
-        data_dir: the ``--output`` directory of ``attnx prepare``.
+        data_dir: the `--output` directory of `attnx prepare`.
     """
 
     def __init__(self, data_dir: str | Path) -> None:
@@ -128,7 +130,7 @@ class PreparedCorpus:
             raise DataError(f"{self.data_dir} has no split {split!r}; it has {', '.join(self.splits)}")
 
     def dataset(self, split: str) -> ParallelDataset:
-        """The memory-mapped ``(src_ids, tgt_ids)`` pairs of ``split``."""
+        """The memory-mapped `(src_ids, tgt_ids)` pairs of `split`."""
         self._check(split)
         return ParallelDataset(self.data_dir, split, self.src_lang, self.tgt_lang, self.meta["dtype"])
 
@@ -144,11 +146,11 @@ class PreparedCorpus:
         return lines[:-1] if lines[-1] == "" else lines
 
     def sources(self, split: str) -> list[str]:
-        """The normalized source text of ``split``, one segment per pair, in corpus order."""
+        """The normalized source text of `split`, one segment per pair, in corpus order."""
         return self._text(split, self.src_lang)
 
     def references(self, split: str) -> list[str]:
-        """The normalized target text of ``split`` (the references sacreBLEU scores against)."""
+        """The normalized target text of `split` (the references sacreBLEU scores against)."""
         return self._text(split, self.tgt_lang)
 
     def __repr__(self) -> str:

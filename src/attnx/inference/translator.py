@@ -1,12 +1,14 @@
 """The one way to translate: [`Translator`][attnx.inference.translator.Translator] (model + tokenizer + search settings) and [`load`][attnx.inference.translator.load].
 
-Every command that decodes — ``attnx translate``, ``attnx attention``, ``attnx test``/``predict``, validation
-BLEU during ``attnx fit``, the HTTP server — and the Python API go through a Translator::
+Every command that decodes — `attnx translate`, `attnx attention`, `attnx test`/`predict`, validation
+BLEU during `attnx fit`, the HTTP server — and the Python API go through a Translator:
 
-    import attnx
+```python
+import attnx
 
-    translator = attnx.load("averaged.ckpt")
-    translator.translate(["A dog runs."])
+translator = attnx.load("averaged.ckpt")
+translator.translate(["A dog runs."])
+```
 
 A Translator batches its input by tokens (shortest first, padding included), truncates inputs longer than
 the model accepts (with a warning), returns one output per input in input order, and maps blank input to
@@ -40,7 +42,7 @@ DEFAULT_MAX_TOKENS = 4096
 
 
 def token_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int]]:
-    """Indices of ``lengths`` grouped, shortest first, so that rows × longest ≤ ``max_tokens`` (≥ 1 row each)."""
+    """Indices of `lengths` grouped, shortest first, so that rows × longest ≤ `max_tokens` (≥ 1 row each)."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     batch: list[int] = []
     for i in order:
@@ -58,7 +60,7 @@ def one_line(text: str) -> str:
 
 
 def encode_lines(tokenizer: Tokenizer, lines: Sequence[str]) -> list[list[int]]:
-    """Source ids of ``lines`` (stripped; blank lines give ``[]``)."""
+    """Source ids of `lines` (stripped; blank lines give `[]`)."""
     texts = [line.strip() for line in lines]
     todo = [i for i, text in enumerate(texts) if text]
     ids: list[list[int]] = [[] for _ in texts]
@@ -68,7 +70,7 @@ def encode_lines(tokenizer: Tokenizer, lines: Sequence[str]) -> list[list[int]]:
 
 
 def truncate_ids(ids: Sequence[Sequence[int]], max_positions: int) -> list[list[int]]:
-    """Cut inputs a model of ``max_positions`` cannot read (the source ``</s>`` takes one), with one warning."""
+    """Cut inputs a model of `max_positions` cannot read (the source `</s>` takes one), with one warning."""
     limit = max_positions - 1
     too_long = [i + 1 for i, x in enumerate(ids) if len(x) > limit]
     if too_long:
@@ -84,7 +86,7 @@ def truncate_ids(ids: Sequence[Sequence[int]], max_positions: int) -> list[list[
 
 
 def translate_lines(translator: Any, lines: Sequence[str] | str, progress: bool = False) -> list[str]:
-    """``translator.translate(lines)`` of any engine: encode, ``translate_ids``, decode; blank stays blank."""
+    """`translator.translate(lines)` of any engine: encode, `translate_ids`, decode; blank stays blank."""
     if isinstance(lines, str):
         raise TypeError("translate takes a list of lines; wrap a single sentence: translate([text])")
     outputs = translator.translate_ids(translator.encode(lines), progress=progress)
@@ -93,7 +95,7 @@ def translate_lines(translator: Any, lines: Sequence[str] | str, progress: bool 
 
 @dataclass
 class AttentionMaps:
-    """Weights of every layer for one sentence pair; ``encoder[l]`` ``(H, S, S)``, ``cross[l]`` ``(H, T, S)``."""
+    """Weights of every layer for one sentence pair; `encoder[l]` `(H, S, S)`, `cross[l]` `(H, T, S)`."""
 
     source_tokens: list[str]  # S pieces, ending in </s>
     target_tokens: list[str]  # T pieces predicted, ending in </s>
@@ -108,7 +110,7 @@ class Translator:
     Args:
         model: The Transformer (any device; decoding runs where its weights are).
         tokenizer: The joint SentencePiece model the Transformer was trained with.
-        search: Beam size, length penalty and maximum output length. ``max_positions`` defaults to the
+        search: Beam size, length penalty and maximum output length. `max_positions` defaults to the
             model's own limit.
         max_tokens: Source tokens per decoding batch, padding included.
     """
@@ -141,7 +143,7 @@ class Translator:
         search: SearchConfig | None = None,
         **kw: Any,
     ) -> Translator:
-        """The model and tokenizer a checkpoint of ``attnx fit``/``attnx average`` carries."""
+        """The model and tokenizer a checkpoint of `attnx fit`/`attnx average` carries."""
         loaded = load_model(path, device=device)
         return cls(loaded.model, loaded.tokenizer, search, **kw)
 
@@ -150,12 +152,12 @@ class Translator:
         return next(self.model.parameters()).device
 
     def to(self, device: str | torch.device) -> Translator:
-        """Move the model to ``device`` (in place) and return this translator."""
+        """Move the model to `device` (in place) and return this translator."""
         self.model.to(device)
         return self
 
     def with_search(self, **changes: Any) -> Translator:
-        """A translator sharing this one's model, with some search settings changed (e.g. ``beam=1``)."""
+        """A translator sharing this one's model, with some search settings changed (e.g. `beam=1`)."""
         return Translator(
             self.model, self.tokenizer, dataclasses.replace(self.search, **changes), self.max_tokens
         )
@@ -163,11 +165,11 @@ class Translator:
     # ---------------------------------------------------------------------------------------------- ids
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
-        """Source ids of ``lines`` (stripped; blank lines give ``[]``)."""
+        """Source ids of `lines` (stripped; blank lines give `[]`)."""
         return encode_lines(self.tokenizer, lines)
 
     def truncate(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Cut inputs the model cannot read (``max_positions`` with the source ``</s>``), with one warning."""
+        """Cut inputs the model cannot read (`max_positions` with the source `</s>`), with one warning."""
         return truncate_ids(ids, self.max_positions)
 
     def translate_tensors(self, src: Tensor, src_mask: Tensor) -> list[list[int]]:
@@ -175,7 +177,7 @@ class Translator:
         return translate_batch(self.model, src, src_mask, self.search)
 
     def translate_ids(self, ids: Sequence[Sequence[int]], progress: bool = False) -> list[list[int]]:
-        """Output ids for source ids (no BOS/EOS), one per input in input order; ``[]`` in gives ``[]`` out."""
+        """Output ids for source ids (no BOS/EOS), one per input in input order; `[]` in gives `[]` out."""
         ids = self.truncate(ids)
         out: list[list[int]] = [[] for _ in ids]
         todo = [i for i, x in enumerate(ids) if x]
@@ -198,7 +200,7 @@ class Translator:
         return one_line(self.tokenizer.decode(list(ids)))
 
     def translate(self, lines: Sequence[str] | str, progress: bool = False) -> list[str]:
-        """Translations of ``lines`` (one segment each), same number and order; blank in gives blank out."""
+        """Translations of `lines` (one segment each), same number and order; blank in gives blank out."""
         return translate_lines(self, lines, progress)
 
     def __call__(self, lines: Sequence[str]) -> list[str]:
@@ -207,7 +209,7 @@ class Translator:
     # ---------------------------------------------------------------------------------------- attention
 
     def attention(self, source: str) -> AttentionMaps:
-        """Translate ``source``, then collect every attention's weights over the teacher-forced result."""
+        """Translate `source`, then collect every attention's weights over the teacher-forced result."""
         src_ids = self.truncate(self.encode([source]))[0]
         if not src_ids:
             raise ValueError("attention needs a non-empty source sentence")
@@ -245,11 +247,11 @@ def load(
     search: SearchConfig | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
 ) -> Any:
-    """A translator for ``path``: a checkpoint file of ``attnx fit``/``attnx average``, or a directory written
-    by ``attnx export --format ctranslate2`` (decoded by CTranslate2).
+    """A translator for `path`: a checkpoint file of `attnx fit`/`attnx average`, or a directory written
+    by `attnx export --format ctranslate2` (decoded by CTranslate2).
 
-    Both kinds answer the same calls: ``translate(lines)``, ``translate_ids(ids)``, ``to(device)``,
-    ``search``, ``tokenizer``.
+    Both kinds answer the same calls: `translate(lines)`, `translate_ids(ids)`, `to(device)`,
+    `search`, `tokenizer`.
     """
     path = Path(path)
     if path.is_dir():

@@ -1,10 +1,12 @@
 """What a training run prints: one line per validation, and periodic lines where no progress bar is drawn.
 
-A 12-hour run in a terminal, under ``nohup`` or in a Slurm log should all say how it is going. The progress
-bar is drawn only when standard error is a terminal; otherwise (a log file) ``ProgressLog`` prints a plain
-line every ``every_n_steps`` optimizer steps. Every validation prints one line wherever the output goes::
+A 12-hour run in a terminal, under `nohup` or in a Slurm log should all say how it is going. The progress
+bar is drawn only when standard error is a terminal; otherwise (a log file) `ProgressLog` prints a plain
+line every `every_n_steps` optimizer steps. Every validation prints one line wherever the output goes:
 
-    step 1500/100000 | val loss 3.412 ppl 22.14 bleu 18.63 | 7,930 tok/s | 0:10:02 elapsed, ETA 10:59:30
+```text
+step 1500/100000 | val loss 3.412 ppl 22.14 bleu 18.63 | 7,930 tok/s | 0:10:02 elapsed, ETA 10:59:30
+```
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def _clock(seconds: float) -> str:
 
 
 class ProgressLog(Callback):
-    """Print a line per validation, and every ``every_n_steps`` optimizer steps when there is no progress bar.
+    """Print a line per validation, and every `every_n_steps` optimizer steps when there is no progress bar.
 
     Lines go to standard output, from rank 0 only.
     """
@@ -33,7 +35,7 @@ class ProgressLog(Callback):
         """
         Args:
             every_n_steps: Optimizer steps between two training lines when no progress bar is shown
-                (standard error is not a terminal, or ``trainer.enable_progress_bar`` is false); 0: none.
+                (standard error is not a terminal, or `trainer.enable_progress_bar` is false); 0: none.
         """
         if every_n_steps < 0:
             raise ValueError(f"ProgressLog needs every_n_steps >= 0, got {every_n_steps}")
@@ -45,7 +47,7 @@ class ProgressLog(Callback):
         self._start = time.monotonic()
 
     def _eta(self, trainer: pl.Trainer) -> str:
-        """Time left by steps (``max_steps``) or by ``max_time``, whichever ends training first."""
+        """Time left by steps (`max_steps`) or by `max_time`, whichever ends training first."""
         elapsed = time.monotonic() - self._start
         left: list[float] = []
         step = trainer.global_step
@@ -109,7 +111,7 @@ class ProgressLog(Callback):
 
 
 def _time_remaining(trainer: pl.Trainer) -> float | None:
-    """Seconds left of ``trainer.max_time``, from the Timer callback Lightning adds for it."""
+    """Seconds left of `trainer.max_time`, from the Timer callback Lightning adds for it."""
     for callback in trainer.callbacks:
         if isinstance(callback, Timer):
             return callback.time_remaining("train")
