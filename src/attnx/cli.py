@@ -152,7 +152,7 @@ def run_function(name: str, argv: list[str]) -> int:
     """Parse ``argv`` against command ``name``'s signature and run it."""
     from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
-    from attnx.commands import configure_parsing
+    from attnx.commands import configure_parsing, help_formatter
 
     configure_parsing()
     function = command_function(name)
@@ -163,6 +163,7 @@ def run_function(name: str, argv: list[str]) -> int:
         default_env=True,
         env_prefix=f"ATTNX_{name.upper()}",
         exit_on_error=False,
+        formatter_class=help_formatter(),
     )
     config_file = "config" not in inspect.signature(function).parameters  # describe's --config: a model
     if config_file:

@@ -105,6 +105,43 @@ def test_cli_page_is_the_live_help(texts):
     )
 
 
+REST_LEFTOVER = re.compile(
+    r"``|\S::$|:(?:func|class|meth|data|mod|attr|obj|paramref|ref|exc):`", re.MULTILINE
+)
+"""reST that a terminal shows raw: an inline literal, a literal-block marker, a Sphinx role."""
+
+
+def test_no_restructuredtext_in_any_help(texts):
+    for name, text in texts.items():
+        found = [m.group(0) for m in REST_LEFTOVER.finditer(text)]
+        assert not found, f"attnx {name} --help shows reST: {found[:5]}"
+
+
+def option_help(text: str) -> dict[str, str]:
+    """`--option` → its help text, from an argparse help page."""
+    helps: dict[str, str] = {}
+    option = None
+    for line in text.splitlines():
+        entry = re.match(r"^  (?:ARG:\s+)?(--[\w.]+)(?: [A-Z_{},.\[\]|]+)*(?:\s{2,}(.*))?$", line)
+        if entry:
+            option = entry.group(1)
+            helps[option] = entry.group(2) or ""
+        elif option and line.startswith(" " * 24):
+            helps[option] = (helps[option] + " " + line.strip()).strip()
+        else:
+            option = None
+    return helps
+
+
+@pytest.mark.parametrize("prefix", ["--model.transformer.", "--evaluation.search.", "--model.loss."])
+def test_every_model_and_search_option_of_fit_has_a_description(texts, prefix):
+    helps = {key: text for key, text in option_help(texts["fit"]).items() if key.startswith(prefix)}
+    assert len(helps) >= 2, sorted(option_help(texts["fit"]))[:50]
+    for option, text in helps.items():
+        assert not text.startswith("("), f"attnx fit --help: {option} has no description: {text!r}"
+        assert "required" not in text, f"attnx fit --help: {option} has a default but reads {text!r}"
+
+
 if __name__ == "__main__":
     PAGE.write_text(render(live_help()), encoding="utf-8")
     print(f"wrote {PAGE}")
