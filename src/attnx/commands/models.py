@@ -142,7 +142,7 @@ def describe(
         elif (found := data_vocab_size(values, path.parent)) is not None:
             model_config.vocab_size, vocab_source = found, "the prepared corpus's"
         else:
-            vocab_source = "the paper's (no prepared corpus found; pass --vocab_size)"
+            vocab_source = "the paper's; no prepared corpus found, --vocab_size sets another"
     if vocab_size:
         model_config.vocab_size, vocab_source = vocab_size, "--vocab_size"
     model = build_transformer(model_config)
