@@ -177,3 +177,19 @@ def test_output_cut_by_a_closed_pipe_exits_quietly(argv: list[str], status: int)
     process.stdout.close()  # the reader goes away before the first line
     err = process.stderr.read()
     assert process.wait(timeout=120) == status and err == "", err
+
+
+def test_a_missing_config_file_is_worded_alike_by_every_command(tmp_path: Path) -> None:
+    lines = {}
+    for name in ("fit", "translate", "prepare", "describe"):
+        done = subprocess.run(
+            [sys.executable, "-m", "attnx", name, "--config", "missing.yaml"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        lines[name] = done.stderr.strip()
+    for name, line in lines.items():
+        assert line.startswith(f"attnx {name}: error: config 'missing.yaml' not found: no such file"), line
+    assert "multi30k_cpu" in lines["fit"] and lines["translate"].endswith("no such file; check the path")

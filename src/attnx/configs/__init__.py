@@ -11,12 +11,12 @@ import atexit
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-__all__ = ["ConfigNotFound", "available", "resolve"]
+__all__ = ["ConfigNotFound", "available", "not_found", "resolve"]
 
 SUFFIX = ".yaml"
 
@@ -92,7 +92,15 @@ def resolve(name_or_path: str | os.PathLike[str]) -> Path:
         if name.startswith(prefix) and name.removeprefix(prefix) in packaged:
             hint = f" (the packaged one is named {name.removeprefix(prefix)!r})"
             break
-    raise ConfigNotFound(
-        f"config {str(name_or_path)!r} not found: no such file, and no packaged config of that name{hint}; "
+    raise ConfigNotFound(not_found(str(name_or_path), packaged, hint))
+
+
+def not_found(name: str, packaged: Iterable[str] = (), hint: str = "") -> str:
+    """How every command words a `--config` that names no file: with the packaged names for the commands
+    that take one (`fit`, `describe`, ...), without them for a command's own option file (`translate`, ...)."""
+    if not packaged:
+        return f"config {name!r} not found: no such file; check the path"
+    return (
+        f"config {name!r} not found: no such file, and no packaged config of that name{hint}; "
         f"check the path, or use a packaged name: {', '.join(packaged)}"
     )
