@@ -27,7 +27,7 @@ from attnx.checkpoint import read_checkpoint
 from attnx.training.checkpointing import AtomicCheckpointIO
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
-from attnx.training.progress import ProgressLog
+from attnx.training.progress import ProgressLog, TrainingProgressBar
 from attnx.training.throughput import TokenThroughput
 
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -144,7 +144,26 @@ class AttnxCLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())
+        callbacks = with_progress_bar(init.get("trainer") or {})
+        if callbacks is not None:
+            kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(plugins=plugins, **kwargs)
+
+
+def with_progress_bar(trainer: dict[str, Any]) -> list[Any] | None:
+    """The trainer's callbacks with attnx's [TrainingProgressBar][attnx.training.progress.TrainingProgressBar]
+    added where Lightning would draw its Rich bar; None to leave them (no bar, one chosen, or no Rich)."""
+    import importlib.util
+
+    from lightning.pytorch.callbacks import ProgressBar
+
+    callbacks = trainer.get("callbacks") or []
+    callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+    if trainer.get("enable_progress_bar") is False or any(isinstance(c, ProgressBar) for c in callbacks):
+        return None
+    if importlib.util.find_spec("rich") is None:  # Lightning draws its tqdm bar, labelled "Epoch N"
+        return None
+    return [*callbacks, TrainingProgressBar()]
 
 
 def pin_log_versions(trainer: Any) -> None:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback, Timer
+from lightning.pytorch.callbacks import Callback, RichProgressBar, Timer
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 
@@ -116,3 +116,37 @@ def _time_remaining(trainer: pl.Trainer) -> float | None:
         if isinstance(callback, Timer):
             return callback.time_remaining("train")
     return None
+
+
+def epoch_label(epoch: int, max_epochs: int | None, step: int, max_steps: int) -> str:
+    """The progress bar's label: `Epoch 3/9` in a run of 10 epochs, `Epoch 3, step 1200/100000` in one
+    bounded by steps, `Epoch 3` in one bounded by neither (time, or nothing)."""
+    label = f"Epoch {epoch}"
+    if max_epochs is not None and max_epochs > 0:
+        label += f"/{max_epochs - 1}"
+    if max_steps > 0:
+        label += f", step {step}/{max_steps}"
+    return label
+
+
+class TrainingProgressBar(RichProgressBar):
+    """Lightning's Rich progress bar, labelled by [epoch_label][attnx.training.progress.epoch_label].
+
+    Lightning's own label reads `Epoch 3/-2` when `max_epochs` is -1 (every config that trains for a number
+    of steps), and says nothing of the steps.
+    """
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self.relabel(trainer)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args)
+        self.relabel(trainer)
+
+    def relabel(self, trainer: pl.Trainer) -> None:
+        if self.progress is None or self.train_progress_bar_id is None:
+            return
+        label = epoch_label(trainer.current_epoch, trainer.max_epochs, trainer.global_step, trainer.max_steps)
+        style = self.theme.description
+        self.progress.update(self.train_progress_bar_id, description=f"[{style}]{label}" if style else label)
