@@ -54,7 +54,8 @@ Every command is parsed the same way (jsonargparse): `--config FILE` takes the o
 on the command line (`--trainer.max_steps 1000`, `--model.transformer.dropout 0.3`), several `--config` files
 are merged in order, and `--config NAME` takes a packaged config (`attnx configs` lists them). See
 [Configs](configs.md). A failure prints one line and exits with 2 (usage, config) or 1 (data, checkpoint,
-diverged run); `--debug` shows the traceback.
+diverged run); `--debug` shows the traceback. Output cut short by a closed pipe (`attnx configs | head -1`)
+ends quietly with status 141 (128 + SIGPIPE), as a shell reports for `ls` or `git log` cut short.
 """
 
 
