@@ -99,9 +99,22 @@ def test_component_arguments_the_model_passes_are_refused_in_args():
     config = tiny_config()
     config.self_attention.args = {"n_heads": 2}
     with pytest.raises(
-        ComponentArgumentError, match=r"'n_heads' is set by the model.*accepted args: dropout"
+        ComponentArgumentError, match=r"'n_heads' is passed by the model.*accepted args: dropout"
     ):
         build_transformer(config)
+
+
+def test_an_argument_of_the_wrong_type_names_the_component():
+    class Windowed(Swish):
+        def __init__(self, d_model: int, d_ff: int, window: int = 2) -> None:
+            super().__init__(d_model, d_ff)
+            if window < 0:  # a YAML string here: TypeError inside the constructor
+                raise ValueError("window must be >= 0")
+
+    reg = ComponentRegistry()
+    reg.add_feedforward("windowed", Windowed)
+    with pytest.raises(ComponentArgumentError, match=r"cannot build feedforward component 'windowed'.*types"):
+        reg.build("feedforward", "windowed", 8, 16, window="2")
 
 
 def test_a_constructor_taking_any_keyword_accepts_every_argument_but_a_missing_one_is_named():

@@ -24,7 +24,8 @@ class UnknownComponentError(LookupError):
 
 
 class ComponentArgumentError(TypeError):
-    """A config gives a component an argument its constructor does not take (or leaves out one it needs)."""
+    """A config gives a component an argument its constructor does not take, leaves out one it needs, or
+    gives one a value of the wrong type."""
 
 
 class DuplicateComponentError(ValueError):
@@ -124,8 +125,8 @@ class ComponentRegistry:
         for key in kwargs:
             if key in from_model:
                 raise ComponentArgumentError(
-                    f"{where}: argument {key!r} is set by the model (from {', '.join(from_model)}), not in args; "
-                    f"remove it from args ({takes})"
+                    f"{where}: {key!r} is passed by the model (as are {', '.join(from_model)}), not through "
+                    f"args; {takes}"
                 )
             if key not in accepted and not any(p.kind is p.VAR_KEYWORD for p in params):
                 close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
@@ -143,8 +144,12 @@ class ComponentRegistry:
         self.check_arguments(kind, name, args, kwargs)
         try:
             return factory(*args, **kwargs)
-        except TypeError as err:
-            raise TypeError(f"cannot build {Kind(kind)} component {name!r}: {err}") from err
+        except TypeError as err:  # most often a value of the wrong type in args; --debug shows where
+            entry = self.entry(kind, name)
+            raise ComponentArgumentError(
+                f"cannot build {entry.kind} component {name!r} ({entry.factory.__qualname__}, from "
+                f"{entry.distribution}): {err}; check the types of its args"
+            ) from err
 
     def names(self, kind: Kind | str) -> list[str]:
         return sorted(self._entries[Kind(kind)])
