@@ -207,8 +207,8 @@ def run_function(name: str, argv: list[str]) -> int:
 
 
 CLOSED_PIPE = 141
-"""Exit status when the reader of standard output went away (``attnx ... | head``): 128 + SIGPIPE, what a
-shell reports for ``ls`` or ``git log`` cut short the same way, so a pipeline with ``set -o pipefail`` sees
+"""Exit status when the reader of standard output went away (`attnx ... | head`): 128 + SIGPIPE, what a
+shell reports for `ls` or `git log` cut short the same way, so a pipeline with `set -o pipefail` sees
 attnx as it sees them."""
 
 

@@ -23,8 +23,9 @@ def configure_parsing() -> None:
 def help_formatter() -> type:
     """jsonargparse's help formatter, made to read as plain text for every command, Lightning's included.
 
-    reST inline literals (Lightning's and PyTorch's docstrings use them) read as Markdown code: `x` is
-    shown as `x`, and a paragraph ending in a reST literal-block marker `::` ends in `:`. An option whose
+    reST inline literals in double backticks and Sphinx roles (Lightning's and PyTorch's docstrings use
+    them) read as Markdown code in single backticks, and a paragraph ending in a reST literal-block marker
+    (two colons) ends in one colon. An option whose
     value has a default is not called required: a component's `name` reads `(type: str, default:
     multihead)`, not `(required, type: str, default: multihead)`.
     """
@@ -46,8 +47,8 @@ def help_formatter() -> type:
 
 
 def plain_help(text: str) -> str:
-    """Help text with reST inline literals and Sphinx roles (`:class:`~a.B``) as Markdown code, and no reST
-    literal-block markers."""
+    """Help text with reST inline literals and Sphinx roles (such as `:class:`) as Markdown code, and no
+    reST literal-block markers."""
     text = re.sub(r"``(.+?)``", r"`\1`", text, flags=re.DOTALL)
     text = re.sub(r":(?:[a-z]+:)?[a-z]+:`~?([^`]+)`", r"`\1`", text)
     return re.sub(r"(?<=\S)::$", ":", text, flags=re.MULTILINE)
