@@ -215,3 +215,40 @@ def test_configs_lists_the_packaged_configs(capsys) -> None:
 def test_misspelt_field_of_an_optional_settings_group_suggests_the_field(capsys) -> None:
     assert main(["translate", "--model", "x.ckpt", "--search.bem", "2"]) == 2
     assert "did you mean --search.beam?" in one_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "status"),
+    [
+        (["--help"], 141),
+        (["plugins"], 141),
+        (["describe", "--preset", "base"], 141),
+        (["fit", "--print_config", "--config", "tiny"], 141),
+        (["fit", "--help"], 0),  # argparse itself ignores a closed pipe while printing help
+    ],
+)
+def test_output_cut_by_a_closed_pipe_exits_quietly(argv: list[str], status: int) -> None:
+    """`attnx ... | head`: no traceback; 141 (128 + SIGPIPE) as a shell reports for `ls` or `git log`."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnx", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader goes away before the first line
+    err = process.stderr.read()
+    assert process.wait(timeout=120) == status and err == "", err
+
+
+def test_a_missing_config_file_is_worded_alike_by_every_command(tmp_path: Path) -> None:
+    lines = {}
+    for name in ("fit", "translate", "prepare", "describe"):
+        done = subprocess.run(
+            [sys.executable, "-m", "attnx", name, "--config", "missing.yaml"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        lines[name] = done.stderr.strip()
+    for name, line in lines.items():
+        assert line.startswith(f"attnx {name}: error: config 'missing.yaml' not found: no such file"), line
+    assert "multi30k_cpu" in lines["fit"] and lines["translate"].endswith("no such file; check the path")

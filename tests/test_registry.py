@@ -12,7 +12,12 @@ from torch import nn
 from attnx import hookimpl
 from attnx.model import build_transformer
 from attnx.plugins import DEFAULT_PLUGINS, collect, plugin_manager
-from attnx.registry import ComponentRegistry, DuplicateComponentError, UnknownComponentError
+from attnx.registry import (
+    ComponentArgumentError,
+    ComponentRegistry,
+    DuplicateComponentError,
+    UnknownComponentError,
+)
 from tests.conftest import tiny_config
 
 
@@ -79,11 +84,50 @@ def test_duplicate_registration_names_both_plugins():
         pm.unregister(second)
 
 
-def test_bad_component_arguments_name_the_component():
+def test_bad_component_arguments_name_the_component_the_key_and_the_accepted_ones():
     config = tiny_config()
-    config.feedforward.args = {"widht": 3}
-    with pytest.raises(TypeError, match="cannot build feedforward component 'relu'.*widht"):
+    config.feedforward.args = {"dropuot": 0.1}
+    with pytest.raises(ComponentArgumentError) as err:
         build_transformer(config)
+    assert str(err.value) == (
+        "feedforward component 'relu' (ReluFeedForward, from attnx (built-in)) has no argument 'dropuot' "
+        "(did you mean 'dropout'?); accepted args: dropout"
+    )
+
+
+def test_component_arguments_the_model_passes_are_refused_in_args():
+    config = tiny_config()
+    config.self_attention.args = {"n_heads": 2}
+    with pytest.raises(
+        ComponentArgumentError, match=r"'n_heads' is passed by the model.*accepted args: dropout"
+    ):
+        build_transformer(config)
+
+
+def test_an_argument_of_the_wrong_type_names_the_component():
+    class Windowed(Swish):
+        def __init__(self, d_model: int, d_ff: int, window: int = 2) -> None:
+            super().__init__(d_model, d_ff)
+            if window < 0:  # a YAML string here: TypeError inside the constructor
+                raise ValueError("window must be >= 0")
+
+    reg = ComponentRegistry()
+    reg.add_feedforward("windowed", Windowed)
+    with pytest.raises(ComponentArgumentError, match=r"cannot build feedforward component 'windowed'.*types"):
+        reg.build("feedforward", "windowed", 8, 16, window="2")
+
+
+def test_a_constructor_taking_any_keyword_accepts_every_argument_but_a_missing_one_is_named():
+    class Anything(Swish):
+        def __init__(self, d_model: int, d_ff: int, *, gate: str, **options) -> None:
+            super().__init__(d_model, d_ff)
+            self.options = options
+
+    reg = ComponentRegistry()
+    reg.add_feedforward("anything", Anything)
+    assert reg.build("feedforward", "anything", 8, 16, gate="x", whatever=1).options == {"whatever": 1}
+    with pytest.raises(ComponentArgumentError, match=r"'anything'.*missing a required argument: 'gate'"):
+        reg.build("feedforward", "anything", 8, 16)
 
 
 def test_registry_rejects_unknown_kind():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,54 @@ assert losses[-1] < 0.5 * losses[0], losses
     run(installed, "-c", script)
     out = run(installed, "-m", "attnx", "describe", "--config", str(config))
     assert "self-attention restricted" in out
+
+
+def one_line_failure(env: dict[str, str], *args: str, cwd: Path | None = None) -> str:
+    done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, cwd=cwd)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    return lines[0]
+
+
+MISSPELT = "{name: restricted, args: {windw: 8}}"
+"""A plugin component with a misspelt constructor argument (`window`)."""
+
+
+def assert_names_component_key_and_accepted(line: str) -> None:
+    assert "attention component 'restricted'" in line and "attnx-restricted-attention" in line
+    assert "'windw'" in line and "did you mean 'window'?" in line
+    assert "accepted args: window, dropout" in line
+
+
+def test_misspelt_plugin_argument_is_one_line_in_describe(installed, tmp_path):
+    config = tmp_path / "restricted.yaml"
+    config.write_text(
+        f"model:\n  transformer:\n    d_model: 32\n    n_heads: 4\n    self_attention: {MISSPELT}\n"
+    )
+    line = one_line_failure(installed, "-m", "attnx", "describe", "--config", str(config))
+    assert line.startswith("attnx describe: error:")
+    assert_names_component_key_and_accepted(line)
+
+
+def test_misspelt_plugin_argument_is_one_line_in_fit(installed, corpus: Path, tmp_path):
+    config = tmp_path / "restricted.yaml"
+    config.write_text(f"model:\n  transformer:\n    self_attention: {MISSPELT}\n")
+    fit = [
+        "-m",
+        "attnx",
+        "fit",
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        "--data.data_dir",
+        str(corpus),
+    ]
+    for extra in (
+        ["--config", str(config)],
+        ["--model.transformer.self_attention", MISSPELT],
+        ["--model.transformer.self_attention.name", "restricted"]
+        + ["--model.transformer.self_attention.args", "{windw: 8}"],
+    ):
+        line = one_line_failure(installed, *fit, *extra, cwd=tmp_path)
+        assert line.startswith("attnx fit: error:")
+        assert_names_component_key_and_accepted(line)
+    assert not (tmp_path / "runs").exists()

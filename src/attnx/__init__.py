@@ -1,13 +1,15 @@
 """attnx: the Transformer of *Attention Is All You Need* as a config-first translation framework.
 
-The Python API::
+The Python API:
 
-    import attnx
+```python
+import attnx
 
-    translator = attnx.load("averaged.ckpt")  # a checkpoint, or a directory from `attnx export`
-    translator.translate(["A dog runs.", "Two men are talking."])
+translator = attnx.load("averaged.ckpt")  # a checkpoint, or a directory from `attnx export`
+translator.translate(["A dog runs.", "Two men are talking."])
+```
 
-Importing ``attnx`` is cheap: torch is imported on first use of ``load``, ``Translator`` or ``SearchConfig``.
+Importing `attnx` is cheap: torch is imported on first use of `load`, `Translator` or `SearchConfig`.
 """
 
 from __future__ import annotations

@@ -13,10 +13,12 @@ traceback instead.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -75,11 +77,26 @@ def debugging() -> bool:
     return os.environ.get("ATTNX_DEBUG", "") not in ("", "0")
 
 
+def missing_config(message: str, argv: list[str]) -> str | None:
+    """jsonargparse's error for a `--config` file that does not exist, in the words `attnx fit` uses."""
+    from pathlib import Path
+
+    from attnx.configs import not_found
+
+    found = re.search(r"Parser key \"config\": File does not exist: '(.+?)'", message)
+    if not found:
+        return None
+    given = [value for option, value in zip(argv, argv[1:], strict=False) if option == "--config"]
+    given += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
+    name = next((value for value in given if Path(value).resolve() == Path(found.group(1))), found.group(1))
+    return not_found(name)
+
+
 def run_function(name: str, argv: list[str]) -> int:
     """Parse ``argv`` against command ``name``'s signature and run it."""
     from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
-    from attnx.commands import configure_parsing
+    from attnx.commands import configure_parsing, help_formatter
 
     configure_parsing()
     function = command_function(name)
@@ -90,6 +107,7 @@ def run_function(name: str, argv: list[str]) -> int:
         default_env=True,
         env_prefix=f"ATTNX_{name.upper()}",
         exit_on_error=False,
+        formatter_class=help_formatter(),
     )
     config_file = "config" not in inspect.signature(function).parameters  # describe's --config: a model
     if config_file:
@@ -105,6 +123,9 @@ def run_function(name: str, argv: list[str]) -> int:
     try:
         config = parser.parse_args(argv)
     except ArgumentError as err:
+        missing = missing_config(str(err), argv)
+        if missing:
+            raise UsageError(missing) from err
         options = ["--config", "--print_config", "--help", *option_names(function)]
         raise UsageError(suggest(one_line(str(err)), options)) from err
     values = parser.instantiate(config).as_dict()
@@ -114,6 +135,33 @@ def run_function(name: str, argv: list[str]) -> int:
     return int(result or 0)
 
 
+CLOSED_PIPE = 141
+"""Exit status when the reader of standard output went away (`attnx ... | head`): 128 + SIGPIPE, what a
+shell reports for `ls` or `git log` cut short the same way, so a pipeline with `set -o pipefail` sees
+attnx as it sees them."""
+
+
+def quiet_on_closed_pipe(run: Callable[..., int]) -> Callable[..., int]:
+    """Exit with [CLOSED_PIPE][attnx.cli.CLOSED_PIPE] and no traceback when standard output is closed early.
+
+    The recipe of Python's signal documentation: further writes (and the final flush) go to devnull.
+    """
+
+    @functools.wraps(run)
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        try:
+            status = run(*args, **kwargs)
+            sys.stdout.flush()  # a pipe closed after the last write shows only here
+            return status
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return CLOSED_PIPE
+
+    return wrapper
+
+
+@quiet_on_closed_pipe
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv or debugging()
@@ -151,13 +199,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_status(err: BaseException) -> int | None:
-    """2 for a usage or config error, 1 for an expected runtime failure, None for a bug (traceback)."""
-    from attnx.registry import DuplicateComponentError, UnknownComponentError
+    """2 for a usage or config error, 1 for an expected runtime failure, None for a bug (traceback) and for
+    a closed standard output (which `main` ends quietly)."""
+    if isinstance(err, BrokenPipeError):
+        return None
+    from attnx.registry import ComponentArgumentError, DuplicateComponentError, UnknownComponentError
 
     usage_errors: tuple[type[BaseException], ...] = (
         UsageError,
         UnknownComponentError,
         DuplicateComponentError,
+        ComponentArgumentError,
     )
     try:
         from jsonargparse import ArgumentError

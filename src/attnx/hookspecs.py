@@ -19,13 +19,13 @@ the library imports the top-level package (which offers ``load`` and so sits abo
 
 @hookspec
 def attnx_register_components(registry: ComponentRegistry) -> None:
-    """Register model components and training losses with ``registry``.
+    """Register model components and training losses with `registry`.
 
-    Call ``registry.add_attention(name, cls)``, ``registry.add_feedforward(name, cls)``,
-    ``registry.add_positional(name, cls)``, ``registry.add_norm(name, cls)`` or ``registry.add_loss(name, cls)``
+    Call `registry.add_attention(name, cls)`, `registry.add_feedforward(name, cls)`,
+    `registry.add_positional(name, cls)`, `registry.add_norm(name, cls)` or `registry.add_loss(name, cls)`
     once per component.
     A name must be unique within its kind across every installed plugin; a clash is an error naming both
-    plugins. The class is constructed with the model's shape arguments (see ``attnx.components.protocols``)
-    plus the ``args`` mapping given for it in the config; a loss is built with the label smoothing ε and its
-    ``args``, and called as ``loss(model, batch)`` returning ``attnx.training.loss.LossSums``.
+    plugins. The class is constructed with the model's shape arguments (see `attnx.components.protocols`)
+    plus the `args` mapping given for it in the config; a loss is built with the label smoothing ε and its
+    `args`, and called as `loss(model, batch)` returning `attnx.training.loss.LossSums`.
     """

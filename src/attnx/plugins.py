@@ -1,7 +1,7 @@
 """The plugin manager: built-in components load through the same hook as third-party ones.
 
 Built-ins come from [`DEFAULT_PLUGINS`][attnx.plugins.DEFAULT_PLUGINS]; third-party distributions are found
-through the ``attnx`` entry-point group (``[project.entry-points.attnx]`` in their ``pyproject.toml``).
+through the `attnx` entry-point group (`[project.entry-points.attnx]` in their `pyproject.toml`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""A typed registry of model components, filled by plugins through ``attnx_register_components``."""
+"""A typed registry of model components, filled by plugins through `attnx_register_components`."""
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -19,6 +21,11 @@ class Kind(StrEnum):
 
 class UnknownComponentError(LookupError):
     """A config names a component that no installed plugin registered."""
+
+
+class ComponentArgumentError(TypeError):
+    """A config gives a component an argument its constructor does not take, leaves out one it needs, or
+    gives one a value of the wrong type."""
 
 
 class DuplicateComponentError(ValueError):
@@ -39,9 +46,9 @@ class Entry:
 class ComponentRegistry:
     """Components by kind and name.
 
-    Plugins receive an instance in ``attnx_register_components`` and call the ``add_*`` methods; the model
-    builder calls [`get`][attnx.registry.ComponentRegistry.get]. ``plugin`` and ``distribution`` are set by
-    the plugin manager while it calls each plugin, so errors and ``attnx plugins`` can say where a component
+    Plugins receive an instance in `attnx_register_components` and call the `add_*` methods; the model
+    builder calls [`get`][attnx.registry.ComponentRegistry.get]. `plugin` and `distribution` are set by
+    the plugin manager while it calls each plugin, so errors and `attnx plugins` can say where a component
     came from.
     """
 
@@ -91,16 +98,58 @@ class ComponentRegistry:
             ) from None
 
     def get(self, kind: Kind | str, name: str) -> type:
-        """The class (or factory) registered as ``name`` of ``kind``; an unknown name lists the known ones."""
+        """The class (or factory) registered as `name` of `kind`; an unknown name lists the known ones."""
         return self.entry(kind, name).factory
 
+    def check_arguments(
+        self, kind: Kind | str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Raise [ComponentArgumentError][attnx.registry.ComponentArgumentError] naming the component, the bad
+        key and the accepted ones when `kwargs` (a config's `args`) do not fit the constructor's signature,
+        after the positional shape arguments `args` the model passes."""
+        entry = self.entry(kind, name)
+        try:
+            signature = inspect.signature(entry.factory)
+        except (TypeError, ValueError):  # no introspectable signature: the call itself reports
+            return
+        params = list(signature.parameters.values())
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        from_model = [p.name for p in positional[: len(args)]]
+        accepted = [
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in from_model
+        ]
+        where = f"{entry.kind} component {name!r} ({entry.factory.__qualname__}, from {entry.distribution})"
+        takes = f"accepted args: {', '.join(accepted)}" if accepted else "it accepts no args"
+        for key in kwargs:
+            if key in from_model:
+                raise ComponentArgumentError(
+                    f"{where}: {key!r} is passed by the model (as are {', '.join(from_model)}), not through "
+                    f"args; {takes}"
+                )
+            if key not in accepted and not any(p.kind is p.VAR_KEYWORD for p in params):
+                close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ComponentArgumentError(f"{where} has no argument {key!r}{hint}; {takes}")
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise ComponentArgumentError(f"{where}: {err}; {takes}") from None
+
     def build(self, kind: Kind | str, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Instantiate component ``name`` of ``kind``; a bad argument names the component."""
+        """Instantiate component `name` of `kind`; arguments that do not fit its signature are refused
+        before it is called, naming the component, the bad key and the accepted ones."""
         factory = self.get(kind, name)
+        self.check_arguments(kind, name, args, kwargs)
         try:
             return factory(*args, **kwargs)
-        except TypeError as err:
-            raise TypeError(f"cannot build {Kind(kind)} component {name!r}: {err}") from err
+        except TypeError as err:  # most often a value of the wrong type in args; --debug shows where
+            entry = self.entry(kind, name)
+            raise ComponentArgumentError(
+                f"cannot build {entry.kind} component {name!r} ({entry.factory.__qualname__}, from "
+                f"{entry.distribution}): {err}; check the types of its args"
+            ) from err
 
     def names(self, kind: Kind | str) -> list[str]:
         return sorted(self._entries[Kind(kind)])

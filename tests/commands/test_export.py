@@ -65,3 +65,16 @@ def test_huggingface_export_writes_a_marian_directory(checkpoint, tmp_path: Path
     assert {"config.json", "model.safetensors", "source.spm", "target.spm", "vocab.json"} <= {
         p.name for p in out.iterdir()
     }
+
+
+def test_quantization_none_keeps_the_trained_weights(checkpoint, tmp_path: Path) -> None:
+    """The help offers `none`; `attnx export --quantization none` is the float32 export, not a type error."""
+    argv = [sys.executable, "-m", "attnx", "export", "--ckpt_path", str(checkpoint), "--quantization", "none"]
+    done = subprocess.run(
+        [*argv, "--format", "ctranslate2", "--output", str(tmp_path / "ct2")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "CTranslate2 model (float32)" in done.stdout
+    assert type(attnx.load(tmp_path / "ct2")).__name__ == "CTranslate2Translator"
+    done = subprocess.run([*argv, "--quantization", "int4"], capture_output=True, text=True)
+    assert done.returncode == 2 and "none" in done.stderr and len(done.stderr.strip().splitlines()) == 1

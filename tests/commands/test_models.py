@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from attnx.cli import main
@@ -18,10 +20,15 @@ def test_describe_takes_the_vocabulary_of_the_prepared_corpus(tmp_path: Path, mo
     out = capsys.readouterr().out
     assert "vocab 8000 (the prepared corpus's)" in out and "parameters: 7,577,600 (7.6M)" in out
     monkeypatch.chdir(tmp_path / "data")
-    assert main(["describe", "--config", "multi30k_cpu"]) == 0
-    assert (
-        "vocab 37000 (the paper's (no prepared corpus found; pass --vocab_size))" in capsys.readouterr().out
+    done = subprocess.run(
+        [sys.executable, "-m", "attnx", "describe", "--config", "multi30k_cpu"],
+        capture_output=True,
+        text=True,
     )
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if " vocab " in line)
+    assert "vocab 37000 (the paper's; no prepared corpus found, --vocab_size sets another)" in line
+    assert line.count("(") == line.count(")") == 1  # one clean parenthesis, not one inside another
     assert main(["describe", "--config", "multi30k_cpu", "--vocab_size", "8000"]) == 0
     assert "vocab 8000 (--vocab_size)" in capsys.readouterr().out
 

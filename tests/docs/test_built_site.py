@@ -72,6 +72,18 @@ def test_no_raw_sphinx_role_on_the_page(site, page):
     assert not found, f"docs/{page} shows {len(found)} raw Sphinx role(s), e.g.:\n" + "\n".join(found[:10])
 
 
+# reST that Markdown leaves as text: an inline literal (``x``, shown with its backticks inside code blocks,
+# such as the --help texts of the CLI page) or a literal-block marker ending a paragraph ("goes::").
+RAW_REST = re.compile(r"``|[^\s>]::</p>")
+
+
+@pytest.mark.parametrize("page", pages())
+def test_no_raw_restructuredtext_on_the_page(site, page):
+    html = built_page(site, page).read_text(encoding="utf-8")
+    found = [html[max(0, m.start() - 60) : m.end() + 20].replace("\n", " ") for m in RAW_REST.finditer(html)]
+    assert not found, f"docs/{page} shows {len(found)} reST leftover(s), e.g.:\n" + "\n".join(found[:10])
+
+
 def test_pending_pages_exist():
     for page in PENDING:
         assert (DOCS / page).is_file(), f"docs/{page} is gone: drop it from PENDING"

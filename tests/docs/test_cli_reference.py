@@ -54,7 +54,8 @@ Every command is parsed the same way (jsonargparse): `--config FILE` takes the o
 on the command line (`--trainer.max_steps 1000`, `--model.transformer.dropout 0.3`), several `--config` files
 are merged in order, and `--config NAME` takes a packaged config (`attnx configs` lists them). See
 [Configs](configs.md). A failure prints one line and exits with 2 (usage, config) or 1 (data, checkpoint,
-diverged run); `--debug` shows the traceback.
+diverged run); `--debug` shows the traceback. Output cut short by a closed pipe (`attnx configs | head -1`)
+ends quietly with status 141 (128 + SIGPIPE), as a shell reports for `ls` or `git log` cut short.
 """
 
 
@@ -103,6 +104,53 @@ def test_cli_page_is_the_live_help(texts):
     assert PAGE.read_text(encoding="utf-8") == expected, (
         f"{PAGE.relative_to(REPO)} differs from the live --help; run `python -m tests.docs.test_cli_reference`"
     )
+
+
+REST_LEFTOVER = re.compile(
+    r"``|\S::$|:(?:func|class|meth|data|mod|attr|obj|paramref|ref|exc):`", re.MULTILINE
+)
+"""reST that a terminal shows raw: an inline literal, a literal-block marker, a Sphinx role."""
+
+
+def test_no_restructuredtext_in_any_help(texts):
+    for name, text in texts.items():
+        found = [m.group(0) for m in REST_LEFTOVER.finditer(text)]
+        assert not found, f"attnx {name} --help shows reST: {found[:5]}"
+
+
+def option_help(text: str) -> dict[str, str]:
+    """`--option` → its help text, from an argparse help page."""
+    helps: dict[str, str] = {}
+    option = None
+    for line in text.splitlines():
+        entry = re.match(r"^  (?:ARG:\s+)?(--[\w.]+)(?: [A-Z_{},.\[\]|]+)*(?:\s{2,}(.*))?$", line)
+        if entry:
+            option = entry.group(1)
+            helps[option] = entry.group(2) or ""
+        elif option and line.startswith("  ENV:"):  # the option's environment variable
+            continue
+        elif option and line.startswith(" " * 24):
+            helps[option] = (helps[option] + " " + line.strip()).strip()
+        else:
+            option = None
+    return helps
+
+
+def test_every_option_of_every_command_has_a_description(texts):
+    fit = option_help(texts["fit"])
+    assert {"--model.transformer.d_model", "--evaluation.search.beam", "--model.loss.name"} <= set(fit)
+    for name, text in texts.items():
+        for option, help_text in option_help(text).items():
+            assert help_text and not help_text.startswith("("), (
+                f"attnx {name} --help: {option} has no description"
+            )
+
+
+def test_a_component_name_with_a_default_is_not_called_required(texts):
+    names = {k: v for k, v in option_help(texts["fit"]).items() if k.endswith(".name")}
+    assert len(names) == 6  # five model components and the loss
+    for option, help_text in names.items():
+        assert "required" not in help_text and "default: " in help_text, f"{option}: {help_text}"
 
 
 if __name__ == "__main__":

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from attnx.training.progress import ProgressLog
+from attnx.training.progress import ProgressLog, epoch_label
+from tests.training.conftest import fit_args
 
 
 def trainer(step: int, max_steps: int = 100, **metrics: float) -> SimpleNamespace:
@@ -45,3 +50,28 @@ def test_training_lines_every_n_steps_once(capsys) -> None:
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split(" |")[0] for line in lines] == ["step 10/100", "step 20/100"]
     assert "train loss 4.500 | lr 1.00e-03" in lines[0]
+
+
+def test_progress_bar_label_for_runs_bounded_by_epochs_steps_or_neither() -> None:
+    assert epoch_label(3, 10, 120, -1) == "Epoch 3/9"
+    assert epoch_label(3, -1, 1200, 100000) == "Epoch 3, step 1200/100000"
+    assert epoch_label(3, None, 1200, -1) == "Epoch 3"
+
+
+def test_progress_bar_of_a_run_bounded_by_steps_shows_the_steps(corpus: Path, tmp_path: Path) -> None:
+    """Lightning's Rich bar read `Epoch 0/-2` when max_epochs is -1 (Rich prints its last frame to a pipe).
+
+    Without Rich (it comes with the dev extras) Lightning draws its tqdm bar, labelled `Epoch 0`.
+    """
+    pytest.importorskip("rich")
+    argv = [sys.executable, "-m", "attnx"]
+    argv += fit_args(corpus, "--trainer.max_steps", "4", "--trainer.max_epochs", "-1")
+    done = subprocess.run(
+        [*argv, "--trainer.enable_progress_bar", "true"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Epoch 0, step 4/4" in done.stdout and "/-2" not in done.stdout, done.stdout[-2000:]

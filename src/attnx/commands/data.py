@@ -1,4 +1,4 @@
-"""``attnx download`` and ``attnx prepare``: raw parallel text in, a binarized corpus out (no torch)."""
+"""`attnx download` and `attnx prepare`: raw parallel text in, a binarized corpus out (no torch)."""
 
 from __future__ import annotations
 

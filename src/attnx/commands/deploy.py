@@ -1,4 +1,4 @@
-"""``attnx export`` and ``attnx serve``: a trained model as another engine's model, or behind an HTTP API."""
+"""`attnx export` and `attnx serve`: a trained model as another engine's model, or behind an HTTP API."""
 
 from __future__ import annotations
 
@@ -92,15 +92,16 @@ def serve(
 
 
 Quantization = Literal[
-    "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16"
+    "none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16"
 ]
+"""CTranslate2 weight types; `none` keeps the weights as trained (float32)."""
 
 
 def export(
     ckpt_path: Path,
     format: Literal["ctranslate2", "huggingface"],
     output: Path,
-    quantization: Quantization | None = None,
+    quantization: Quantization = "none",
     search: SearchConfig | None = None,
     force: bool = False,
 ) -> int:
@@ -123,8 +124,9 @@ def export(
     """
     from attnx.export.common import ExportError
 
+    weights = None if quantization == "none" else quantization
     if format == "huggingface":
-        if quantization is not None or search is not None:
+        if weights is not None or search is not None:
             raise ExportError("--quantization and --search apply to --format ctranslate2 only")
         from attnx.export.huggingface import export_huggingface
 
@@ -133,8 +135,8 @@ def export(
         return 0
     from attnx.export.ctranslate2 import export_ctranslate2
 
-    written = export_ctranslate2(ckpt_path, output, quantization=quantization, search=search, force=force)
+    written = export_ctranslate2(ckpt_path, output, quantization=weights, search=search, force=force)
     print(
-        f"wrote a CTranslate2 model ({quantization or 'float32'}) to {written}: attnx translate --model {written}"
+        f"wrote a CTranslate2 model ({weights or 'float32'}) to {written}: attnx translate --model {written}"
     )
     return 0

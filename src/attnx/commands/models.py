@@ -1,4 +1,4 @@
-"""``attnx average``, ``attnx configs``, ``attnx plugins`` and ``attnx describe``."""
+"""`attnx average`, `attnx configs`, `attnx plugins` and `attnx describe`."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def plugins() -> int:
 
 
 def transformer_section(values: Any, source: str) -> dict[str, Any]:
-    """The transformer settings in a fit config (``model.transformer``) or a bare transformer config."""
+    """The transformer settings in a fit config (`model.transformer`) or a bare transformer config."""
     if not isinstance(values, dict):
         raise ValueError(f"{source} is not a YAML mapping")
     model = values.get("model")
@@ -146,7 +146,7 @@ def describe(
         elif (found := data_vocab_size(values, path.parent)) is not None:
             model_config.vocab_size, vocab_source = found, "the prepared corpus's"
         else:
-            vocab_source = "the paper's (no prepared corpus found; pass --vocab_size)"
+            vocab_source = "the paper's; no prepared corpus found, --vocab_size sets another"
     if vocab_size:
         model_config.vocab_size, vocab_source = vocab_size, "--vocab_size"
     model = build_transformer(model_config)

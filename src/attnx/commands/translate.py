@@ -1,4 +1,4 @@
-"""``attnx translate``, ``attnx attention`` and ``attnx score``: a trained model on text, and BLEU of a file."""
+"""`attnx translate`, `attnx attention` and `attnx score`: a trained model on text, and BLEU of a file."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from attnx.inference.config import DEFAULT_MAX_TOKENS, PAPER_SEARCH, SearchConfi
 
 
 def split_segments(text: str) -> list[str]:
-    """One segment per ``\\n``-terminated line (a final line without ``\\n`` counts; ``\\r\\n`` too)."""
+    """One segment per `\\n`-terminated line (a final line without `\\n` counts; `\\r\\n` too)."""
     if not text:
         return []
     lines = text.split("\n")
@@ -20,7 +20,7 @@ def split_segments(text: str) -> list[str]:
 
 
 def read_segments(source: str) -> list[str]:
-    """Lines of a UTF-8 file, or of standard input for ``-``; bytes that are not UTF-8 become U+FFFD."""
+    """Lines of a UTF-8 file, or of standard input for `-`; bytes that are not UTF-8 become U+FFFD."""
     if source == "-":
         return split_segments(sys.stdin.buffer.read().decode("utf-8", errors="replace"))
     path = Path(source)

@@ -9,9 +9,9 @@ from attnx.hookspecs import hookimpl
 
 
 class ReluFeedForward(nn.Module):
-    """§3.3 ``FFN(x) = max(0, x W1 + b1) W2 + b2``, applied to each position separately.
+    """§3.3 `FFN(x) = max(0, x W1 + b1) W2 + b2`, applied to each position separately.
 
-    ``dropout`` acts on the hidden ReLU activations; the paper uses none there (0.0).
+    `dropout` acts on the hidden ReLU activations; the paper uses none there (0.0).
     """
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:

@@ -11,7 +11,7 @@ from attnx.hookspecs import hookimpl
 
 
 def sinusoid_table(max_len: int, d_model: int) -> Tensor:
-    """``PE(pos, 2i) = sin(pos / 10000^(2i/d))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d))``; ``(max_len, D)``."""
+    """`PE(pos, 2i) = sin(pos / 10000^(2i/d))`, `PE(pos, 2i+1) = cos(pos / 10000^(2i/d))`; `(max_len, D)`."""
     position = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)  # (L, 1)
     inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
     table = torch.zeros(max_len, d_model, dtype=torch.float64)

@@ -1,7 +1,7 @@
 """The configs shipped with attnx: the paper's base and big models, a one-machine Multi30k run, a tiny
-smoke-test run and the Table 3 variations (override configs merged over ``base``).
+smoke-test run and the Table 3 variations (override configs merged over `base`).
 
-The repository's ``configs/`` folder is this package. The files are read through `importlib.resources`, so
+The repository's `configs/` folder is this package. The files are read through `importlib.resources`, so
 they are found by name from a clone and from an installed wheel alike.
 """
 
@@ -11,12 +11,12 @@ import atexit
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-__all__ = ["ConfigNotFound", "available", "resolve"]
+__all__ = ["ConfigNotFound", "available", "not_found", "resolve"]
 
 SUFFIX = ".yaml"
 
@@ -30,7 +30,7 @@ class ConfigNotFound(ValueError):
 
 
 def _packaged() -> dict[str, Traversable]:
-    """Packaged config name (``base``, ``table3/A_heads1``) -> its file, top-level configs first."""
+    """Packaged config name (`base`, `table3/A_heads1`) -> its file, top-level configs first."""
 
     def walk(folder: Traversable, prefix: str) -> Iterator[tuple[str, Traversable]]:
         for entry in folder.iterdir():
@@ -47,7 +47,7 @@ def _packaged() -> dict[str, Traversable]:
 
 
 def _summary(text: str) -> str:
-    """The first comment line of a YAML file, without its ``#``; empty when the file has none."""
+    """The first comment line of a YAML file, without its `#`; empty when the file has none."""
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("#") and stripped.lstrip("#").strip():
@@ -56,7 +56,7 @@ def _summary(text: str) -> str:
 
 
 def available() -> dict[str, str]:
-    """Every packaged config: its name (``base``, ``big``, ``multi30k_cpu``, ``tiny``, ``table3/A_heads1``,
+    """Every packaged config: its name (`base`, `big`, `multi30k_cpu`, `tiny`, `table3/A_heads1`,
     ...), the one [resolve][attnx.configs.resolve] accepts, mapped to a one-line summary (the file's first
     comment line). The paper's and the one-machine configs come first, then the Table 3
     variations.
@@ -71,10 +71,10 @@ def _as_path(entry: Traversable) -> Path:
 
 
 def resolve(name_or_path: str | os.PathLike[str]) -> Path:
-    """The config file that ``name_or_path`` names.
+    """The config file that `name_or_path` names.
 
-    An existing file wins, so a local ``base.yaml`` is used over the packaged one. Otherwise it is looked up
-    among the packaged configs by name, with or without ``.yaml`` (``big``, ``table3/C_layers2.yaml``).
+    An existing file wins, so a local `base.yaml` is used over the packaged one. Otherwise it is looked up
+    among the packaged configs by name, with or without `.yaml` (`big`, `table3/C_layers2.yaml`).
 
     Raises:
         ConfigNotFound: it is neither an existing file nor a packaged name; the message lists the packaged
@@ -92,7 +92,15 @@ def resolve(name_or_path: str | os.PathLike[str]) -> Path:
         if name.startswith(prefix) and name.removeprefix(prefix) in packaged:
             hint = f" (the packaged one is named {name.removeprefix(prefix)!r})"
             break
-    raise ConfigNotFound(
-        f"config {str(name_or_path)!r} not found: no such file, and no packaged config of that name{hint}; "
+    raise ConfigNotFound(not_found(str(name_or_path), packaged, hint))
+
+
+def not_found(name: str, packaged: Iterable[str] = (), hint: str = "") -> str:
+    """How every command words a `--config` that names no file: with the packaged names for the commands
+    that take one (`fit`, `describe`, ...), without them for a command's own option file (`translate`, ...)."""
+    if not packaged:
+        return f"config {name!r} not found: no such file; check the path"
+    return (
+        f"config {name!r} not found: no such file, and no packaged config of that name{hint}; "
         f"check the path, or use a packaged name: {', '.join(packaged)}"
     )

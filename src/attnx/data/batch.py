@@ -17,7 +17,7 @@ __all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Batch", "collate"]
 class Batch:
     """A padded batch of sentence pairs.
 
-    ``tgt_in`` is ``<s> y_1 .. y_n`` and ``tgt_out`` is ``y_1 .. y_n </s>`` (teacher forcing, shifted by one).
+    `tgt_in` is `<s> y_1 .. y_n` and `tgt_out` is `y_1 .. y_n </s>` (teacher forcing, shifted by one).
     """
 
     src: Tensor  # (B, S) long, PAD_ID-padded on the right
@@ -34,7 +34,7 @@ class Batch:
         return self.src.shape[0]
 
     def _map(self, move: Callable[[Tensor], Tensor]) -> Batch:
-        """The same batch with ``move`` applied to every tensor the model reads; ``index`` stays on the host."""
+        """The same batch with `move` applied to every tensor the model reads; `index` stays on the host."""
         return Batch(
             src=move(self.src),
             tgt_in=move(self.tgt_in),
@@ -47,9 +47,9 @@ class Batch:
         )
 
     def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Batch:
-        """The batch on ``device`` (Lightning calls this to move each batch).
+        """The batch on `device` (Lightning calls this to move each batch).
 
-        ``non_blocking`` defaults to True for CUDA devices: from pinned memory ([`pin_memory`][attnx.data.batch.Batch.pin_memory]) the copy
+        `non_blocking` defaults to True for CUDA devices: from pinned memory ([`pin_memory`][attnx.data.batch.Batch.pin_memory]) the copy
         then runs asynchronously, overlapped with the computation queued before it. Copies to the CPU stay
         blocking, so their values can be read at once.
         """
@@ -58,7 +58,7 @@ class Batch:
         return self._map(lambda x: x.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> Batch:
-        """The batch in page-locked host memory; ``DataLoader(pin_memory=True)`` calls this in its pinning thread.
+        """The batch in page-locked host memory; `DataLoader(pin_memory=True)` calls this in its pinning thread.
 
         Needs an accelerator: PyTorch raises a RuntimeError where none is present.
         """
@@ -70,9 +70,9 @@ def collate(
     pad_id: int = PAD_ID,
     index: list[int] | Tensor | None = None,
 ) -> Batch:
-    """Pad ``(src_ids, tgt_ids)`` pairs (ids without BOS/EOS) into a [`Batch`][attnx.data.batch.Batch].
+    """Pad `(src_ids, tgt_ids)` pairs (ids without BOS/EOS) into a [`Batch`][attnx.data.batch.Batch].
 
-    The source gets ``</s>`` appended; the target becomes ``<s> y`` (input) and ``y </s>`` (output).
+    The source gets `</s>` appended; the target becomes `<s> y` (input) and `y </s>` (output).
     """
     b = len(pairs)
     s = max(len(src) for src, _ in pairs) + 1

@@ -3,7 +3,7 @@ training batch contained a set of sentence pairs containing approximately 25000 
 target tokens").
 
 Pairs are sorted by their longer side (then source length, then a seeded random tie-break), and cut greedily into
-batches whose padded size stays within ``max_tokens`` on both sides. The batches are fixed for a seed; each epoch
+batches whose padded size stays within `max_tokens` on both sides. The batches are fixed for a seed; each epoch
 visits them in a new seeded order (fairseq does the same), so every epoch has the same number of batches, which
 Lightning's progress, resuming and DDP all rely on.
 """
@@ -29,18 +29,18 @@ from attnx.data.errors import DataError
 def plan_batches(
     src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Group pairs into batches of at most ``max_tokens`` padded tokens per side (EOS/BOS included).
+    """Group pairs into batches of at most `max_tokens` padded tokens per side (EOS/BOS included).
 
-    Returns ``(order, bounds)``: batch ``k`` holds the pairs ``order[bounds[k]:bounds[k + 1]]``. Ties between
-    equal lengths are broken by a random permutation from ``seed``, or by corpus order when ``seed`` is None.
-    A pair that alone exceeds ``max_tokens`` gets a batch of its own.
+    Returns `(order, bounds)`: batch `k` holds the pairs `order[bounds[k]:bounds[k + 1]]`. Ties between
+    equal lengths are broken by a random permutation from `seed`, or by corpus order when `seed` is None.
+    A pair that alone exceeds `max_tokens` gets a batch of its own.
     """
     src = np.asarray(src_lengths, dtype=np.int64) + 1  # + EOS (source), + BOS/EOS (target in/out)
     tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
     longer = np.maximum(src, tgt)
     ties = np.arange(len(src)) if seed is None else np.random.default_rng(seed).permutation(len(src))
     order = np.lexsort((ties, src, longer))
-    # Along ``order`` the longer side never shrinks, so a batch's padded size on its wider side is
+    # Along `order` the longer side never shrinks, so a batch's padded size on its wider side is
     # (pairs) × (longer side of its last pair): the greedy cut needs one binary search per batch.
     key = longer[order].tolist()
     bounds, i, n = [0], 0, len(key)
@@ -53,8 +53,8 @@ def plan_batches(
 
 
 def collate_indices(dataset: ParallelDataset, indices: np.ndarray) -> Batch:
-    """The [`Batch`][attnx.data.batch.Batch] of pairs ``indices``, built with array operations (equal to
-    ``batch.collate``)."""
+    """The [`Batch`][attnx.data.batch.Batch] of pairs `indices`, built with array operations (equal to
+    `batch.collate`)."""
     indices = np.asarray(indices, dtype=np.int64)
 
     def side(ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, shift: int) -> tuple[np.ndarray, ...]:
@@ -93,8 +93,8 @@ class BatchDataset(Dataset):
     """Wraps a [`ParallelDataset`][attnx.data.corpus.ParallelDataset] so that indexing with an array of pair
     indices returns a [`Batch`][attnx.data.batch.Batch].
 
-    Used with ``DataLoader(..., sampler=TokenBatchSampler, batch_size=None)``: the whole batch is gathered and
-    padded in one call (in a worker process when ``num_workers > 0``).
+    Used with `DataLoader(..., sampler=TokenBatchSampler, batch_size=None)`: the whole batch is gathered and
+    padded in one call (in a worker process when `num_workers > 0`).
     """
 
     def __init__(self, dataset: ParallelDataset) -> None:
@@ -108,7 +108,7 @@ class BatchDataset(Dataset):
 
 
 def no_collate(batch: Batch) -> Batch:
-    """``BatchDataset`` already returns a finished batch."""
+    """`BatchDataset` already returns a finished batch."""
     return batch
 
 
@@ -122,14 +122,14 @@ class TokenBatchSampler(DistributedSampler):
         seed: seeds the tie-break between equal lengths and the batch order of each epoch.
         shuffle: visit the batches in a new seeded order each epoch (training); off, they come shortest
             first in a fixed order (evaluation).
-        num_replicas: DDP world size; each rank gets every ``num_replicas``-th batch of the epoch's order,
+        num_replicas: DDP world size; each rank gets every `num_replicas`-th batch of the epoch's order,
             the list padded by repeating batches from its start so that every rank has the same count.
         rank: this process's DDP rank.
-        allow_oversized: let a pair longer than ``max_tokens`` form a batch of its own (evaluation: every
+        allow_oversized: let a pair longer than `max_tokens` form a batch of its own (evaluation: every
             pair must be scored); when False such a pair is an error (training: the budget is a promise).
 
-    It subclasses ``DistributedSampler`` so that Lightning, which wraps any other sampler in its own distributed
-    sampler under DDP (``use_distributed_sampler``), leaves this one as it is: it shards itself.
+    It subclasses `DistributedSampler` so that Lightning, which wraps any other sampler in its own distributed
+    sampler under DDP (`use_distributed_sampler`), leaves this one as it is: it shards itself.
     """
 
     def __init__(
@@ -182,7 +182,7 @@ class TokenBatchSampler(DistributedSampler):
         self.epoch = epoch
 
     def batch_order(self, epoch: int | None = None) -> np.ndarray:
-        """The batch numbers this rank visits in ``epoch`` (default: the current one)."""
+        """The batch numbers this rank visits in `epoch` (default: the current one)."""
         epoch = self.epoch if epoch is None else epoch
         if self.shuffle:
             order = np.random.default_rng((self.seed, epoch)).permutation(self.num_batches)
@@ -201,7 +201,7 @@ class TokenBatchSampler(DistributedSampler):
             yield self.order[self.bounds[k] : self.bounds[k + 1]]
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Position in the epoch: ``consumed`` batches (default: those yielded) of epoch ``self.epoch``."""
+        """Position in the epoch: `consumed` batches (default: those yielded) of epoch `self.epoch`."""
         return {
             "epoch": self.epoch,
             "consumed": self.consumed if consumed is None else consumed,
@@ -211,7 +211,7 @@ class TokenBatchSampler(DistributedSampler):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next epoch iterated is ``state["epoch"]``, from its next batch."""
+        """Continue from `state`: the next epoch iterated is `state["epoch"]`, from its next batch."""
         same_plan = (state.get("seed"), state.get("num_batches"), state.get("num_replicas")) == (
             self.seed,
             self.num_batches,

@@ -1,6 +1,6 @@
 """A prepared corpus on disk and its memory-mapped reader.
 
-``attnx prepare`` writes one directory::
+`attnx prepare` writes one directory:
 
     meta.json                  languages, vocabulary, splits with their counts, what was dropped and why,
                                the largest id of each .bin, the settings, the fingerprint of the inputs and
@@ -11,7 +11,7 @@
     {split}.{lang}.len.npy     int32 sentence lengths in tokens, without BOS/EOS     (n entries)
     {split}.{lang}             normalized text, one segment a line (every split but train): what is scored
 
-Everything numeric is opened with ``np.memmap``: loading a 4.5M-pair corpus reads a few kilobytes, creates
+Everything numeric is opened with `np.memmap`: loading a 4.5M-pair corpus reads a few kilobytes, creates
 no Python object per sentence, and DDP ranks share the page cache instead of each holding a copy.
 """
 
@@ -37,16 +37,16 @@ def ids_dtype(vocab_size: int) -> np.dtype:
 
 
 def _open(path: Path, dtype: np.dtype | str) -> np.ndarray:
-    """Read-only memory map of a raw array (``np.memmap`` refuses empty files; those become empty arrays)."""
+    """Read-only memory map of a raw array (`np.memmap` refuses empty files; those become empty arrays)."""
     if path.stat().st_size == 0:
         return np.zeros(0, dtype)
     return np.memmap(path, dtype=dtype, mode="r")
 
 
 class ParallelDataset:
-    """One binarized split: ``dataset[i]`` is ``(src_ids, tgt_ids)``, two small numpy arrays without BOS/EOS.
+    """One binarized split: `dataset[i]` is `(src_ids, tgt_ids)`, two small numpy arrays without BOS/EOS.
 
-    ``src_lengths``/``tgt_lengths`` are memory-mapped int32 arrays, what token-budget batching sorts on.
+    `src_lengths`/`tgt_lengths` are memory-mapped int32 arrays, what token-budget batching sorts on.
     Pickling (to DataLoader workers) carries paths, not data; each process maps the files itself.
     """
 
@@ -83,10 +83,10 @@ class ParallelDataset:
 
 
 class PreparedCorpus:
-    """Reader of a directory written by ``attnx prepare``.
+    """Reader of a directory written by `attnx prepare`.
 
     Args:
-        data_dir: the ``--output`` directory of ``attnx prepare``.
+        data_dir: the `--output` directory of `attnx prepare`.
     """
 
     def __init__(self, data_dir: str | Path) -> None:
@@ -193,11 +193,11 @@ class PreparedCorpus:
         return lines[:-1] if lines[-1] == "" else lines
 
     def sources(self, split: str) -> list[str]:
-        """The normalized source text of ``split``, one segment per pair, in corpus order."""
+        """The normalized source text of `split`, one segment per pair, in corpus order."""
         return self._text(split, self.src_lang)
 
     def references(self, split: str) -> list[str]:
-        """The normalized target text of ``split`` (the references sacreBLEU scores against)."""
+        """The normalized target text of `split` (the references sacreBLEU scores against)."""
         return self._text(split, self.tgt_lang)
 
     def __repr__(self) -> str:

@@ -16,10 +16,10 @@ from attnx.data.tokenizer import Tokenizer
 
 
 class TranslationDataModule(L.LightningDataModule):
-    """Batches of a corpus written by ``attnx prepare``, grouped by length within a token budget (§5.1).
+    """Batches of a corpus written by `attnx prepare`, grouped by length within a token budget (§5.1).
 
-    Training batches hold at most ``max_tokens`` source and at most ``max_tokens`` target tokens, padding and
-    EOS/BOS included. They are fixed for a ``seed`` and visited in a new seeded order each epoch, identical on
+    Training batches hold at most `max_tokens` source and at most `max_tokens` target tokens, padding and
+    EOS/BOS included. They are fixed for a `seed` and visited in a new seeded order each epoch, identical on
     every run with the same seed. Under DDP each rank gets different batches and all ranks the same number
     (the list is padded by repeating batches). The position in the epoch is saved in checkpoints
     ([`state_dict`][attnx.data.datamodule.TranslationDataModule.state_dict]), so a run resumed mid-epoch
@@ -28,19 +28,19 @@ class TranslationDataModule(L.LightningDataModule):
     sampler.)
 
     Validation, test and predict batches are sorted by length, in a fixed order, each pair exactly once and
-    carrying ``Batch.index`` (its line in the split) to restore corpus order. They are not sharded: under DDP every
+    carrying `Batch.index` (its line in the split) to restore corpus order. They are not sharded: under DDP every
     rank iterates the whole split, so metrics are exact and equal on all ranks (decode a test set on rank 0 alone,
     or on one device, to write its translations once).
 
     Args:
-        data_dir: directory written by ``attnx prepare``.
+        data_dir: directory written by `attnx prepare`.
         max_tokens: padded tokens per side in a training batch, per device (the paper: about 25,000 per step over 8 GPUs).
-        eval_max_tokens: the same for validation/test/predict batches; default ``max_tokens``.
+        eval_max_tokens: the same for validation/test/predict batches; default `max_tokens`.
         seed: seeds the batches' composition and their order in each epoch.
         num_workers: DataLoader worker processes; 0 gathers and pads batches in the training process.
         pin_memory: Copy each batch into page-locked host memory in the loader's pinning thread, so that its
-            copy to a CUDA device is asynchronous and overlaps the computation (``Batch.to`` copies to CUDA
-            with ``non_blocking``). None: pin when the trainer runs on a CUDA device (without a trainer, when
+            copy to a CUDA device is asynchronous and overlaps the computation (`Batch.to` copies to CUDA
+            with `non_blocking`). None: pin when the trainer runs on a CUDA device (without a trainer, when
             CUDA is available); never on CPU, where pinning has nothing to gain.
         train_split: split name used for training.
         valid_split: split name used for validation.
@@ -85,7 +85,7 @@ class TranslationDataModule(L.LightningDataModule):
         return self._corpus.vocab_size
 
     def _world(self) -> tuple[int, int]:
-        """(world size, rank) from the trainer, else from ``torch.distributed``, else a single process."""
+        """(world size, rank) from the trainer, else from `torch.distributed`, else a single process."""
         if self.trainer is not None:
             return self.trainer.world_size, self.trainer.global_rank
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -114,7 +114,7 @@ class TranslationDataModule(L.LightningDataModule):
 
     @property
     def pins_memory(self) -> bool:
-        """Whether the loaders pin batches: ``pin_memory`` as given, or chosen from the device when None."""
+        """Whether the loaders pin batches: `pin_memory` as given, or chosen from the device when None."""
         if self.pin_memory is not None:
             return self.pin_memory
         if self.trainer is not None:

@@ -1,19 +1,19 @@
-"""``attnx download``: fetch the raw parallel text of Multi30k and WMT14 English-German.
+"""`attnx download`: fetch the raw parallel text of Multi30k and WMT14 English-German.
 
-Every corpus lands in one layout, the one ``attnx prepare`` reads: ``{out}/{corpus}/{split}.{lang}.gz``, line i of
-the ``en`` file aligned with line i of the ``de`` file.
+Every corpus lands in one layout, the one `attnx prepare` reads: `{out}/{corpus}/{split}.{lang}.gz`, line i of
+the `en` file aligned with line i of the `de` file.
 
 =====================  =====================================================================================
 corpus                 splits (source)
 =====================  =====================================================================================
-``multi30k``           train, val, test_2016_flickr — github.com/multi30k/dataset, ``data/task1/raw``
-``wmt14_ende``         europarl_v7, commoncrawl, news_commentary_v9 — the statmt.org archives of WMT14's
+`multi30k`           train, val, test_2016_flickr — github.com/multi30k/dataset, `data/task1/raw`
+`wmt14_ende`         europarl_v7, commoncrawl, news_commentary_v9 — the statmt.org archives of WMT14's
                        English-German training data (the same ones fairseq's prepare-wmt14en2de.sh uses), 4.5M pairs
-``wmt14_ende_test``    newstest2013 (the paper's development set), newstest2014 (the full 3,003-line test set
-                       the paper reports on) — through sacreBLEU (``-t wmt13``, ``-t wmt14/full``, ``-l en-de``)
+`wmt14_ende_test`    newstest2013 (the paper's development set), newstest2014 (the full 3,003-line test set
+                       the paper reports on) — through sacreBLEU (`-t wmt13`, `-t wmt14/full`, `-l en-de`)
 =====================  =====================================================================================
 
-Without network access, ``--from_dir DIR`` copies (or with ``--link``, symlinks) the same files from a local
+Without network access, `--from_dir DIR` copies (or with `--link`, symlinks) the same files from a local
 directory in this layout, e.g. a shared data folder; that is also how tests and CI use this command.
 """
 
@@ -41,8 +41,8 @@ STATMT = "http://statmt.org"
 class Source:
     """Where one split comes from: a gzipped file per language, members of a tar archive, or a sacreBLEU test set."""
 
-    url: str = ""  # with ``{lang}`` for per-language files; an archive's URL otherwise
-    members: tuple[str, ...] = ()  # archive members, one per language (with ``{lang}``)
+    url: str = ""  # with `{lang}` for per-language files; an archive's URL otherwise
+    members: tuple[str, ...] = ()  # archive members, one per language (with `{lang}`)
     sacrebleu: str = ""  # sacreBLEU test set name; language pair en-de
 
 
@@ -83,7 +83,7 @@ def targets(corpus: str, out: Path) -> list[Path]:
 
 
 def copy_from(corpus: str, source: Path, out: Path, link: bool = False) -> list[Path]:
-    """Copy (or symlink) a corpus from ``source/{corpus}``; a plain ``{split}.{lang}`` file is gzipped on the way."""
+    """Copy (or symlink) a corpus from `source/{corpus}`; a plain `{split}.{lang}` file is gzipped on the way."""
     missing, written = [], []
     for dest in targets(corpus, out):
         gz, plain = source / corpus / dest.name, source / corpus / dest.name.removesuffix(".gz")
@@ -109,7 +109,7 @@ def copy_from(corpus: str, source: Path, out: Path, link: bool = False) -> list[
 
 
 def fetch(url: str, dest: Path, timeout: float = 60) -> Path:
-    """Download ``url`` to ``dest`` (through a temporary name, so a broken download leaves nothing behind)."""
+    """Download `url` to `dest` (through a temporary name, so a broken download leaves nothing behind)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".part")
     try:
@@ -137,7 +137,7 @@ def _gzip_lines(lines: Sequence[str] | Path, dest: Path) -> None:
 
 
 def download(corpus: str, out: Path) -> list[Path]:
-    """Fetch every split of ``corpus`` from its original source into ``out/{corpus}``."""
+    """Fetch every split of `corpus` from its original source into `out/{corpus}`."""
     folder = out / corpus
     cache = folder / "downloads"
     written = []

@@ -1,6 +1,6 @@
 """Reading parallel text: plain or gzipped files, strict UTF-8, normalized whitespace, aligned pairs.
 
-Line ``i`` of the source file translates line ``i`` of the target file, so every check here speaks of
+Line `i` of the source file translates line `i` of the target file, so every check here speaks of
 both files at once: a pair is kept or dropped whole, and misalignment is an error, never a guess.
 """
 
@@ -28,7 +28,7 @@ def normalize(line: str) -> str:
 
 
 def resolve(prefix: str | Path, lang: str) -> Path:
-    """The file of one side of a split: ``{prefix}.{lang}`` or ``{prefix}.{lang}.gz``."""
+    """The file of one side of a split: `{prefix}.{lang}` or `{prefix}.{lang}.gz`."""
     candidates = [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
     for path in candidates:
         if path.is_file():
@@ -64,7 +64,7 @@ def _decode(raw: list[bytes], path: Path, first_line: int) -> list[str]:
 
 
 def read_chunks(path: Path, chunk_lines: int = CHUNK_LINES) -> Iterator[list[str]]:
-    """Normalized lines of ``path`` (plain or gzip, UTF-8, optional BOM), ``chunk_lines`` at a time."""
+    """Normalized lines of `path` (plain or gzip, UTF-8, optional BOM), `chunk_lines` at a time."""
     with _open(path) as f:
         number = 1
         try:

@@ -46,7 +46,7 @@ class Tokenizer:
         return self.sp.get_piece_size()
 
     def encode(self, text: str) -> list[int]:
-        """Ids of ``text`` without BOS/EOS."""
+        """Ids of `text` without BOS/EOS."""
         return self.sp.encode(text, out_type=int)
 
     def encode_batch(self, texts: list[str], num_threads: int = -1) -> list[list[int]]:

@@ -4,9 +4,9 @@
 how, so the number can be compared across papers. This is the score to report.
 
 **Paper-style BLEU** reproduces how the paper's numbers were computed (tensor2tensor's
-``get_ende_bleu.sh``): Moses-tokenize hypotheses and references (``tokenizer.perl -l de``), split hyphenated
-compounds (``rich-text`` -> ``rich ##AT##-##AT## text``, the GNMT/ConvS2S convention), then corpus BLEU over
-those tokens as ``multi-bleu.perl`` computes it. It is usually higher than sacreBLEU and **not comparable
+`get_ende_bleu.sh`): Moses-tokenize hypotheses and references (`tokenizer.perl -l de`), split hyphenated
+compounds (`rich-text` -> `rich ##AT##-##AT## text`, the GNMT/ConvS2S convention), then corpus BLEU over
+those tokens as `multi-bleu.perl` computes it. It is usually higher than sacreBLEU and **not comparable
 to sacreBLEU**; it exists only to set our numbers beside the paper's Table 2.
 """
 
@@ -21,12 +21,12 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesTokenizer
 
 COMPOUND = re.compile(r"(\S)-(\S)")
-"""tensor2tensor's ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``, with the same non-overlapping matches."""
+"""tensor2tensor's `perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'`, with the same non-overlapping matches."""
 
 
 @dataclass
 class BleuReport:
-    """Corpus scores of ``n`` segments, each with what is needed to reproduce it."""
+    """Corpus scores of `n` segments, each with what is needed to reproduce it."""
 
     bleu: float
     """sacreBLEU BLEU (default 13a tokenization, exponential smoothing)."""
@@ -69,7 +69,7 @@ def paper_bleu(hypotheses: list[str], references: list[str], lang: str = "de") -
 
 
 def score(hypotheses: list[str], references: list[str], lang: str = "de") -> BleuReport:
-    """Score detokenized ``hypotheses`` against one reference each; ``lang`` is the target language (Moses)."""
+    """Score detokenized `hypotheses` against one reference each; `lang` is the target language (Moses)."""
     if len(hypotheses) != len(references):
         raise ValueError(
             f"{len(hypotheses)} hypotheses but {len(references)} references; they must pair up line by line"
@@ -86,13 +86,13 @@ def score(hypotheses: list[str], references: list[str], lang: str = "de") -> Ble
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Segments of a text file, one a line, trailing whitespace removed (as the ``sacrebleu`` command reads them)."""
+    """Segments of a text file, one a line, trailing whitespace removed (as the `sacrebleu` command reads them)."""
     with open(path, encoding="utf-8", newline="\n") as f:
         return [line.rstrip() for line in f]
 
 
 def score_files(hyp_path: str | Path, ref_path: str | Path, lang: str = "de") -> BleuReport:
-    """Score a hypothesis file against a reference file, line by line (``attnx score``)."""
+    """Score a hypothesis file against a reference file, line by line (`attnx score`)."""
     hypotheses, references = read_lines(hyp_path), read_lines(ref_path)
     if len(hypotheses) != len(references):
         raise ValueError(

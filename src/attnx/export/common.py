@@ -3,7 +3,7 @@
 Also what both exporters share: loading a checkpoint once its config passed the check, and writing the
 output directory so that it appears only when complete.
 
-An attnx model is assembled from registered components (``attnx plugins`` lists them). An exporter maps
+An attnx model is assembled from registered components (`attnx plugins` lists them). An exporter maps
 the paper's own components onto the target's fixed architecture, so a model that uses anything else (a
 third-party attention, a positional encoding that acts on attention scores, constructor arguments that
 change the computation) is refused with an [`ExportError`][attnx.export.common.ExportError] that names the component and what the
@@ -34,11 +34,11 @@ class Target:
     """The parts of attnx's model space one export format can represent."""
 
     name: str
-    """Shown in error messages, e.g. ``CTranslate2``."""
+    """Shown in error messages, e.g. `CTranslate2`."""
     positional: tuple[str, ...]
     """Positional components it can carry."""
     norm_positions: tuple[str, ...]
-    """``post`` (the paper's LayerNorm(x + Sublayer(x))) and/or ``pre``."""
+    """`post` (the paper's LayerNorm(x + Sublayer(x))) and/or `pre`."""
     layer_norm_eps: float | None = None
     """The only LayerNorm epsilon it computes with; None: any (the epsilon is part of the exported config)."""
 
@@ -59,7 +59,7 @@ def _no_args(allowed: tuple[str, ...]) -> Callable[[TransformerConfig, dict[str,
     return check
 
 
-# Components an exporter maps, with the constructor arguments whose effect it reproduces. ``dropout``
+# Components an exporter maps, with the constructor arguments whose effect it reproduces. `dropout`
 # arguments only act in training.
 ATTENTION = {"multihead": _multihead_args}
 FEEDFORWARD = {"relu": _no_args(("dropout",))}
@@ -72,7 +72,7 @@ def layer_norm_eps(config: TransformerConfig) -> float:
 
 
 def check_exportable(config: TransformerConfig, target: Target) -> None:
-    """Raise [`ExportError`][attnx.export.common.ExportError] listing every part of ``config`` that ``target`` cannot represent."""
+    """Raise [`ExportError`][attnx.export.common.ExportError] listing every part of `config` that `target` cannot represent."""
     problems: list[str] = []
 
     def component(
@@ -127,10 +127,10 @@ def load_exportable(ckpt_path: str | Path, target: Target) -> LoadedModel:
 
 @contextlib.contextmanager
 def staged_output(output: str | Path, force: bool) -> Iterator[Path]:
-    """A fresh directory beside ``output`` to write into; it replaces ``output`` only once complete.
+    """A fresh directory beside `output` to write into; it replaces `output` only once complete.
 
-    ``output`` must not exist, or be an empty directory, unless ``force``. An interrupted export leaves no
-    half-written model behind (and, with ``force``, the previous one intact).
+    `output` must not exist, or be an empty directory, unless `force`. An interrupted export leaves no
+    half-written model behind (and, with `force`, the previous one intact).
     """
     output = Path(output)
     if output.exists() and not force and (not output.is_dir() or any(output.iterdir())):

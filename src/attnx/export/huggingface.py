@@ -1,23 +1,23 @@
-"""Export a checkpoint as a Hugging Face ``MarianMTModel`` directory (weights, config, tokenizer files).
+"""Export a checkpoint as a Hugging Face `MarianMTModel` directory (weights, config, tokenizer files).
 
-Marian's architecture in ``transformers`` is the paper's: post-norm layers, ReLU (when configured), embeddings
+Marian's architecture in `transformers` is the paper's: post-norm layers, ReLU (when configured), embeddings
 scaled by √d_model, sinusoidal positions, one shared matrix for source, target and output. One difference
-matters: ``MarianSinusoidalPositionalEmbedding`` puts the sines in the first half of each vector and the
+matters: `MarianSinusoidalPositionalEmbedding` puts the sines in the first half of each vector and the
 cosines in the second (same frequencies, position 0 first), where the paper and attnx interleave them
-(``PE(pos, 2i) = sin``, ``PE(pos, 2i+1) = cos``). Marian regenerates that table when it loads a model (its
+(`PE(pos, 2i) = sin`, `PE(pos, 2i+1) = cos`). Marian regenerates that table when it loads a model (its
 weights are never read from the checkpoint), so the table cannot be replaced. Instead the exported model
-works in a permuted basis of the d_model-wide residual stream: coordinate ``j`` of Marian's stream is
-coordinate ``perm[j]`` of attnx's, with ``perm = [0, 2, 4, ..., 1, 3, 5, ...]``, which turns attnx's table
+works in a permuted basis of the d_model-wide residual stream: coordinate `j` of Marian's stream is
+coordinate `perm[j]` of attnx's, with `perm = [0, 2, 4, ..., 1, 3, 5, ...]`, which turns attnx's table
 into exactly Marian's. Every weight that reads the stream (embedding columns, q/k/v and first FFN layer
 inputs, the tied output projection) and every weight that writes it (attention output and second FFN layer
 rows and biases, LayerNorm gain and bias) is permuted the same way. LayerNorm statistics and dot products
 do not depend on the order of coordinates, so the permuted model computes the same logits.
 
-Files written: ``config.json``, ``generation_config.json`` and ``model.safetensors`` (``save_pretrained``),
-``source.spm`` and ``target.spm`` (both the joint SentencePiece model), ``vocab.json`` (piece → id, the
-SentencePiece ids themselves), ``tokenizer_config.json`` and ``attnx.json`` (where the model came from).
-``MarianTokenizer`` appends ``</s>`` to the source as attnx does; generation starts from ``<s>`` (id 2),
-never generates ``<pad>`` or ``<s>`` (``bad_words_ids``) and ends with a forced ``</s>`` at ``max_length``,
+Files written: `config.json`, `generation_config.json` and `model.safetensors` (`save_pretrained`),
+`source.spm` and `target.spm` (both the joint SentencePiece model), `vocab.json` (piece → id, the
+SentencePiece ids themselves), `tokenizer_config.json` and `attnx.json` (where the model came from).
+`MarianTokenizer` appends `</s>` to the source as attnx does; generation starts from `<s>` (id 2),
+never generates `<pad>` or `<s>` (`bad_words_ids`) and ends with a forced `</s>` at `max_length`,
 as attnx's search does at its maximum length.
 """
 
@@ -40,7 +40,7 @@ FORMAT_VERSION = 1
 TARGET = Target(
     "Hugging Face Marian", positional=("sinusoidal",), norm_positions=("post",), layer_norm_eps=1e-5
 )
-"""Marian has sinusoidal positions only, post-norm layers only, and ``nn.LayerNorm``'s default epsilon."""
+"""Marian has sinusoidal positions only, post-norm layers only, and `nn.LayerNorm`'s default epsilon."""
 
 
 def _transformers() -> Any:
@@ -54,12 +54,12 @@ def _transformers() -> Any:
 
 
 def residual_permutation(d_model: int) -> Tensor:
-    """``perm`` with Marian coordinate ``j`` = attnx coordinate ``perm[j]``: sines first, then cosines."""
+    """`perm` with Marian coordinate `j` = attnx coordinate `perm[j]`: sines first, then cosines."""
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
 def marian_config(config: TransformerConfig) -> Any:
-    """The ``MarianConfig`` of an attnx model config (already checked against `TARGET`)."""
+    """The `MarianConfig` of an attnx model config (already checked against `TARGET`)."""
     transformers = _transformers()
     return transformers.MarianConfig(
         vocab_size=config.vocab_size,
@@ -91,10 +91,10 @@ def marian_config(config: TransformerConfig) -> Any:
 
 
 def generation_config(config: TransformerConfig) -> Any:
-    """Defaults for ``generate``: start from ``<s>``, ban ``<pad>``/``<s>``, force ``</s>`` at the end.
+    """Defaults for `generate`: start from `<s>`, ban `<pad>`/`<s>`, force `</s>` at the end.
 
-    ``max_length`` (decoder start included) defaults to every position the model has; pass
-    ``max_new_tokens=L + 1`` to allow ``L`` tokens and the ``</s>``, as attnx's ``L``.
+    `max_length` (decoder start included) defaults to every position the model has; pass
+    `max_new_tokens=L + 1` to allow `L` tokens and the `</s>`, as attnx's `L`.
     """
     transformers = _transformers()
     return transformers.GenerationConfig(
@@ -111,7 +111,7 @@ def generation_config(config: TransformerConfig) -> Any:
 
 @torch.no_grad()
 def _copy_linear(dst: nn.Linear, src: nn.Linear, perm: Tensor, reads: bool, writes: bool) -> None:
-    """``dst`` = ``src`` with input columns (``reads``) and/or output rows (``writes``) in Marian's basis."""
+    """`dst` = `src` with input columns (`reads`) and/or output rows (`writes`) in Marian's basis."""
     weight = src.weight.detach().float()
     if reads:
         weight = weight[:, perm]
@@ -143,7 +143,7 @@ def _copy_ffn(dst: nn.Module, src: nn.Module, perm: Tensor) -> None:
 
 @torch.no_grad()
 def marian_model(model: Transformer, config: TransformerConfig) -> Any:
-    """A ``MarianMTModel`` computing the same logits as ``model`` (config already checked)."""
+    """A `MarianMTModel` computing the same logits as `model` (config already checked)."""
     transformers = _transformers()
     hf = transformers.MarianMTModel(marian_config(config)).eval()
     perm = residual_permutation(config.d_model)
@@ -169,7 +169,7 @@ def marian_model(model: Transformer, config: TransformerConfig) -> Any:
 
 
 def write_tokenizer(tokenizer: Tokenizer, config: TransformerConfig, directory: Path) -> None:
-    """``MarianTokenizer`` files: the joint SentencePiece model as source and target, ids as attnx's."""
+    """`MarianTokenizer` files: the joint SentencePiece model as source and target, ids as attnx's."""
     proto = tokenizer.to_bytes()
     (directory / "source.spm").write_bytes(proto)
     (directory / "target.spm").write_bytes(proto)
@@ -191,14 +191,14 @@ def write_tokenizer(tokenizer: Tokenizer, config: TransformerConfig, directory: 
 
 
 def export_huggingface(ckpt_path: str | Path, output: str | Path, force: bool = False) -> Path:
-    """Write a ``MarianMTModel`` directory for an attnx checkpoint; returns the directory.
+    """Write a `MarianMTModel` directory for an attnx checkpoint; returns the directory.
 
-    Load it with ``MarianMTModel.from_pretrained(output)`` and ``MarianTokenizer.from_pretrained(output)``.
+    Load it with `MarianMTModel.from_pretrained(output)` and `MarianTokenizer.from_pretrained(output)`.
 
     Args:
-        ckpt_path: Checkpoint written by ``attnx fit`` or ``attnx average``.
-        output: Directory to create. It must not exist (or be empty) unless ``force``.
-        force: Replace an existing ``output``.
+        ckpt_path: Checkpoint written by `attnx fit` or `attnx average`.
+        output: Directory to create. It must not exist (or be empty) unless `force`.
+        force: Replace an existing `output`.
 
     Raises:
         ExportError: the model uses a part Marian cannot represent (pre-norm, learned positions, a plugin

@@ -1,1 +1,1 @@
-"""Decoding: search over the model's incremental ``decode_step`` and the commands built on it."""
+"""Decoding: search over the model's incremental `decode_step` and the commands built on it."""

@@ -1,4 +1,4 @@
-"""One layer's attention heads for a sentence, drawn like the paper's appendix figures (``attnx attention``).
+"""One layer's attention heads for a sentence, drawn like the paper's appendix figures (`attnx attention`).
 
 [EagerTranslator.attention][attnx.inference.eager.EagerTranslator.attention] translates the sentence and collects
 every attention's weights over the teacher-forced result. The figure has one panel per head: first the
@@ -26,7 +26,7 @@ COLUMNS = 4
 
 
 def plot_attention(maps: AttentionMaps, layer: int = -1) -> Figure:
-    """Panels of every head of ``layer``: encoder self-attention rows first, then encoder-decoder attention."""
+    """Panels of every head of `layer`: encoder self-attention rows first, then encoder-decoder attention."""
     n_layers = len(maps.encoder)
     if not -n_layers <= layer < n_layers or not -len(maps.cross) <= layer < len(maps.cross):
         raise ValueError(

@@ -1,8 +1,8 @@
 """Checkpoint averaging (§6.1): the base model averages the last 5 checkpoints, the big model the last 20.
 
-``attnx average --checkpoints '[a.ckpt, b.ckpt]' --output avg.ckpt`` or ``attnx average --dir RUN/checkpoints
---last 5 --output avg.ckpt``. The result is a decodable attnx checkpoint (``attnx.checkpoint.load_model``) and a valid
-``--ckpt_path`` for ``attnx test``; it carries no optimizer state, so training cannot resume from it.
+`attnx average --checkpoints '[a.ckpt, b.ckpt]' --output avg.ckpt` or `attnx average --dir RUN/checkpoints
+--last 5 --output avg.ckpt`. The result is a decodable attnx checkpoint (`attnx.checkpoint.load_model`) and a valid
+`--ckpt_path` for `attnx test`; it carries no optimizer state, so training cannot resume from it.
 Needs neither Lightning nor a GPU.
 """
 
@@ -24,13 +24,13 @@ _STEP = re.compile(r"step=(\d+)")
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
-    """The element-wise mean of the model weights in ``paths``, as a checkpoint dict.
+    """The element-wise mean of the model weights in `paths`, as a checkpoint dict.
 
-    All inputs must describe the same model (``checkpoint["attnx"]["transformer"]``) and hold the same weight
+    All inputs must describe the same model (`checkpoint["attnx"]["transformer"]`) and hold the same weight
     names and shapes; otherwise [`CheckpointError`][attnx.checkpoint.CheckpointError] names the first file that differs. Floating-point
     weights are summed in float64 and stored in their own dtype; other tensors are taken from the last file.
     Everything else (metadata, hyperparameters, step) is the last file's, minus the training state
-    ([`TRAINING_STATE`][attnx.inference.average.TRAINING_STATE]); ``averaged_from`` lists the inputs.
+    ([`TRAINING_STATE`][attnx.inference.average.TRAINING_STATE]); `averaged_from` lists the inputs.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -73,16 +73,16 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
 
 
 def checkpoint_step(path: Path) -> int | None:
-    """The training step written in a checkpoint's file name (``step=1234``), if any."""
+    """The training step written in a checkpoint's file name (`step=1234`), if any."""
     match = _STEP.search(path.name)
     return int(match.group(1)) if match else None
 
 
 def last_checkpoints(directory: str | Path, k: int) -> list[Path]:
-    """The ``k`` newest step checkpoints in ``directory``, oldest first.
+    """The `k` newest step checkpoints in `directory`, oldest first.
 
-    Step checkpoints are the ``*.ckpt`` files whose name holds ``step=N`` (``last.ckpt`` and
-    ``averaged.ckpt`` repeat or mix them and are skipped); they are ordered by that step.
+    Step checkpoints are the `*.ckpt` files whose name holds `step=N` (`last.ckpt` and
+    `averaged.ckpt` repeat or mix them and are skipped); they are ordered by that step.
     """
     directory = Path(directory)
     if not directory.is_dir():

@@ -1,4 +1,4 @@
-"""How to decode, as plain settings (no torch): the schema of ``search`` in commands and configs."""
+"""How to decode, as plain settings (no torch): the schema of `search` in commands and configs."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ class SearchConfig:
     alpha: float = 0.6
     """Length penalty exponent α."""
     length_penalty: LengthPenalty = "gnmt"
-    """``gnmt``: ``((5 + |Y|) / 6) ** α`` (the paper's, §6.1); ``fairseq``: ``|Y| ** α``."""
+    """`gnmt`: `((5 + |Y|) / 6) ** α` (the paper's, §6.1); `fairseq`: `|Y| ** α`."""
     max_len_a: float = 1.0
-    """Maximum output length = ``max_len_a * input length + max_len_b`` (paper: input length + 50)."""
+    """Maximum output length = `max_len_a * input length + max_len_b` (paper: input length + 50)."""
     max_len_b: int = 50
-    """See ``max_len_a``."""
+    """See `max_len_a`."""
     max_positions: int | None = None
     """Target positions the model accepts (its ``max_len``); caps the maximum output length. None: no cap."""
 

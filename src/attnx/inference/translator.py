@@ -1,13 +1,15 @@
 """The one way to translate: the [`Translator`][attnx.inference.translator.Translator] protocol, which every
 decoding engine implements and [`attnx.load`][attnx.inference.load.load] returns.
 
-Every command that decodes — ``attnx translate``, ``attnx attention``, ``attnx test``/``predict``, validation
-BLEU during ``attnx fit``, the HTTP server — and the Python API go through a Translator::
+Every command that decodes — `attnx translate`, `attnx attention`, `attnx test`/`predict`, validation
+BLEU during `attnx fit`, the HTTP server — and the Python API go through a Translator:
 
-    import attnx
+```python
+import attnx
 
-    translator = attnx.load("averaged.ckpt")
-    translator.translate(["A dog runs."])
+translator = attnx.load("averaged.ckpt")
+translator.translate(["A dog runs."])
+```
 
 Two engines implement it: [`EagerTranslator`][attnx.inference.eager.EagerTranslator] (the model in PyTorch, for
 a checkpoint) and [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] (a directory of
@@ -41,7 +43,7 @@ def one_line(text: str) -> str:
 
 
 def encode_lines(tokenizer: Tokenizer, lines: Sequence[str]) -> list[list[int]]:
-    """Source ids of ``lines`` (stripped; blank lines give ``[]``)."""
+    """Source ids of `lines` (stripped; blank lines give `[]`)."""
     texts = [line.strip() for line in lines]
     todo = [i for i, text in enumerate(texts) if text]
     ids: list[list[int]] = [[] for _ in texts]
@@ -51,7 +53,7 @@ def encode_lines(tokenizer: Tokenizer, lines: Sequence[str]) -> list[list[int]]:
 
 
 def truncate_ids(ids: Sequence[Sequence[int]], max_positions: int) -> list[list[int]]:
-    """Cut inputs a model of ``max_positions`` cannot read (the source ``</s>`` takes one), with one warning."""
+    """Cut inputs a model of `max_positions` cannot read (the source `</s>` takes one), with one warning."""
     limit = max_positions - 1
     too_long = [i + 1 for i, x in enumerate(ids) if len(x) > limit]
     if too_long:
@@ -106,11 +108,11 @@ class Translator(Protocol):
         ...
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
-        """Source ids of ``lines`` (stripped; blank lines give ``[]``)."""
+        """Source ids of `lines` (stripped; blank lines give `[]`)."""
         return encode_lines(self.tokenizer, lines)
 
     def truncate(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Cut inputs the model cannot read (``max_positions`` with the source ``</s>``), with one warning."""
+        """Cut inputs the model cannot read (`max_positions` with the source `</s>`), with one warning."""
         return truncate_ids(ids, self.max_positions)
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -18,7 +18,7 @@ class ComponentSpec:
     """A component chosen by its registered name, with the keyword arguments of its constructor."""
 
     name: str
-    """Registered name (``attnx plugins`` lists them), e.g. ``multihead``, ``relu``, ``sinusoidal``."""
+    """Registered name (`attnx plugins` lists them), e.g. `multihead`, `relu`, `sinusoidal`."""
     args: dict[str, Any] = field(default_factory=dict)
     """Extra constructor arguments beyond the shape arguments the model passes."""
 
@@ -46,7 +46,7 @@ class TransformerConfig:
     share_embeddings: bool = True
     """One matrix for source embedding, target embedding and pre-softmax projection (§3.4)."""
     norm_position: Literal["post", "pre"] = "post"
-    """``post``: LayerNorm(x + Sublayer(x)) as in the paper; ``pre``: x + Sublayer(LayerNorm(x))."""
+    """`post`: LayerNorm(x + Sublayer(x)) as in the paper; `pre`: x + Sublayer(LayerNorm(x))."""
     self_attention: ComponentSpec = field(default_factory=lambda: ComponentSpec("multihead"))
     """Attention used by encoder and decoder self-attention."""
     cross_attention: ComponentSpec = field(default_factory=lambda: ComponentSpec("multihead"))
@@ -54,7 +54,7 @@ class TransformerConfig:
     feedforward: ComponentSpec = field(default_factory=lambda: ComponentSpec("relu"))
     """Position-wise feed-forward network."""
     positional: ComponentSpec = field(default_factory=lambda: ComponentSpec("sinusoidal"))
-    """Positional encoding (``learned`` is Table 3 row E)."""
+    """Positional encoding (`learned` is Table 3 row E)."""
     norm: ComponentSpec = field(default_factory=lambda: ComponentSpec("layernorm"))
     """Normalization used in every residual connection."""
     pad_id: int = 0
@@ -104,7 +104,7 @@ def _check(config: TransformerConfig) -> None:
 
 
 def build_transformer(config: TransformerConfig, registry: ComponentRegistry | None = None) -> Transformer:
-    """Assemble a Transformer from ``config``, looking components up in ``registry`` (default: installed plugins)."""
+    """Assemble a Transformer from `config`, looking components up in `registry` (default: installed plugins)."""
     if registry is None:
         from attnx.plugins import registry as installed
 
@@ -188,8 +188,8 @@ def training_flops_per_token(config: TransformerConfig, src_len: float, tgt_len:
     """Training FLOPs (forward + backward = 3 × forward, 2 FLOPs per multiply-add) per real token.
 
     Counts every matmul: projections and FFNs of each layer, attention scores and weighted sums
-    (``2·len·d`` each per query, full square as the kernels compute it), and the output projection.
-    ``per_token`` divides by source + target tokens, ``per_target_token`` by target tokens only.
+    (`2·len·d` each per query, full square as the kernels compute it), and the output projection.
+    `per_token` divides by source + target tokens, `per_target_token` by target tokens only.
     """
     d, f, v = config.d_model, config.d_ff, config.vocab_size
     enc_layer = 4 * d * d + 2 * d * f + 2 * src_len * d  # MACs per source token per layer

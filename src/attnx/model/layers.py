@@ -11,7 +11,7 @@ from attnx.model.cache import AttentionCache
 
 
 class PostNorm(nn.Module):
-    """The paper's residual connection: ``LayerNorm(x + Dropout(Sublayer(x)))``."""
+    """The paper's residual connection: `LayerNorm(x + Dropout(Sublayer(x)))`."""
 
     def __init__(self, norm: nn.Module, dropout: float) -> None:
         super().__init__()
@@ -23,7 +23,7 @@ class PostNorm(nn.Module):
 
 
 class PreNorm(nn.Module):
-    """The pre-norm variant ``x + Dropout(Sublayer(LayerNorm(x)))``; the stack then ends in one more norm."""
+    """The pre-norm variant `x + Dropout(Sublayer(LayerNorm(x)))`; the stack then ends in one more norm."""
 
     def __init__(self, norm: nn.Module, dropout: float) -> None:
         super().__init__()

@@ -15,7 +15,7 @@ from attnx.model.cache import AttentionCache
 class DecoderState:
     """Everything incremental decoding carries between steps; one row per hypothesis.
 
-    ``caches[i]`` holds layer ``i``'s self-attention cache (grows each step) and encoder-decoder cache
+    `caches[i]` holds layer `i`'s self-attention cache (grows each step) and encoder-decoder cache
     (keys/values of the encoder output, computed once per sentence by
     [`Transformer.start_decoding`][attnx.model.transformer.Transformer.start_decoding]).
     """
@@ -26,9 +26,9 @@ class DecoderState:
     offset: int = 0  # target positions decoded so far
 
     def reorder(self, index: Tensor, same_sources: bool = False) -> None:
-        """Keep rows ``index``, in that order: follows beam back-pointers and drops finished sentences.
+        """Keep rows `index`, in that order: follows beam back-pointers and drops finished sentences.
 
-        ``same_sources=True`` promises that each new row has the same source sentence as the row it
+        `same_sources=True` promises that each new row has the same source sentence as the row it
         replaces (beam back-pointers within each sentence's rows): the source side (memory, mask,
         encoder-decoder keys/values) is then already right and only the self-attention caches move.
         """
@@ -47,7 +47,7 @@ class Transformer(nn.Module):
     Parts are passed in built (see [`build_transformer`][attnx.model.builders.build_transformer]); this
     class only wires them: embeddings × √d_model (§3.4) plus positions (§3.5), dropout, N encoder layers, N
     decoder layers, and the pre-softmax projection, whose weight is the embedding matrix when
-    ``output_weight`` is None (§3.4).
+    `output_weight` is None (§3.4).
     """
 
     POSITIONAL_ACTS_ON = ("embeddings",)
@@ -91,7 +91,7 @@ class Transformer(nn.Module):
 
     @property
     def output_weight(self) -> Tensor:
-        """The ``(V, D)`` pre-softmax weight: the shared embedding matrix unless sharing is off."""
+        """The `(V, D)` pre-softmax weight: the shared embedding matrix unless sharing is off."""
         if self.output_projection is None:
             return self.tgt_embedding.weight
         return self.output_projection.weight
@@ -103,7 +103,7 @@ class Transformer(nn.Module):
         return F.dropout(positional(x, offset), self.dropout, self.training)
 
     def encode(self, src: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
-        """``src`` ``(B, S)`` token ids, ``src_mask`` ``(B, S)`` True at real tokens -> memory ``(B, S, D)``."""
+        """`src` `(B, S)` token ids, `src_mask` `(B, S)` True at real tokens -> memory `(B, S, D)`."""
         x = self._embed(src, self.src_embedding, self.src_positional)
         for layer in self.encoder_layers:
             x = layer(x, src_mask, weights)
@@ -112,9 +112,9 @@ class Transformer(nn.Module):
     def decode_features(
         self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, weights: list | None = None
     ) -> Tensor:
-        """Teacher-forced decoder output before the pre-softmax projection, ``(B, T, D)``.
+        """Teacher-forced decoder output before the pre-softmax projection, `(B, T, D)`.
 
-        Training projects only the rows it scores (padding never reaches the ``V``-wide softmax).
+        Training projects only the rows it scores (padding never reaches the `V`-wide softmax).
         """
         x = self._embed(tgt_in, self.tgt_embedding, self.tgt_positional)
         for layer in self.decoder_layers:
@@ -122,7 +122,7 @@ class Transformer(nn.Module):
         return self.decoder_norm(x)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
-        """Teacher-forced decoding of ``tgt_in`` ``(B, T)`` -> logits ``(B, T, V)``; position i sees ``tgt_in[:, :i+1]``."""
+        """Teacher-forced decoding of `tgt_in` `(B, T)` -> logits `(B, T, V)`; position i sees `tgt_in[:, :i+1]`."""
         return F.linear(
             self.decode_features(tgt_in, memory, src_mask, weights), self.output_weight
         )  # (B, T, V)
@@ -131,7 +131,7 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
 
     def start_decoding(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
-        """Fresh decoding state with encoder-decoder keys/values computed once, from ``memory``."""
+        """Fresh decoding state with encoder-decoder keys/values computed once, from `memory`."""
         state = DecoderState(memory=memory, src_mask=src_mask)
         probe = memory[:, :1]  # any query fills a static cache with the keys/values of the whole memory
         for layer in self.decoder_layers:
@@ -141,10 +141,10 @@ class Transformer(nn.Module):
         return state
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
-        """One incremental step: ``tokens`` ``(B,)``, the last token of each hypothesis -> logits ``(B, V)``.
+        """One incremental step: `tokens` `(B,)`, the last token of each hypothesis -> logits `(B, V)`.
 
         Equal to the last position of [`decode`][attnx.model.transformer.Transformer.decode] over the whole
-        prefix; ``state`` is advanced in place.
+        prefix; `state` is advanced in place.
         """
         x = self._embed(
             tokens.unsqueeze(1), self.tgt_embedding, self.tgt_positional, state.offset

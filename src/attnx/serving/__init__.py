@@ -1,1 +1,1 @@
-"""Serving a trained model over HTTP (``attnx serve``); needs the ``serve`` extra (LitServe)."""
+"""Serving a trained model over HTTP (`attnx serve`); needs the `serve` extra (LitServe)."""

@@ -1,4 +1,4 @@
-"""An HTTP translation service on LitServe: ``POST /translate`` with ``{"text": [...]}``.
+"""An HTTP translation service on LitServe: `POST /translate` with `{"text": [...]}`.
 
 Three kinds of process, all started by `serve`:
 
@@ -45,7 +45,7 @@ def lines_of(payload: dict[str, Any]) -> list[str]:
 
 
 def split_as(flat: list[str], counts: list[int]) -> list[list[str]]:
-    """``flat`` cut into consecutive pieces of ``counts`` items."""
+    """`flat` cut into consecutive pieces of `counts` items."""
     pieces, start = [], 0
     for count in counts:
         pieces.append(flat[start : start + count])
@@ -102,13 +102,13 @@ class TranslationAPI(ls.LitAPI):
             torch.set_num_threads(self.threads)
         self.translator = load(self.model, device=device, search=self.search, max_tokens=self.max_tokens)
 
-    # No annotation on purpose: LitServe turns an annotated ``request`` into a FastAPI parameter; unannotated,
+    # No annotation on purpose: LitServe turns an annotated `request` into a FastAPI parameter; unannotated,
     # it hands over the JSON body (already checked in the HTTP process).
     def decode_request(self, request):  # type: ignore[no-untyped-def]
         return lines_of(request)
 
     def predict(self, x: Any) -> Any:
-        """One ``translate`` call over every line of the batch's requests, then one output per request."""
+        """One `translate` call over every line of the batch's requests, then one output per request."""
         requests: list[list[str]] = x if self.max_batch_size > 1 else [x]
         flat = self.translator.translate([line for lines in requests for line in lines])
         outputs = split_as(flat, [len(lines) for lines in requests])
@@ -119,7 +119,7 @@ class TranslationAPI(ls.LitAPI):
 
 
 def device_placement(device: str) -> tuple[str, list[int] | int]:
-    """LitServe's ``accelerator`` and ``devices`` for a torch device name (``cuda`` means ``cuda:0``)."""
+    """LitServe's `accelerator` and `devices` for a torch device name (`cuda` means `cuda:0`)."""
     import torch
 
     where = torch.device(device)
@@ -144,7 +144,7 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def model_info(model: str, search: SearchConfig, settings: ServeSettings) -> dict[str, Any]:
-    """What ``GET /info`` tells about the model (under ``"model"``), JSON-serializable."""
+    """What `GET /info` tells about the model (under `"model"`), JSON-serializable."""
     from attnx import __version__
 
     return {
@@ -161,7 +161,7 @@ def model_info(model: str, search: SearchConfig, settings: ServeSettings) -> dic
 
 
 def build_server(model: str, search: SearchConfig, settings: ServeSettings) -> ls.LitServer:
-    """The LitServer for ``model`` (nothing started yet). ``search`` should be the resolved settings."""
+    """The LitServer for `model` (nothing started yet). `search` should be the resolved settings."""
     accelerator, devices = device_placement(settings.device)
     api = TranslationAPI(
         model,
@@ -183,7 +183,7 @@ def build_server(model: str, search: SearchConfig, settings: ServeSettings) -> l
 
 
 def announce_when_ready(url: str, message: str, stop: threading.Event) -> threading.Thread:
-    """Print ``message`` once ``GET url/health`` answers ok (the model is loaded and HTTP is up)."""
+    """Print `message` once `GET url/health` answers ok (the model is loaded and HTTP is up)."""
 
     key = os.environ.get("LIT_SERVER_API_KEY")  # LitServe then wants it on every route, /health included
     request = urllib.request.Request(f"{url}/health", headers={"X-API-Key": key} if key else {})

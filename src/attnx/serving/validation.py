@@ -1,16 +1,16 @@
 """What a translation request may look like, checked before it reaches the model.
 
-A request body is ``{"text": ["line", ...]}`` (or ``{"text": "one line"}``). Every check runs in the HTTP
-process, so a bad request is answered at once with a 4xx and ``{"detail": "<message>"}`` and never joins a
+A request body is `{"text": ["line", ...]}` (or `{"text": "one line"}`). Every check runs in the HTTP
+process, so a bad request is answered at once with a 4xx and `{"detail": "<message>"}` and never joins a
 batch of good ones: one request's mistake cannot fail its neighbours' translations.
 
 | problem                                             | status |
 |-----------------------------------------------------|--------|
-| body over ``max_body_bytes``                        | 413    |
+| body over `max_body_bytes`                        | 413    |
 | body that is not JSON (or not UTF-8)                | 400    |
-| not an object, a field other than ``text``, ``text`` missing or not a string / list of strings | 422 |
-| ``text`` an empty list                              | 422    |
-| more than ``max_lines`` lines, a line over ``max_line_chars`` characters | 413 |
+| not an object, a field other than `text`, `text` missing or not a string / list of strings | 422 |
+| `text` an empty list                              | 422    |
+| more than `max_lines` lines, a line over `max_line_chars` characters | 413 |
 """
 
 from __future__ import annotations
@@ -104,10 +104,10 @@ def body_too_large(limits: RequestLimits) -> str:
 
 
 class RequestLimitsMiddleware:
-    """ASGI middleware: refuse oversized bodies on every route and bad bodies on ``POST path``.
+    """ASGI middleware: refuse oversized bodies on every route and bad bodies on `POST path`.
 
-    A body that passes is handed on unchanged (as ``application/json``, whatever content type the client
-    declared, so ``curl -d`` works); anything else is answered here with ``{"detail": message}``.
+    A body that passes is handed on unchanged (as `application/json`, whatever content type the client
+    declared, so `curl -d` works); anything else is answered here with `{"detail": message}`.
     """
 
     def __init__(self, app: ASGIApp, *, path: str, limits: RequestLimits) -> None:

@@ -1,4 +1,4 @@
-"""Training: the LightningModule, its loss and learning-rate schedule, checkpoints and the ``attnx fit`` CLI.
+"""Training: the LightningModule, its loss and learning-rate schedule, checkpoints and the `attnx fit` CLI.
 
 Search, averaging and BLEU never need this package; this package is where Lightning lives.
 """

@@ -32,7 +32,7 @@ from attnx.checkpoint import CheckpointError, read_checkpoint, remove_stale_temp
 from attnx.training.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint, TrainingInterrupted
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
-from attnx.training.progress import ProgressLog
+from attnx.training.progress import ProgressLog, TrainingProgressBar
 from attnx.training.throughput import TokenThroughput
 
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -158,6 +158,9 @@ class AttnxCLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())
+        callbacks = with_progress_bar(init.get("trainer") or {})
+        if callbacks is not None:
+            kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(plugins=plugins, **kwargs)
 
 
@@ -262,6 +265,22 @@ def interrupted(err: TrainingInterrupted, argv: list[str]) -> int:
     return err.exit_status
 
 
+def with_progress_bar(trainer: dict[str, Any]) -> list[Any] | None:
+    """The trainer's callbacks with attnx's [TrainingProgressBar][attnx.training.progress.TrainingProgressBar]
+    added where Lightning would draw its Rich bar; None to leave them (no bar, one chosen, or no Rich)."""
+    import importlib.util
+
+    from lightning.pytorch.callbacks import ProgressBar
+
+    callbacks = trainer.get("callbacks") or []
+    callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+    if trainer.get("enable_progress_bar") is False or any(isinstance(c, ProgressBar) for c in callbacks):
+        return None
+    if importlib.util.find_spec("rich") is None:  # Lightning draws its tqdm bar, labelled "Epoch N"
+        return None
+    return [*callbacks, TrainingProgressBar()]
+
+
 def pin_log_versions(trainer: Any) -> None:
     """Give the TensorBoard and CSV loggers that share a folder one version number, so a run has one folder
     (left alone, each takes the next free ``version_N`` after the other has created its own)."""
@@ -315,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     if subcommand in DECODING_COMMANDS:
         argv = checkpoint_override(argv)
     quiet_third_parties()
-    no_exit = {"exit_on_error": False}
+    from attnx.commands import configure_parsing, help_formatter
+
+    configure_parsing()  # option help from the dataclasses' attribute docstrings (model.transformer.*, ...)
+    no_exit = {"exit_on_error": False, "formatter_class": help_formatter()}
     try:
         AttnxCLI(
             TranslationTask,

@@ -1,8 +1,8 @@
-"""§6 evaluation during ``attnx fit``/``validate``/``test``/``predict``: translate, gather, write, score.
+"""§6 evaluation during `attnx fit`/`validate`/`test`/`predict`: translate, gather, write, score.
 
 [TranslationEvaluator][attnx.training.evaluation.TranslationEvaluator] is a callback: the LightningModule
 only computes losses. It decodes through the module's [Translator][attnx.inference.translator.Translator]
-(the same path as ``attnx translate`` and the Python API), splits each evaluation batch between the ranks,
+(the same path as `attnx translate` and the Python API), splits each evaluation batch between the ranks,
 gathers the translations on rank 0 in corpus order, writes them (test, predict) and scores them with
 sacreBLEU against the raw references (validation, test).
 """
@@ -26,13 +26,13 @@ from attnx.inference.config import PAPER_SEARCH, SearchConfig
 
 
 class TranslationEvaluator(Callback):
-    """Translate the evaluation splits with the model and score them (config section ``evaluation``).
+    """Translate the evaluation splits with the model and score them (config section `evaluation`).
 
-    * validation (during ``fit`` and in ``validate``): the sentences with corpus position below
-      ``bleu_samples``, with ``search`` at beam ``valid_beam``; logs ``val/bleu``.
-    * test: every sentence of the test split with ``search``; writes the translations in corpus order, prints
-      sacreBLEU BLEU and chrF (with signatures) and the paper-style BLEU, logs ``test/bleu`` and ``test/chrf``.
-    * predict: every sentence of the test split with ``search``; writes the translations.
+    * validation (during `fit` and in `validate`): the sentences with corpus position below
+      `bleu_samples`, with `search` at beam `valid_beam`; logs `val/bleu`.
+    * test: every sentence of the test split with `search`; writes the translations in corpus order, prints
+      sacreBLEU BLEU and chrF (with signatures) and the paper-style BLEU, logs `test/bleu` and `test/chrf`.
+    * predict: every sentence of the test split with `search`; writes the translations.
     """
 
     def __init__(
@@ -44,13 +44,13 @@ class TranslationEvaluator(Callback):
     ) -> None:
         """
         Args:
-            search: How ``test`` and ``predict`` decode (§6.1: beam 4, α 0.6, max length input + 50), and,
-                with ``valid_beam``, validation.
+            search: How `test` and `predict` decode (§6.1: beam 4, α 0.6, max length input + 50), and,
+                with `valid_beam`, validation.
             bleu_samples: Validation sentences translated and scored each validation (those with corpus
                 position below this number); 0 turns validation BLEU off.
             valid_beam: Beam size for validation BLEU (1 = greedy, the cheapest).
-            output_file: Where ``test`` and ``predict`` write translations, one a line in corpus order. None:
-                ``<log_dir>/test.<split>.hyp`` and ``<log_dir>/predict.<split>.hyp``.
+            output_file: Where `test` and `predict` write translations, one a line in corpus order. None:
+                `<log_dir>/test.<split>.hyp` and `<log_dir>/predict.<split>.hyp`.
         """
         if bleu_samples < 0 or valid_beam < 1 or search.beam < 1:
             raise ValueError(
@@ -67,7 +67,7 @@ class TranslationEvaluator(Callback):
     # ------------------------------------------------------------------------------------------- decoding
 
     def _translate(self, trainer: pl.Trainer, module: pl.LightningModule, batch: Batch, limit: int | None):
-        """Translate this rank's share of ``batch`` (rows ``index % world == rank``, below ``limit``)."""
+        """Translate this rank's share of `batch` (rows `index % world == rank`, below `limit`)."""
         if batch.index is None:
             raise RuntimeError("evaluation batches carry no corpus index (Batch.index); translations need it")
         index = batch.index.cpu()
@@ -133,7 +133,7 @@ class TranslationEvaluator(Callback):
     def _gather(
         self, trainer: pl.Trainer, module: pl.LightningModule, stage: str, write: bool = False
     ) -> list[tuple[int, str]] | None:
-        """All ranks' translations as ``(corpus index, text)`` in corpus order, on rank 0 (None elsewhere)."""
+        """All ranks' translations as `(corpus index, text)` in corpus order, on rank 0 (None elsewhere)."""
         pairs, self._translations = self._translations, []
         if trainer.world_size > 1:
             gathered: list[Any] = [None] * trainer.world_size
@@ -159,7 +159,7 @@ class TranslationEvaluator(Callback):
         return Path(log_dir) / f"{stage}.{split or 'data'}.hyp"
 
     def _score(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str, write: bool = False):
-        """sacreBLEU of this epoch's translations against the raw references of ``stage``'s split (rank 0)."""
+        """sacreBLEU of this epoch's translations against the raw references of `stage`'s split (rank 0)."""
         translations = self._gather(trainer, module, stage, write=write)
         if translations is None:
             return None
@@ -173,7 +173,7 @@ class TranslationEvaluator(Callback):
 
 
 def corpus_split(trainer: pl.Trainer, stage: str) -> tuple[Any, str] | tuple[None, None]:
-    """The prepared corpus and the split name ``stage`` reads (predict reads the test split)."""
+    """The prepared corpus and the split name `stage` reads (predict reads the test split)."""
     datamodule = trainer.datamodule
     corpus = getattr(datamodule, "corpus", None)
     split = getattr(datamodule, f"{stage}_split", None)

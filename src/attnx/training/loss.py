@@ -1,15 +1,15 @@
 """§5.4 Label smoothing: cross-entropy against a smoothed target distribution, padding ignored.
 
-The training loss is a registered component of kind ``loss``, chosen in the config (``model.loss``):
+The training loss is a registered component of kind `loss`, chosen in the config (`model.loss`):
 
-* ``label_smoothed`` ([`LabelSmoothedLoss`][attnx.training.loss.LabelSmoothedLoss], the default): projects only the counted target positions
+* `label_smoothed` ([`LabelSmoothedLoss`][attnx.training.loss.LabelSmoothedLoss], the default): projects only the counted target positions
   onto the vocabulary and fuses the projection with the loss, chunk by chunk
-  ([`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]). This is what ``attnx fit`` runs.
-* ``reference`` ([`ReferenceLoss`][attnx.training.loss.ReferenceLoss]): the plain computation — full ``(B, T, V)`` logits from
-  ``Transformer.decode``, then [`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll]. Slower; kept as the definition the fused loss is
+  ([`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]). This is what `attnx fit` runs.
+* `reference` ([`ReferenceLoss`][attnx.training.loss.ReferenceLoss]): the plain computation — full `(B, T, V)` logits from
+  `Transformer.decode`, then [`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll]. Slower; kept as the definition the fused loss is
   tested against.
 
-A loss component is built as ``factory(epsilon, **args)`` and called as ``loss(model, batch) -> LossSums``.
+A loss component is built as `factory(epsilon, **args)` and called as `loss(model, batch) -> LossSums`.
 """
 
 from __future__ import annotations
@@ -29,22 +29,24 @@ from attnx.model import Transformer
 class LossSums(NamedTuple):
     """Sums over the counted (non-padding) target positions of one batch."""
 
-    loss: Tensor  # label-smoothed cross-entropy, summed; what is optimized (after dividing by ``tokens``)
+    loss: Tensor  # label-smoothed cross-entropy, summed; what is optimized (after dividing by `tokens`)
     nll: Tensor  # plain negative log-likelihood of the reference tokens, summed; perplexity = exp(nll / tokens)
     tokens: Tensor  # number of counted positions
 
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> LossSums:
-    """Label-smoothed cross-entropy (§5.4, ε_ls), summed over the positions where ``target != ignore_index``.
+    """Label-smoothed cross-entropy (§5.4, ε_ls), summed over the positions where `target != ignore_index`.
 
-    The target distribution puts ``1 - ε`` on the reference token and spreads ``ε`` uniformly over all
-    ``V`` vocabulary entries (the reference and padding included), so per position::
+    The target distribution puts `1 - ε` on the reference token and spreads `ε` uniformly over all
+    `V` vocabulary entries (the reference and padding included), so per position:
 
-        loss = (1 - ε) · (-log p_y) + ε · mean_v (-log p_v)
+    ```text
+    loss = (1 - ε) · (-log p_y) + ε · mean_v (-log p_v)
+    ```
 
-    This is the cross-entropy form: it equals ``torch.nn.functional.cross_entropy(..., label_smoothing=ε)``
-    and differs from the KL-divergence form ``KL(q ‖ p)`` only by the constant entropy of ``q``, so both have
-    the same gradients. ``logits`` ``(..., V)`` (any float dtype; computed in float32), ``target`` ``(...)``.
+    This is the cross-entropy form: it equals `torch.nn.functional.cross_entropy(..., label_smoothing=ε)`
+    and differs from the KL-divergence form `KL(q ‖ p)` only by the constant entropy of `q`, so both have
+    the same gradients. `logits` `(..., V)` (any float dtype; computed in float32), `target` `(...)`.
     """
     _check(epsilon)
     keep = target != ignore_index  # (...)
@@ -65,16 +67,16 @@ def _check(epsilon: float) -> None:
 def projected_label_smoothed_nll(
     features: Tensor, weight: Tensor, target: Tensor, epsilon: float, chunk_rows: int | None = None
 ) -> LossSums:
-    """[`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll] of ``logits = features @ weight.T``, without materializing the logits.
+    """[`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll] of `logits = features @ weight.T`, without materializing the logits.
 
-    ``features`` ``(N, D)`` are the decoder outputs of the ``N`` counted target positions, ``weight``
-    ``(V, D)`` the pre-softmax projection, ``target`` ``(N,)``. The rows are processed ``chunk_rows`` at a
+    `features` `(N, D)` are the decoder outputs of the `N` counted target positions, `weight`
+    `(V, D)` the pre-softmax projection, `target` `(N,)`. The rows are processed `chunk_rows` at a
     time (default: on CPU as many rows as fill this machine's L2 cache with float32 logits, read at run time
     ([`cpu_chunk_rows`][attnx.training.loss.cpu_chunk_rows]), so that a chunk's logits, softmax and gradient stay in cache; all rows at once on
-    GPUs): each chunk's logits, loss and the gradients of ``features`` and ``weight`` are
-    computed during the forward pass (the gradient of the logits is ``softmax - q`` for the smoothed target
-    ``q``), and the backward pass only scales them. On the 8k-vocabulary model this takes the projection and
-    loss from 364 to 213 ms per step on one core (``bench/bench_train.py``). Under autocast the matrix
+    GPUs): each chunk's logits, loss and the gradients of `features` and `weight` are
+    computed during the forward pass (the gradient of the logits is `softmax - q` for the smoothed target
+    `q`), and the backward pass only scales them. On the 8k-vocabulary model this takes the projection and
+    loss from 364 to 213 ms per step on one core (`bench/bench_train.py`). Under autocast the matrix
     products run in the autocast dtype and the softmax in float32, as they would without fusion.
     """
     _check(epsilon)
@@ -110,7 +112,7 @@ def cpu_chunk_rows(vocab_size: int) -> int:
 def _chunked(
     features: Tensor, weight: Tensor, target: Tensor, epsilon: float, rows: int, with_grads: bool
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """Loss and NLL sums and, ``with_grads``, their (loss) gradients for features and weight."""
+    """Loss and NLL sums and, `with_grads`, their (loss) gradients for features and weight."""
     device = features.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else features.dtype
     exact = torch.promote_types(dtype, torch.float32)  # softmax and sums: float32 at least
@@ -159,17 +161,17 @@ class _ProjectedLoss(torch.autograd.Function):
 
 
 def translation_loss(model: Transformer, batch: Batch, epsilon: float) -> LossSums:
-    """[`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll] of ``model`` on ``batch`` (teacher forcing), the fused way.
+    """[`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll] of `model` on `batch` (teacher forcing), the fused way.
 
     Only the counted target positions are projected onto the vocabulary (padding is dropped from the
-    ``(B, T, D)`` decoder output first), and the projection is fused with the loss
-    ([`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]): the ``V``-wide part is the costliest of a small model's step.
+    `(B, T, D)` decoder output first), and the projection is fused with the loss
+    ([`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]): the `V`-wide part is the costliest of a small model's step.
     """
     return LabelSmoothedLoss(epsilon)(model, batch)
 
 
 class LabelSmoothedLoss:
-    """``label_smoothed``: §5.4 label-smoothed cross-entropy, projection fused with the loss (what trains).
+    """`label_smoothed`: §5.4 label-smoothed cross-entropy, projection fused with the loss (what trains).
 
     Args:
         epsilon: ε_ls (the paper: 0.1).
@@ -195,7 +197,7 @@ class LabelSmoothedLoss:
 
 
 class ReferenceLoss:
-    """``reference``: the same loss computed plainly from the full ``(B, T, V)`` logits.
+    """`reference`: the same loss computed plainly from the full `(B, T, V)` logits.
 
     Args:
         epsilon: ε_ls (the paper: 0.1).

@@ -66,9 +66,9 @@ class TranslationTask(pl.LightningModule):
         """
         Args:
             transformer: The model (§3, Table 3): sizes, dropout and the components chosen by plugin name.
-                ``vocab_size`` is linked from the data.
-            loss: The training loss, a registered ``loss`` component (``attnx plugins`` lists them):
-                ``label_smoothed`` (fused with the projection; the default) or ``reference`` (plain, slower).
+                `vocab_size` is linked from the data.
+            loss: The training loss, a registered `loss` component (`attnx plugins` lists them):
+                `label_smoothed` (fused with the projection; the default) or `reference` (plain, slower).
             label_smoothing: ε_ls of §5.4 (paper: 0.1). Loss = (1 - ε)·NLL + ε·mean over the vocabulary of
                 -log p (cross-entropy with the smoothed target; padding ignored).
             lr_factor: Multiplier of Eq. 3: lr = lr_factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5).

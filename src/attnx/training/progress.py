@@ -1,10 +1,12 @@
 """What a training run prints: one line per validation, and periodic lines where no progress bar is drawn.
 
-A 12-hour run in a terminal, under ``nohup`` or in a Slurm log should all say how it is going. The progress
-bar is drawn only when standard error is a terminal; otherwise (a log file) ``ProgressLog`` prints a plain
-line every ``every_n_steps`` optimizer steps. Every validation prints one line wherever the output goes::
+A 12-hour run in a terminal, under `nohup` or in a Slurm log should all say how it is going. The progress
+bar is drawn only when standard error is a terminal; otherwise (a log file) `ProgressLog` prints a plain
+line every `every_n_steps` optimizer steps. Every validation prints one line wherever the output goes:
 
-    step 1500/100000 | val loss 3.412 ppl 22.14 bleu 18.63 | 7,930 tok/s | 0:10:02 elapsed, ETA 10:59:30
+```text
+step 1500/100000 | val loss 3.412 ppl 22.14 bleu 18.63 | 7,930 tok/s | 0:10:02 elapsed, ETA 10:59:30
+```
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback, Timer
+from lightning.pytorch.callbacks import Callback, RichProgressBar, Timer
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 
@@ -24,7 +26,7 @@ def _clock(seconds: float) -> str:
 
 
 class ProgressLog(Callback):
-    """Print a line per validation, and every ``every_n_steps`` optimizer steps when there is no progress bar.
+    """Print a line per validation, and every `every_n_steps` optimizer steps when there is no progress bar.
 
     Lines go to standard output, from rank 0 only.
     """
@@ -33,7 +35,7 @@ class ProgressLog(Callback):
         """
         Args:
             every_n_steps: Optimizer steps between two training lines when no progress bar is shown
-                (standard error is not a terminal, or ``trainer.enable_progress_bar`` is false); 0: none.
+                (standard error is not a terminal, or `trainer.enable_progress_bar` is false); 0: none.
         """
         if every_n_steps < 0:
             raise ValueError(f"ProgressLog needs every_n_steps >= 0, got {every_n_steps}")
@@ -45,7 +47,7 @@ class ProgressLog(Callback):
         self._start = time.monotonic()
 
     def _eta(self, trainer: pl.Trainer) -> str:
-        """Time left by steps (``max_steps``) or by ``max_time``, whichever ends training first."""
+        """Time left by steps (`max_steps`) or by `max_time`, whichever ends training first."""
         elapsed = time.monotonic() - self._start
         left: list[float] = []
         step = trainer.global_step
@@ -109,8 +111,42 @@ class ProgressLog(Callback):
 
 
 def _time_remaining(trainer: pl.Trainer) -> float | None:
-    """Seconds left of ``trainer.max_time``, from the Timer callback Lightning adds for it."""
+    """Seconds left of `trainer.max_time`, from the Timer callback Lightning adds for it."""
     for callback in trainer.callbacks:
         if isinstance(callback, Timer):
             return callback.time_remaining("train")
     return None
+
+
+def epoch_label(epoch: int, max_epochs: int | None, step: int, max_steps: int) -> str:
+    """The progress bar's label: `Epoch 3/9` in a run of 10 epochs, `Epoch 3, step 1200/100000` in one
+    bounded by steps, `Epoch 3` in one bounded by neither (time, or nothing)."""
+    label = f"Epoch {epoch}"
+    if max_epochs is not None and max_epochs > 0:
+        label += f"/{max_epochs - 1}"
+    if max_steps > 0:
+        label += f", step {step}/{max_steps}"
+    return label
+
+
+class TrainingProgressBar(RichProgressBar):
+    """Lightning's Rich progress bar, labelled by [epoch_label][attnx.training.progress.epoch_label].
+
+    Lightning's own label reads `Epoch 3/-2` when `max_epochs` is -1 (every config that trains for a number
+    of steps), and says nothing of the steps.
+    """
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self.relabel(trainer)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args)
+        self.relabel(trainer)
+
+    def relabel(self, trainer: pl.Trainer) -> None:
+        if self.progress is None or self.train_progress_bar_id is None:
+            return
+        label = epoch_label(trainer.current_epoch, trainer.max_epochs, trainer.global_step, trainer.max_steps)
+        style = self.theme.description
+        self.progress.update(self.train_progress_bar_id, description=f"[{style}]{label}" if style else label)

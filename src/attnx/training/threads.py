@@ -13,13 +13,13 @@ from attnx.data.batch import Batch
 
 
 class AdaptiveThreads(Callback):
-    """Every ``every`` optimizer steps, time a few training batches with each thread count in ``choices`` and
+    """Every `every` optimizer steps, time a few training batches with each thread count in `choices` and
     train with the fastest (per token) until the next measurement.
 
     On an idle 2-core CPU two threads are fastest; while another job keeps one core busy, a second thread
     makes every kernel wait for the descheduled one and a step takes 2-3× longer than with one thread
-    (``docs/benchmarks.md``). The load on a shared machine changes during a run, so the choice is re-made.
-    The chosen count is logged as ``train/threads``. Thread counts change float summation order, so runs
+    (`docs/benchmarks.md`). The load on a shared machine changes during a run, so the choice is re-made.
+    The chosen count is logged as `train/threads`. Thread counts change float summation order, so runs
     using this callback are not bit-for-bit repeatable.
     """
 

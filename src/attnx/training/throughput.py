@@ -1,8 +1,8 @@
 """Training speed: tokens/s and model FLOPs utilization (MFU), over a sliding window of batches.
 
-Counted tokens are real (non-padding) tokens. ``train/tokens_per_s`` counts source + target tokens,
-``train/tgt_tokens_per_s`` target tokens only (fairseq's ``wps``, what published figures count); both are
-over all devices. ``train/mfu`` divides the model FLOPs of the real tokens
+Counted tokens are real (non-padding) tokens. `train/tokens_per_s` counts source + target tokens,
+`train/tgt_tokens_per_s` target tokens only (fairseq's `wps`, what published figures count); both are
+over all devices. `train/mfu` divides the model FLOPs of the real tokens
 ([training_flops_per_token][attnx.model.builders.training_flops_per_token]) by the peak of the device at hand:
 on GPUs Lightning's table for the precision trained in, on CPU a matmul rate measured once per run on this
 machine with the threads PyTorch uses.
@@ -42,7 +42,7 @@ the fallback for devices not listed here."""
 
 
 def measure_matmul_flops(size: int = 1024, seconds: float = 0.3, device: str | torch.device = "cpu") -> float:
-    """fp32 matrix-multiply FLOP/s of ``device`` now, with the threads PyTorch uses: the CPU's practical peak."""
+    """fp32 matrix-multiply FLOP/s of `device` now, with the threads PyTorch uses: the CPU's practical peak."""
     generator = torch.Generator(device).manual_seed(0)  # leaves the global random state alone
     a = torch.randn(size, size, device=device, generator=generator)
     b = torch.randn(size, size, device=device, generator=generator)
@@ -55,7 +55,7 @@ def measure_matmul_flops(size: int = 1024, seconds: float = 0.3, device: str | t
 
 
 def device_peak_flops(device: torch.device, precision: str) -> float | None:
-    """Peak FLOP/s of one ``device`` for ``precision``: measured on CPU; on GPUs the dense data-sheet figure
+    """Peak FLOP/s of one `device` for `precision`: measured on CPU; on GPUs the dense data-sheet figure
     for bf16/fp16 ([`DENSE_BF16_TFLOPS`][attnx.training.throughput.DENSE_BF16_TFLOPS]), else Lightning's table, else a matmul measured now."""
     if device.type == "cpu":
         return measure_matmul_flops()
@@ -69,9 +69,9 @@ def device_peak_flops(device: torch.device, precision: str) -> float | None:
 
 
 class TokenThroughput(Callback):
-    """Log ``train/tokens_per_s``, ``train/tgt_tokens_per_s`` and ``train/mfu`` every training batch.
+    """Log `train/tokens_per_s`, `train/tgt_tokens_per_s` and `train/mfu` every training batch.
 
-    Rates are over the last ``window`` batches (from the second batch on); the time spent validating and
+    Rates are over the last `window` batches (from the second batch on); the time spent validating and
     starting an epoch is not counted. They are per-device rates times the device count: token-budget batches
     keep the ranks equally loaded.
     """
@@ -80,7 +80,7 @@ class TokenThroughput(Callback):
         """
         Args:
             window: Training batches the rates are averaged over.
-            peak_flops: Peak FLOP/s of one device, the denominator of ``train/mfu``; None looks it up (GPU)
+            peak_flops: Peak FLOP/s of one device, the denominator of `train/mfu`; None looks it up (GPU)
                 or measures it once at the start of training (CPU).
         """
         if window < 1:

@@ -1,4 +1,4 @@
-"""Restricted self-attention (§4): each query attends only to keys at most ``window`` positions away."""
+"""Restricted self-attention (§4): each query attends only to keys at most `window` positions away."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ __all__ = ["RestrictedSelfAttention"]
 
 
 class RestrictedSelfAttention(nn.Module):
-    """Multi-head attention whose query at position i sees keys j with ``|i - j| <= window`` only.
+    """Multi-head attention whose query at position i sees keys j with `|i - j| <= window` only.
 
-    In causal (decoder) use that is ``i - window <= j <= i``. Positions are absolute, so incremental decoding
-    with a cache gives the same result as the full pass. Built as ``cls(d_model, n_heads, window=..., dropout=...)``.
+    In causal (decoder) use that is `i - window <= j <= i`. Positions are absolute, so incremental decoding
+    with a cache gives the same result as the full pass. Built as `cls(d_model, n_heads, window=..., dropout=...)`.
     """
 
     def __init__(self, d_model: int, n_heads: int, window: int = 8, dropout: float = 0.0) -> None:
