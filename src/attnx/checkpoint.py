@@ -1,11 +1,11 @@
 """Checkpoint format shared by training, averaging and decoding.
 
 A checkpoint is a Lightning checkpoint (a dict) that also carries everything needed to decode without the
-training config: ``checkpoint["attnx"] = {"format_version", "transformer", "tokenizer"}``, where
-``transformer`` is [`TransformerConfig.to_dict`][attnx.model.builders.TransformerConfig.to_dict]
-(component *names* and numbers, never classes) and ``tokenizer`` is the serialized SentencePiece model.
-Model weights live in ``checkpoint["state_dict"]`` under the ``model.`` prefix. Everything loads with
-``torch.load(weights_only=True)``.
+training config: `checkpoint["attnx"] = {"format_version", "transformer", "tokenizer"}`, where
+`transformer` is [`TransformerConfig.to_dict`][attnx.model.builders.TransformerConfig.to_dict]
+(component *names* and numbers, never classes) and `tokenizer` is the serialized SentencePiece model.
+Model weights live in `checkpoint["state_dict"]` under the `model.` prefix. Everything loads with
+`torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ class LoadedModel:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """``torch.load`` with ``weights_only=True``, turning every failure into a
+    """`torch.load` with `weights_only=True`, turning every failure into a
     [`CheckpointError`][attnx.checkpoint.CheckpointError] of one line naming the file.
 
-    The one loader of every command. A file that is not a zip archive (what ``torch.save`` writes) is refused
-    before anything is unpickled; a pickle payload inside one never runs (``weights_only``), and torch's advice
-    to load it with ``weights_only=False`` is never passed on.
+    The one loader of every command. A file that is not a zip archive (what `torch.save` writes) is refused
+    before anything is unpickled; a pickle payload inside one never runs (`weights_only`), and torch's advice
+    to load it with `weights_only=False` is never passed on.
     """
     path = Path(path)
     if not path.is_file():
@@ -101,7 +101,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The Transformer's own state dict (``model.`` prefix removed)."""
+    """The Transformer's own state dict (`model.` prefix removed)."""
     n = len(STATE_PREFIX)
     return {k[n:]: v for k, v in checkpoint["state_dict"].items() if k.startswith(STATE_PREFIX)}
 
@@ -121,7 +121,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
 
 
 def config_difference(a: dict[str, Any], b: dict[str, Any], a_name: str = "", b_name: str = "") -> str:
-    """``key: A vs B`` for every key whose value differs between two model configs, e.g. ``d_ff: 64 vs 128``."""
+    """`key: A vs B` for every key whose value differs between two model configs, e.g. `d_ff: 64 vs 128`."""
     keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     a_name, b_name = (f"{a_name} " if a_name else ""), (f"{b_name} " if b_name else "")
     return ", ".join(f"{k}: {a_name}{a.get(k)!r} vs {b_name}{b.get(k)!r}" for k in keys)
@@ -136,20 +136,20 @@ def make_metadata(config: TransformerConfig, tokenizer: Tokenizer) -> dict[str, 
 
 
 TEMPORARY_SUFFIX = ".attnx.tmp"
-"""Ends the name of every file attnx is still writing: ``.<target name>.<8 random characters>.attnx.tmp``."""
+"""Ends the name of every file attnx is still writing: `.<target name>.<8 random characters>.attnx.tmp`."""
 
 _TEMPORARY = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}" + re.escape(TEMPORARY_SUFFIX) + "$")
 
 
 @contextlib.contextmanager
 def atomic_write(path: str | Path, needed: int = 0) -> Iterator[BinaryIO]:
-    """A binary file to write ``path`` through: a temporary file beside it, fsynced and renamed into place.
+    """A binary file to write `path` through: a temporary file beside it, fsynced and renamed into place.
 
-    A crash mid-write leaves the previous ``path`` intact, never a truncated one; the writer holds an
+    A crash mid-write leaves the previous `path` intact, never a truncated one; the writer holds an
     exclusive lock on its temporary file, so [`remove_stale_temporaries`][attnx.checkpoint.remove_stale_temporaries]
     removes it only once the writer is gone. A failed write (a full disk, a lost mount) raises
     [CheckpointError][attnx.checkpoint.CheckpointError] naming the file and, on a full disk, the free space
-    and the ``needed`` bytes.
+    and the `needed` bytes.
     """
     path = Path(path)
     try:
@@ -175,7 +175,7 @@ def atomic_write(path: str | Path, needed: int = 0) -> Iterator[BinaryIO]:
 
 
 def _is_write_failure(err: BaseException) -> bool:
-    """torch.save reports a failed write as ``RuntimeError: [enforce fail ...] ... file write failed``."""
+    """torch.save reports a failed write as `RuntimeError: [enforce fail ...] ... file write failed`."""
     return isinstance(err, RuntimeError) and "write failed" in str(err)
 
 
@@ -197,7 +197,7 @@ def _size(n: int) -> str:
 
 
 def tensor_bytes(obj: Any) -> int:
-    """The bytes of every tensor in a nested dict/list: about what ``torch.save(obj)`` writes."""
+    """The bytes of every tensor in a nested dict/list: about what `torch.save(obj)` writes."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
@@ -210,13 +210,13 @@ def tensor_bytes(obj: Any) -> int:
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
-    """Write ``obj`` with ``torch.save`` through [`atomic_write`][attnx.checkpoint.atomic_write]."""
+    """Write `obj` with `torch.save` through [`atomic_write`][attnx.checkpoint.atomic_write]."""
     with atomic_write(path, needed=tensor_bytes(obj)) as f:
         torch.save(obj, f)
 
 
 def atomic_copy(source: str | Path, target: str | Path) -> None:
-    """Copy ``source`` to ``target`` through [`atomic_write`][attnx.checkpoint.atomic_write]."""
+    """Copy `source` to `target` through [`atomic_write`][attnx.checkpoint.atomic_write]."""
     with open(source, "rb") as src, atomic_write(target, needed=os.fstat(src.fileno()).st_size) as f:
         shutil.copyfileobj(src, f, 1 << 20)
 
@@ -225,7 +225,7 @@ def remove_stale_temporaries(directory: str | Path) -> list[Path]:
     """Remove the temporary files that writes through [`atomic_write`][attnx.checkpoint.atomic_write] left when
     their process was killed; returns them.
 
-    Only files named as ``atomic_write`` names them are considered, and only those no process holds a lock on
+    Only files named as `atomic_write` names them are considered, and only those no process holds a lock on
     (a live writer keeps its lock until it renames the file). An empty one is left alone: its writer may not
     have taken the lock yet.
     """

@@ -1,12 +1,12 @@
-"""The ``attnx`` command: one table of subcommands, one parser (jsonargparse) for all of them.
+"""The `attnx` command: one table of subcommands, one parser (jsonargparse) for all of them.
 
-``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (`attnx.training.cli`); every other
+`fit`, `validate`, `test` and `predict` are LightningCLI's (`attnx.training.cli`); every other
 command is a typed function in `attnx.commands` whose signature is its schema and whose docstring is its
-help, parsed the same way, so ``--config``, ``--print_config``, ``ATTNX_<COMMAND>__<OPTION>`` environment
+help, parsed the same way, so `--config`, `--print_config`, `ATTNX_<COMMAND>__<OPTION>` environment
 defaults and error messages work alike everywhere.
 
 Expected failures (a missing file, a bad option, a corrupt checkpoint, a diverged run, a full disk) print one
-line on standard error and exit with 2 (usage) or 1 (runtime); ``--debug`` (or ``ATTNX_DEBUG=1``) shows the
+line on standard error and exit with 2 (usage) or 1 (runtime); `--debug` (or `ATTNX_DEBUG=1`) shows the
 traceback instead.
 """
 
@@ -46,7 +46,7 @@ COMMANDS: dict[str, str] = {
     "plugins": "attnx.commands.models:plugins",
     "describe": "attnx.commands.models:describe",
 }
-"""Command name → ``module:function``; modules are imported only when their command runs."""
+"""Command name → `module:function`; modules are imported only when their command runs."""
 
 
 def command_function(name: str) -> Callable[..., Any]:
@@ -93,7 +93,7 @@ def missing_config(message: str, argv: list[str]) -> str | None:
 
 
 def run_function(name: str, argv: list[str]) -> int:
-    """Parse ``argv`` against command ``name``'s signature and run it."""
+    """Parse `argv` against command `name`'s signature and run it."""
     from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
     from attnx.commands import configure_parsing, help_formatter

@@ -11,10 +11,10 @@ if TYPE_CHECKING:
 
 hookspec = pluggy.HookspecMarker("attnx")
 hookimpl = pluggy.HookimplMarker("attnx")
-"""Marker for plugin hook implementations: ``@hookimpl def attnx_register_components(registry): ...``.
+"""Marker for plugin hook implementations: `@hookimpl def attnx_register_components(registry): ...`.
 
-Plugins import it as ``from attnx import hookimpl``; the built-ins import it from here, so that nothing in
-the library imports the top-level package (which offers ``load`` and so sits above every layer)."""
+Plugins import it as `from attnx import hookimpl`; the built-ins import it from here, so that nothing in
+the library imports the top-level package (which offers `load` and so sits above every layer)."""
 
 
 @hookspec

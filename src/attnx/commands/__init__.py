@@ -49,6 +49,6 @@ def help_formatter() -> type:
 def plain_help(text: str) -> str:
     """Help text with reST inline literals and Sphinx roles (such as `:class:`) as Markdown code, and no
     reST literal-block markers."""
-    text = re.sub(r"``(.+?)``", r"`\1`", text, flags=re.DOTALL)
+    text = re.sub(r"`(.+?)`", r"`\1`", text, flags=re.DOTALL)
     text = re.sub(r":(?:[a-z]+:)?[a-z]+:`~?([^`]+)`", r"`\1`", text)
     return re.sub(r"(?<=\S)::$", ":", text, flags=re.MULTILINE)

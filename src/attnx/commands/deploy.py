@@ -9,7 +9,7 @@ from attnx.inference.config import SearchConfig
 from attnx.serving.settings import RequestLimits, ServeSettings
 
 SERVE = ServeSettings()
-"""The server's own defaults: ``attnx serve`` offers each field of `ServeSettings` and `RequestLimits` as an
+"""The server's own defaults: `attnx serve` offers each field of `ServeSettings` and `RequestLimits` as an
 option with that default."""
 
 

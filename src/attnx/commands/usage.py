@@ -1,4 +1,4 @@
-"""Command-line plumbing shared by ``attnx`` (`attnx.cli`) and its LightningCLI commands
+"""Command-line plumbing shared by `attnx` (`attnx.cli`) and its LightningCLI commands
 (`attnx.training.cli`): the usage error, one-line messages, "did you mean" hints and bare boolean flags.
 
 Only the command layer imports this module; the library below it raises its own errors.
@@ -30,8 +30,8 @@ def one_line(message: str) -> str:
 def suggest(message: str, options: list[str]) -> str:
     """Add "did you mean --x?" to an unrecognized-option message when an option is close.
 
-    A field unknown to a settings group comes back from jsonargparse as ``Parser key "search": ... Option
-    'bem' is not accepted``: that message is replaced by ``unknown option --search.bem``.
+    A field unknown to a settings group comes back from jsonargparse as `Parser key "search": ... Option
+    'bem' is not accepted`: that message is replaced by `unknown option --search.bem`.
     """
     nested = re.search(r'Parser key "([\w.]+)".*?Option \'(\w+)\' is not accepted', message)
     if nested:
@@ -48,7 +48,7 @@ def suggest(message: str, options: list[str]) -> str:
 
 
 def option_names(target: Any, prefix: str = "") -> list[str]:
-    """``--prefix.name`` for every parameter of a callable or field of a dataclass, and the same for the fields
+    """`--prefix.name` for every parameter of a callable or field of a dataclass, and the same for the fields
     of each dataclass-typed one (also when it is optional): what a misspelt option is compared with."""
     import dataclasses
     import typing
@@ -73,7 +73,7 @@ def option_names(target: Any, prefix: str = "") -> list[str]:
 
 
 def bare_flags(function: Callable[..., Any], argv: list[str]) -> list[str]:
-    """``--link`` alone means ``--link=true`` for a bool option (jsonargparse wants a value)."""
+    """`--link` alone means `--link=true` for a bool option (jsonargparse wants a value)."""
     import typing
 
     flags = {f"--{name}" for name, kind in typing.get_type_hints(function).items() if kind is bool}

@@ -14,19 +14,19 @@ from attnx.hookspecs import hookimpl
 
 
 class MultiHeadAttention(nn.Module):
-    """§3.2.2 Multi-head attention: ``Concat(head_1..head_h) W^O``, ``head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i)``.
+    """§3.2.2 Multi-head attention: `Concat(head_1..head_h) W^O`, `head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i)`.
 
-    §3.2.1 scaled dot-product attention ``softmax(Q K^T / sqrt(d_k)) V`` runs through
+    §3.2.1 scaled dot-product attention `softmax(Q K^T / sqrt(d_k)) V` runs through
     `torch.nn.functional.scaled_dot_product_attention` (same result, fused kernel); the explicit
-    computation is used only when the weights themselves are asked for. ``dropout`` acts on the attention
-    weights; the paper uses none there (0.0), only on sub-layer outputs. ``d_k`` / ``d_v`` default to
-    ``d_model / n_heads``; setting them gives Table 3's rows (A) and (B).
+    computation is used only when the weights themselves are asked for. `dropout` acts on the attention
+    weights; the paper uses none there (0.0), only on sub-layer outputs. `d_k` / `d_v` default to
+    `d_model / n_heads`; setting them gives Table 3's rows (A) and (B).
 
-    The mask handed to the kernel is the least one that is exact, because on CUDA any ``attn_mask`` rules out
-    the flash kernel: causal self-attention over a square, unpadded block passes ``is_causal`` alone; a causal
+    The mask handed to the kernel is the least one that is exact, because on CUDA any `attn_mask` rules out
+    the flash kernel: causal self-attention over a square, unpadded block passes `is_causal` alone; a causal
     query that already sees every key (one decoding step over the cache) passes no mask at all; padding is a
-    broadcast ``(B, 1, 1, S)`` mask, which the cuDNN and memory-efficient kernels take without expanding it.
-    ``key_mask=None`` means no padding, so a caller that knows a batch is unpadded lets every kernel run.
+    broadcast `(B, 1, 1, S)` mask, which the cuDNN and memory-efficient kernels take without expanding it.
+    `key_mask=None` means no padding, so a caller that knows a batch is unpadded lets every kernel run.
     """
 
     def __init__(

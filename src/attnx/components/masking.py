@@ -14,9 +14,9 @@ from attnx.components.protocols import KeyValueCache
 def cached_keys_values(
     cache: KeyValueCache | None, project: Callable[[], tuple[Tensor, Tensor]]
 ) -> tuple[Tensor, Tensor, int]:
-    """Keys and values ``(B, H, S, d)`` to attend over, and the position of the first new query.
+    """Keys and values `(B, H, S, d)` to attend over, and the position of the first new query.
 
-    ``project()`` computes this call's keys and values; without a cache that is all, and the offset is 0.
+    `project()` computes this call's keys and values; without a cache that is all, and the offset is 0.
     With one, the cache decides ([`AttentionCache.keys_values`][attnx.model.cache.AttentionCache.keys_values]).
     """
     if cache is None:
@@ -28,10 +28,10 @@ def cached_keys_values(
 def attention_mask(
     key_mask: Tensor | None, causal: bool, t: int, s: int, offset: int, device: torch.device
 ) -> Tensor | None:
-    """Boolean ``(B|1, 1, T, S)`` mask, True = may attend, combining padding and causality.
+    """Boolean `(B|1, 1, T, S)` mask, True = may attend, combining padding and causality.
 
-    With ``offset`` keys already cached, query ``i`` sits at position ``offset + i`` and may see keys
-    ``j <= offset + i``.
+    With `offset` keys already cached, query `i` sits at position `offset + i` and may see keys
+    `j <= offset + i`.
     """
     mask = None
     if causal:

@@ -2,13 +2,13 @@
 
 Every production recipe for WMT-style data filters these before training (Common Crawl in particular holds
 duplicates, untranslated copies and lines in a third language). Each filter is a pure function of a chunk of
-aligned, normalized lines and returns which pairs to keep, so ``attnx prepare`` can count every drop per corpus
+aligned, normalized lines and returns which pairs to keep, so `attnx prepare` can count every drop per corpus
 and per reason. Validation and test sets are never cleaned.
 
 Language identification is py3langid's naive Bayes model over byte n-grams (shipped inside the package: nothing
 is downloaded). Its reference implementation walks the n-gram automaton one byte at a time in Python (about
 70 µs a sentence here); [`LanguageIdentifier`][attnx.data.cleaning.LanguageIdentifier] walks it for a whole
-chunk of sentences at once with numpy and sums the feature weights with one ``embedding_bag``, giving the same
+chunk of sentences at once with numpy and sums the feature weights with one `embedding_bag`, giving the same
 answers several times faster.
 """
 
@@ -28,8 +28,8 @@ UNDETERMINED = "und"
 class LanguageIdentifier:
     """py3langid's model (all of its languages), classifying many lines in one call.
 
-    ``classify(lines)`` equals ``[py3langid.classify(line)[0] for line in lines]`` except for lines without any
-    feature of the model, which are ``"und"`` rather than the model's first language.
+    `classify(lines)` equals `[py3langid.classify(line)[0] for line in lines]` except for lines without any
+    feature of the model, which are `"und"` rather than the model's first language.
     """
 
     def __init__(self) -> None:
@@ -164,7 +164,7 @@ class SeenPairs:
         return sum(map(len, self.runs))
 
     def first_seen(self, keys: np.ndarray) -> np.ndarray:
-        """True for each key seen neither earlier in ``keys`` nor in an earlier call; remembers them all."""
+        """True for each key seen neither earlier in `keys` nor in an earlier call; remembers them all."""
         unique, first = np.unique(keys, return_index=True)
         new = np.ones(len(unique), bool)
         for run in self.runs:

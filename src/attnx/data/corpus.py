@@ -139,10 +139,10 @@ class PreparedCorpus:
             raise DataError(f"{self.data_dir} has no split {split!r}; it has {', '.join(self.splits)}")
 
     def dataset(self, split: str) -> ParallelDataset:
-        """The memory-mapped ``(src_ids, tgt_ids)`` pairs of ``split``.
+        """The memory-mapped `(src_ids, tgt_ids)` pairs of `split`.
 
-        The first time a split is opened its files are checked against ``meta.json``: the index must cover the
-        ``.bin`` exactly and every id must be below the vocabulary size (and equal, at most, the largest id
+        The first time a split is opened its files are checked against `meta.json`: the index must cover the
+        `.bin` exactly and every id must be below the vocabulary size (and equal, at most, the largest id
         prepare recorded), so a corrupt file is one error naming it rather than an index error mid-training.
         """
         self._check(split)

@@ -1,4 +1,4 @@
-"""``attnx prepare``: raw parallel text → joint SentencePiece BPE model → memory-mapped binarized corpus.
+"""`attnx prepare`: raw parallel text → joint SentencePiece BPE model → memory-mapped binarized corpus.
 
 Pipeline, one pass per step over each split:
 
@@ -6,16 +6,16 @@ Pipeline, one pass per step over each split:
    training pairs with a blank side are dropped and counted, any other split must be complete;
 2. train one SentencePiece BPE model on the source and target training text together (§5.1, shared vocabulary),
    with attnx's fixed special ids (pad 0, unk 1, bos 2, eos 3);
-3. encode every split on all cores, drop training pairs over ``--max_sentence_tokens`` tokens or the ``--max_ratio`` length
+3. encode every split on all cores, drop training pairs over `--max_sentence_tokens` tokens or the `--max_ratio` length
    ratio (counted, never validation or test pairs), and write the flat id arrays, offsets and lengths;
-4. write ``meta.json`` last: a directory without it is incomplete, whatever else is there.
+4. write `meta.json` last: a directory without it is incomplete, whatever else is there.
 
 A re-run with the same input files (path and SHA-256 of their bytes) and settings reuses the directory; a changed
 input or setting rebuilds it (and retrains SentencePiece only if its own inputs or settings changed).
 
 Whose files are whose: prepare writes every new file into a hidden scratch directory it creates inside the output
-(``.attnx-prepare-XXXXXXXX``, marked as its own), moves them into place only when all are written, and lists them in
-``meta.json`` (``files``). It deletes only files listed there by an earlier run and its own scratch directories. It
+(`.attnx-prepare-XXXXXXXX`, marked as its own), moves them into place only when all are written, and lists them in
+`meta.json` (`files`). It deletes only files listed there by an earlier run and its own scratch directories. It
 refuses an output directory that holds anything else, or that holds one of the inputs, so it never deletes,
 truncates or overwrites a file it did not write; an interrupted run leaves the previous corpus as it was.
 """
@@ -136,7 +136,7 @@ def fingerprints(inputs: Inputs, settings: Settings) -> tuple[str, str]:
 
 
 def _read_meta(out: Path) -> dict[str, Any] | None:
-    """``out/meta.json`` when it is one attnx wrote (a JSON object with a format version), else None."""
+    """`out/meta.json` when it is one attnx wrote (a JSON object with a format version), else None."""
     try:
         meta = json.loads((out / META).read_text())
     except (OSError, ValueError):
@@ -177,7 +177,7 @@ class CorpusStats:
 
     def drop(self, reason: str, where: np.ndarray, src: list[str], tgt: list[str], lines: np.ndarray,
              notes: Sequence[str] | None = None) -> None:  # fmt: skip
-        """Count the pairs where ``where`` is True under ``reason``; keep the first few as examples."""
+        """Count the pairs where `where` is True under `reason`; keep the first few as examples."""
         hits = np.flatnonzero(where)
         if not len(hits):
             return
@@ -199,7 +199,7 @@ class CorpusStats:
 
 
 def corpus_name(path: Path, lang: str) -> str:
-    """A training corpus by the prefix it was given as: ``raw/wmt14_ende/commoncrawl``."""
+    """A training corpus by the prefix it was given as: `raw/wmt14_ende/commoncrawl`."""
     return str(path).removesuffix(".gz").removesuffix(f".{lang}")
 
 
@@ -252,7 +252,7 @@ def clean_training_split(
 ) -> tuple[list[CorpusStats], str | None]:  # fmt: skip
     """Read every training corpus, drop blank, copied, duplicate and wrong-language pairs, write what is left.
 
-    ``lines_out`` receives, for each pair written, ``corpus << 32 | line number``: what lets the length filters
+    `lines_out` receives, for each pair written, `corpus << 32 | line number`: what lets the length filters
     of the encoding step count per corpus and quote the line of an example. Returns the stats of each corpus and
     why language identification did not run (None when it did).
     """
@@ -295,7 +295,7 @@ def _identify_languages(
     corpora: list[CorpusStats],
     workers: int,
 ) -> tuple[Iterator[tuple[int, np.ndarray, list[str], list[str]]], Any]:
-    """Drop pairs whose either side is identified as another language, in ``workers`` processes."""
+    """Drop pairs whose either side is identified as another language, in `workers` processes."""
     pending: deque[tuple[int, np.ndarray, list[str], list[str]]] = deque()
 
     def texts() -> Iterator[tuple[list[str], list[str]]]:
@@ -326,7 +326,7 @@ def _identify_languages(
 
 
 def train_sentencepiece(texts: list[Path], out: Path, settings: Settings, workers: int) -> None:
-    """Train the joint BPE model on ``texts`` (both languages) into ``out/spm.model``."""
+    """Train the joint BPE model on `texts` (both languages) into `out/spm.model`."""
     spm.set_random_generator_seed(settings.seed)
     print(
         f"training SentencePiece BPE, {settings.vocab_size} pieces, on both sides of the cleaned training text"
@@ -379,7 +379,7 @@ class SplitStats:
     dropped: dict[str, int]
     inputs: dict[str, list[str]]
     max_id: dict[str, int] = field(default_factory=dict)
-    """Largest token id in each language's ``.bin``: what opening the corpus checks the file against."""
+    """Largest token id in each language's `.bin`: what opening the corpus checks the file against."""
     corpora: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Training only: each corpus's pairs read and kept, dropped per reason, and examples of dropped pairs."""
     language_id: str = ""
@@ -400,7 +400,7 @@ def encode_chunk(
 
 
 def _write_index(lengths_raw: Path, lengths_npy: Path, offsets_npy: Path) -> int:
-    """``.len.npy`` and ``.idx.npy`` from the raw int32 lengths, a block at a time; return the token count."""
+    """`.len.npy` and `.idx.npy` from the raw int32 lengths, a block at a time; return the token count."""
     n = lengths_raw.stat().st_size // 4
     raw = np.memmap(lengths_raw, np.int32, mode="r") if n else np.zeros(0, np.int32)
     lengths = np.lib.format.open_memmap(lengths_npy, mode="w+", dtype=np.int32, shape=(n,))
@@ -428,14 +428,14 @@ def encode_split(
     corpora: list[CorpusStats] | None = None,
     lines: Path | None = None,
 ) -> tuple[int, int, int, dict[str, int]]:
-    """Encode one normalized split into ``{name}.{lang}.bin/.idx.npy/.len.npy``.
+    """Encode one normalized split into `{name}.{lang}.bin/.idx.npy/.len.npy`.
 
     Returns (pairs, source tokens, target tokens, largest id per language).
 
-    Chunks are encoded on ``workers`` threads (SentencePiece's own; worker processes measured slower) and
-    written as they come, so memory does not grow with the corpus. Training pairs over ``max_sentence_tokens`` tokens or the
-    ``max_ratio`` length ratio are dropped and counted in ``corpora``, the corpus and line of each pair read
-    from ``lines`` (see ``clean_training_split``).
+    Chunks are encoded on `workers` threads (SentencePiece's own; worker processes measured slower) and
+    written as they come, so memory does not grow with the corpus. Training pairs over `max_sentence_tokens` tokens or the
+    `max_ratio` length ratio are dropped and counted in `corpora`, the corpus and line of each pair read
+    from `lines` (see `clean_training_split`).
     """
     codes = np.zeros(0, np.int64)
     if lines is not None and lines.stat().st_size:
@@ -512,10 +512,10 @@ def _keep(
 def prepare(
     inputs: Inputs, out: str | Path, settings: Settings, workers: int | None = None
 ) -> dict[str, Any]:
-    """Build (or reuse) the prepared corpus in ``out``; return its ``meta.json`` content.
+    """Build (or reuse) the prepared corpus in `out`; return its `meta.json` content.
 
     Raises:
-        DataError: ``out`` holds a file prepare did not write, or one of the inputs (nothing is touched then).
+        DataError: `out` holds a file prepare did not write, or one of the inputs (nothing is touched then).
     """
     if TRAIN not in inputs.splits:
         raise DataError("a training split is required (--train)")
@@ -609,7 +609,7 @@ def prepare(
 
 
 def _expected_files(meta: dict[str, Any]) -> list[str]:
-    """The files of a complete corpus described by ``meta`` (without ``meta.json`` itself)."""
+    """The files of a complete corpus described by `meta` (without `meta.json` itself)."""
     files = [SPM_MODEL, Path(SPM_MODEL).with_suffix(".vocab").name]
     for name in meta["splits"]:
         for lang in (meta["src_lang"], meta["tgt_lang"]):
@@ -624,8 +624,8 @@ def _complete(out: Path, meta: dict[str, Any]) -> bool:
 
 
 def owned_files(out: Path, meta: dict[str, Any] | None) -> set[str]:
-    """Names in ``out`` that an earlier ``attnx prepare`` wrote: those ``meta.json`` lists (or, for a corpus of an
-    attnx that did not list them, those its splits imply), ``meta.json`` itself and prepare's scratch directories."""
+    """Names in `out` that an earlier `attnx prepare` wrote: those `meta.json` lists (or, for a corpus of an
+    attnx that did not list them, those its splits imply), `meta.json` itself and prepare's scratch directories."""
     names: set[str] = set()
     if meta is not None:
         names.add(META)
@@ -666,15 +666,15 @@ def check_output(out: Path, inputs: Inputs, meta: dict[str, Any] | None) -> set[
 
 
 def _write_meta(out: Path, work: Path, meta: dict[str, Any]) -> None:
-    """Replace ``out/meta.json`` in one step (written in the scratch directory, then renamed)."""
+    """Replace `out/meta.json` in one step (written in the scratch directory, then renamed)."""
     (work / META).write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(work / META, out / META)
 
 
 def _publish(out: Path, work: Path, meta: dict[str, Any], owned: set[str], fresh: list[str]) -> None:
-    """Move the new files into ``out``, delete the earlier run's files this one no longer has, write the meta.
+    """Move the new files into `out`, delete the earlier run's files this one no longer has, write the meta.
 
-    While files move, ``meta.json`` says the corpus is incomplete and lists every file of both runs, so a run
+    While files move, `meta.json` says the corpus is incomplete and lists every file of both runs, so a run
     killed here is neither read as a corpus nor loses track of a file it wrote.
     """
     everything = sorted((owned - {META}) | set(meta["files"]))
@@ -709,7 +709,7 @@ def _dropped(dropped: dict[str, int], read: int, reasons: dict[str, str]) -> str
 
 
 def report(meta: dict[str, Any]) -> str:
-    """What ``attnx prepare`` prints: the corpus, each split, and for training what each corpus lost and why."""
+    """What `attnx prepare` prints: the corpus, each split, and for training what each corpus lost and why."""
     lines = [
         f"{'reused' if meta.get('reused') else 'prepared'} {meta['src_lang']}-{meta['tgt_lang']} corpus, "
         f"vocabulary {meta['vocab_size']} ({meta['dtype']} ids)"
@@ -735,7 +735,7 @@ REPORT_HEADER = "# attnx prepare: what cleaning dropped"
 
 
 def report_markdown(meta: dict[str, Any], output: str | Path) -> str:
-    """The ``--report`` file: per training corpus and reason, how many pairs were dropped, with examples."""
+    """The `--report` file: per training corpus and reason, how many pairs were dropped, with examples."""
     reasons = _reasons(meta["settings"])
     train = meta["splits"][TRAIN]
     out = [REPORT_HEADER, "", f"Corpus `{output}`, {meta['src_lang']}-{meta['tgt_lang']}.", ""]
@@ -755,7 +755,7 @@ def report_markdown(meta: dict[str, Any], output: str | Path) -> str:
 
 
 def write_report(path: Path, meta: dict[str, Any], output: str | Path) -> None:
-    """Write the ``--report`` file; a file of that name is replaced only if an earlier report wrote it."""
+    """Write the `--report` file; a file of that name is replaced only if an earlier report wrote it."""
     if path.exists():
         try:
             with open(path, encoding="utf-8") as f:
@@ -785,12 +785,12 @@ def _named(value: str, default: str) -> tuple[str, str]:
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM (a scheduler, ``timeout``, ``kill``) during prepare: unwinds like Ctrl-C, so the scratch
+    """SIGTERM (a scheduler, `timeout`, `kill`) during prepare: unwinds like Ctrl-C, so the scratch
     directory is removed and the previous corpus stays as it was."""
 
 
 def _interruptible(run: Any, output: str | Path) -> Any:
-    """Run ``run()`` with SIGTERM turned into an exception; exit 128 + 15 after saying what was kept."""
+    """Run `run()` with SIGTERM turned into an exception; exit 128 + 15 after saying what was kept."""
 
     def on_term(signum: int, frame: Any) -> None:
         raise Interrupted
@@ -821,7 +821,7 @@ def prepare_command(
     workers: int | None = None,
     report_file: str | Path | None = None,
 ) -> int:
-    """``attnx prepare`` (see ``attnx.commands.data.prepare`` for the options): check, build, report."""
+    """`attnx prepare` (see `attnx.commands.data.prepare` for the options): check, build, report."""
     if (
         settings.vocab_size < 8
         or settings.max_sentence_tokens < 1

@@ -89,7 +89,7 @@ def count_lines(path: Path) -> int:
 def read_aligned(
     src: Path, tgt: Path, chunk_lines: int = CHUNK_LINES
 ) -> Iterator[tuple[list[str], list[str]]]:
-    """Aligned chunks of normalized ``(source lines, target lines)``, blank lines included.
+    """Aligned chunks of normalized `(source lines, target lines)`, blank lines included.
 
     Files with different line counts, or an empty file, are errors naming both files.
     """
@@ -111,9 +111,9 @@ def read_aligned(
 def read_pairs(
     src: Path, tgt: Path, dropped: Counter[str] | None = None, chunk_lines: int = CHUNK_LINES
 ) -> Iterator[tuple[list[str], list[str]]]:
-    """Aligned chunks of normalized ``(source lines, target lines)``.
+    """Aligned chunks of normalized `(source lines, target lines)`.
 
-    A pair with a blank side is dropped and counted in ``dropped["blank"]`` when ``dropped`` is given
+    A pair with a blank side is dropped and counted in `dropped["blank"]` when `dropped` is given
     (training data); otherwise it is an error naming the file and line (references must stay aligned).
     Files with different line counts, or an empty file, are errors naming both files.
     """

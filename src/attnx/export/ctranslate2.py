@@ -1,24 +1,24 @@
 """Export a checkpoint to CTranslate2 (the directory is decoded by [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator]).
 
-[`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2] fills CTranslate2's own ``TransformerSpec`` (the spec API its OpenNMT-py, fairseq
+[`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2] fills CTranslate2's own `TransformerSpec` (the spec API its OpenNMT-py, fairseq
 and Marian converters use) from the rebuilt attnx model, then lets CTranslate2 validate, optimize (alias
 shared weights, quantize) and save it. What needs care:
 
 * **Positions.** CTranslate2's built-in sinusoid differs from the paper's in three ways: sines and cosines
-  are concatenated halves rather than interleaved (``PE(pos, 2i) = sin``, ``PE(pos, 2i+1) = cos``), the
-  frequencies use ``log(10000) / (d/2 - 1)`` rather than ``2i/d``, and positions start at 1. So the attnx
-  table itself (float32, ``max_len`` rows, position 0 first) is written as the encoder's and decoder's
-  ``position_encodings``; CTranslate2 then adds row ``t`` at position ``t``, exactly as attnx does.
+  are concatenated halves rather than interleaved (`PE(pos, 2i) = sin`, `PE(pos, 2i+1) = cos`), the
+  frequencies use `log(10000) / (d/2 - 1)` rather than `2i/d`, and positions start at 1. So the attnx
+  table itself (float32, `max_len` rows, position 0 first) is written as the encoder's and decoder's
+  `position_encodings`; CTranslate2 then adds row `t` at position `t`, exactly as attnx does.
   Learned positions (Table 3 row E) are written the same way.
-* **Embeddings and output.** ``scale_embeddings`` multiplies by √d_model (§3.4); with shared embeddings the
+* **Embeddings and output.** `scale_embeddings` multiplies by √d_model (§3.4); with shared embeddings the
   source, target and output matrices are one tensor, stored once (CTranslate2 aliases equal variables).
 * **Vocabulary.** CTranslate2 speaks token strings: the vocabulary is the SentencePiece pieces in id order,
-  so piece ``i`` is attnx id ``i`` (pad 0, unk 1, ``<s>`` 2, ``</s>`` 3); ``</s>`` is appended to the
-  source and decoding starts from ``<s>``.
-* **Norms.** Post-norm maps to ``pre_norm=False``; pre-norm to ``pre_norm=True`` with the stacks' final
+  so piece `i` is attnx id `i` (pad 0, unk 1, `<s>` 2, `</s>` 3); `</s>` is appended to the
+  source and decoding starts from `<s>`.
+* **Norms.** Post-norm maps to `pre_norm=False`; pre-norm to `pre_norm=True` with the stacks' final
   LayerNorm. The LayerNorm epsilon is written to the model config.
 
-The directory also holds ``sentencepiece.model`` (the checkpoint's tokenizer) and ``attnx.json`` (format
+The directory also holds `sentencepiece.model` (the checkpoint's tokenizer) and `attnx.json` (format
 version, the transformer config, the default search settings), which [`is_ctranslate2_model`][attnx.inference.ctranslate2.is_ctranslate2_model] checks and
 [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] reads.
 """
@@ -60,7 +60,7 @@ QUANTIZATIONS = (
     "bfloat16",
     "float32",
 )
-"""Weight types CTranslate2 can store; ``None`` keeps the checkpoint's float32."""
+"""Weight types CTranslate2 can store; `None` keeps the checkpoint's float32."""
 
 TARGET = Target("CTranslate2", positional=("sinusoidal", "learned"), norm_positions=("post", "pre"))
 
@@ -73,7 +73,7 @@ def _array(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _linear(spec: Any, layers: Sequence[nn.Linear]) -> None:
-    """``spec`` gets the given projections stacked along the output dimension (CTranslate2's fused q/k/v)."""
+    """`spec` gets the given projections stacked along the output dimension (CTranslate2's fused q/k/v)."""
     spec.weight = np.concatenate([_array(layer.weight) for layer in layers])
     if layers[0].bias is not None:
         spec.bias = np.concatenate([_array(layer.bias) for layer in layers])
@@ -85,7 +85,7 @@ def _norm(spec: Any, norm: nn.LayerNorm) -> None:
 
 
 def _positions(positional: nn.Module) -> np.ndarray:
-    """The ``(max_len, D)`` vectors the positional component adds at positions 0, 1, ..."""
+    """The `(max_len, D)` vectors the positional component adds at positions 0, 1, ..."""
     if hasattr(positional, "table"):  # sinusoidal
         return _array(positional.table)
     return _array(positional.embedding.weight)  # learned
@@ -98,7 +98,7 @@ def _inputs(stack: Any, embeddings: Any, embedding: nn.Embedding, positional: nn
 
 
 def transformer_spec(model: Transformer, config: TransformerConfig, tokenizer: Tokenizer) -> Any:
-    """The CTranslate2 ``TransformerSpec`` of ``model`` (config already checked), vocabulary registered."""
+    """The CTranslate2 `TransformerSpec` of `model` (config already checked), vocabulary registered."""
     import_ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
 
@@ -166,13 +166,13 @@ def export_ctranslate2(
     """Write a CTranslate2 model directory for an attnx checkpoint; returns the directory.
 
     Args:
-        ckpt_path: Checkpoint written by ``attnx fit`` or ``attnx average``.
-        output: Directory to create. It must not exist (or be empty) unless ``force``.
-        quantization: Weight type: None (float32 as trained), ``int8``, ``int8_float32``, ``int8_float16``,
-            ``int8_bfloat16``, ``int16``, ``float16`` or ``bfloat16``.
+        ckpt_path: Checkpoint written by `attnx fit` or `attnx average`.
+        output: Directory to create. It must not exist (or be empty) unless `force`.
+        quantization: Weight type: None (float32 as trained), `int8`, `int8_float32`, `int8_float16`,
+            `int8_bfloat16`, `int16`, `float16` or `bfloat16`.
         search: Default search settings stored with the model (default [`DEFAULT_SEARCH`][attnx.inference.ctranslate2.DEFAULT_SEARCH]); the length
-            penalty must be the ``fairseq`` form for beams wider than 1.
-        force: Replace an existing ``output``.
+            penalty must be the `fairseq` form for beams wider than 1.
+        force: Replace an existing `output`.
 
     Raises:
         ExportError: the model uses a component CTranslate2 cannot represent, or an argument is invalid.

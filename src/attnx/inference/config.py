@@ -8,7 +8,7 @@ from typing import Literal
 LengthPenalty = Literal["gnmt", "fairseq"]
 
 DEFAULT_MAX_TOKENS = 4096
-"""Source tokens per decoding batch, padding included: every engine's, ``attnx translate``'s and ``attnx serve``'s default."""
+"""Source tokens per decoding batch, padding included: every engine's, `attnx translate`'s and `attnx serve`'s default."""
 
 
 @dataclass
@@ -26,7 +26,7 @@ class SearchConfig:
     max_len_b: int = 50
     """See `max_len_a`."""
     max_positions: int | None = None
-    """Target positions the model accepts (its ``max_len``); caps the maximum output length. None: no cap."""
+    """Target positions the model accepts (its `max_len`); caps the maximum output length. None: no cap."""
 
 
 PAPER_SEARCH = SearchConfig()

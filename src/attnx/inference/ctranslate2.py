@@ -1,34 +1,34 @@
-"""The CTranslate2 engine: a directory written by ``attnx export --format ctranslate2``
+"""The CTranslate2 engine: a directory written by `attnx export --format ctranslate2`
 ([`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2]) decoded by CTranslate2 behind the
 [`Translator`][attnx.inference.translator.Translator] calls.
 
-The directory holds CTranslate2's ``model.bin``, ``sentencepiece.model`` (the checkpoint's tokenizer) and
-``attnx.json`` (format version, the transformer config, the default search settings), which
+The directory holds CTranslate2's `model.bin`, `sentencepiece.model` (the checkpoint's tokenizer) and
+`attnx.json` (format version, the transformer config, the default search settings), which
 [`is_ctranslate2_model`][attnx.inference.ctranslate2.is_ctranslate2_model] checks and
 [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] reads.
 
 **Search.** [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] maps [`SearchConfig`][attnx.inference.config.SearchConfig] onto
-``ctranslate2.Translator.translate_batch``; how the two searches differ, and what is done about it:
+`ctranslate2.Translator.translate_batch`; how the two searches differ, and what is done about it:
 
-* *Length penalty.* CTranslate2 divides a finished hypothesis's log-probability by ``|Y| ** length_penalty``
-  and has no other form, so only ``length_penalty="fairseq"`` (``|Y| ** α``) can be reproduced; the GNMT
-  form raises a ``ValueError`` for beams wider than 1 (greedy search has no penalty). With
-  ``return_end_token=True`` the ``</s>`` is part of the hypothesis, so ``|Y|`` counts it as attnx does.
-* *Maximum length.* attnx allows ``L`` tokens and then forces ``</s>``; CTranslate2 has one
-  ``max_decoding_length`` per call and no forced end token: it stops after that many tokens, ``</s>`` or
-  not. Sentences are therefore decoded in groups of equal ``L`` with ``max_decoding_length = L + 1`` (room
-  for the ``</s>``); a hypothesis that reaches the limit without ``</s>`` has one token too many, which is
+* *Length penalty.* CTranslate2 divides a finished hypothesis's log-probability by `|Y| ** length_penalty`
+  and has no other form, so only `length_penalty="fairseq"` (`|Y| ** α`) can be reproduced; the GNMT
+  form raises a `ValueError` for beams wider than 1 (greedy search has no penalty). With
+  `return_end_token=True` the `</s>` is part of the hypothesis, so `|Y|` counts it as attnx does.
+* *Maximum length.* attnx allows `L` tokens and then forces `</s>`; CTranslate2 has one
+  `max_decoding_length` per call and no forced end token: it stops after that many tokens, `</s>` or
+  not. Sentences are therefore decoded in groups of equal `L` with `max_decoding_length = L + 1` (room
+  for the `</s>`); a hypothesis that reaches the limit without `</s>` has one token too many, which is
   cut, so no output is ever longer than attnx allows. Only for such sentences can the output differ from
-  attnx's (attnx would have scored the forced ``</s>``; CTranslate2 ranks the unfinished hypothesis).
+  attnx's (attnx would have scored the forced `</s>`; CTranslate2 ranks the unfinished hypothesis).
 * *Beam bookkeeping.* attnx's beam shrinks when a hypothesis finishes (it keeps its slot) and stops when no
-  live hypothesis can still win; CTranslate2 keeps ``beam`` live hypotheses and stops once ``beam``
-  hypotheses have finished (``beam * patience``; ``patience`` is a [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator]
+  live hypothesis can still win; CTranslate2 keeps `beam` live hypotheses and stops once `beam`
+  hypotheses have finished (`beam * patience`; `patience` is a [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator]
   argument). Both return the best finished hypothesis they found; the sets they explore differ after the
   first hypothesis finishes, so beam outputs agree on most but not all sentences (greedy outputs agree
   exactly).
-* *Banned tokens.* attnx never generates ``<pad>`` or ``<s>``; they are suppressed here too. CTranslate2
+* *Banned tokens.* attnx never generates `<pad>` or `<s>`; they are suppressed here too. CTranslate2
   renormalizes the remaining probabilities (attnx keeps the model's own), which changes a step's
-  log-probabilities by ``log(1 - p(<pad>) - p(<s>))``, about 1e-5 for a trained model: only near-ties can
+  log-probabilities by `log(1 - p(<pad>) - p(<s>))`, about 1e-5 for a trained model: only near-ties can
   rank differently.
 """
 
@@ -57,7 +57,7 @@ FORMAT_VERSION = 1
 METADATA = "attnx.json"
 SPM_MODEL = "sentencepiece.model"
 DEFAULT_SEARCH = SearchConfig(beam=4, alpha=0.6, length_penalty="fairseq", max_len_a=1.0, max_len_b=50)
-"""§6.1's beam, α and maximum length, with the one length-penalty form CTranslate2 has (``|Y| ** α``)."""
+"""§6.1's beam, α and maximum length, with the one length-penalty form CTranslate2 has (`|Y| ** α`)."""
 
 
 def import_ctranslate2() -> Any:
@@ -71,7 +71,7 @@ def import_ctranslate2() -> Any:
 
 
 def read_metadata(directory: str | Path) -> dict[str, Any] | None:
-    """``attnx.json`` of an exported directory, or None when ``directory`` is not one."""
+    """`attnx.json` of an exported directory, or None when `directory` is not one."""
     path = Path(directory) / METADATA
     if not path.is_file() or not (Path(directory) / "model.bin").is_file():
         return None
@@ -83,7 +83,7 @@ def read_metadata(directory: str | Path) -> dict[str, Any] | None:
 
 
 def is_ctranslate2_model(directory: str | Path) -> bool:
-    """Whether ``directory`` was written by [`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2] (any format version)."""
+    """Whether `directory` was written by [`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2] (any format version)."""
     return Path(directory).is_dir() and read_metadata(directory) is not None
 
 
@@ -91,7 +91,7 @@ def is_ctranslate2_model(directory: str | Path) -> bool:
 
 
 def check_search(search: SearchConfig) -> None:
-    """Raise ``ValueError`` for settings CTranslate2's search cannot reproduce."""
+    """Raise `ValueError` for settings CTranslate2's search cannot reproduce."""
     if search.beam < 1:
         raise ValueError(f"search.beam must be at least 1, got {search.beam}")
     if search.length_penalty not in ("gnmt", "fairseq"):
@@ -116,13 +116,13 @@ class CTranslate2Translator(Translator):
 
     Args:
         directory: Written by [`export_ctranslate2`][attnx.export.ctranslate2.export_ctranslate2].
-        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        device: `cpu`, `cuda` or `cuda:N`.
         search: Search settings; default: those stored at export.
         max_tokens: Source tokens per CTranslate2 batch, padding included.
-        compute_type: CTranslate2's compute type (``default``: the stored weight type where the device
+        compute_type: CTranslate2's compute type (`default`: the stored weight type where the device
             supports it).
-        threads: CTranslate2 threads per translation (``intra_threads``; 0: its default).
-        patience: CTranslate2's beam ``patience``: a sentence stops once ``beam * patience`` hypotheses
+        threads: CTranslate2 threads per translation (`intra_threads`; 0: its default).
+        patience: CTranslate2's beam `patience`: a sentence stops once `beam * patience` hypotheses
             have finished. At 1 (CTranslate2's default) it can stop before a live hypothesis that would
             still win under the length penalty has finished; 2 reproduces attnx's beam outputs more often
             at some cost in speed (docs/deploy.md).
@@ -183,7 +183,7 @@ class CTranslate2Translator(Translator):
         patience: float = 1.0,
         **changes: Any,
     ) -> CTranslate2Translator:
-        """A translator for ``directory``; keyword ``changes`` override search settings (e.g. ``beam=1``)."""
+        """A translator for `directory`; keyword `changes` override search settings (e.g. `beam=1`)."""
         translator = cls(directory, device, search, max_tokens, compute_type, threads, patience)
         if changes:
             translator.search = translator._capped(dataclasses.replace(translator.search, **changes))
@@ -198,7 +198,7 @@ class CTranslate2Translator(Translator):
         return self._device
 
     def to(self, device: str | torch.device) -> CTranslate2Translator:
-        """Load the model on ``device`` (``cpu``, ``cuda``, ``cuda:N``) and return this translator."""
+        """Load the model on `device` (`cpu`, `cuda`, `cuda:N`) and return this translator."""
         ct2 = import_ctranslate2()
         kind, index = _device(device)
         self._translator = ct2.Translator(
@@ -221,7 +221,7 @@ class CTranslate2Translator(Translator):
     # ---------------------------------------------------------------------------------------------- ids
 
     def max_output_length(self, source_length: int) -> int:
-        """``L`` tokens before ``</s>`` for ``n`` source ids (+ ``</s>``), as
+        """`L` tokens before `</s>` for `n` source ids (+ `</s>`), as
         [`max_output_length`][attnx.inference.search.max_output_length] counts them."""
         s = self.search
         return max_output_length(source_length + 1, s.max_len_a, s.max_len_b, s.max_positions)
@@ -241,7 +241,7 @@ class CTranslate2Translator(Translator):
         )
 
     def translate_ids(self, ids: Sequence[Sequence[int]], progress: bool = False) -> list[list[int]]:
-        """Output ids for source ids (no BOS/EOS), one per input in input order; ``[]`` in gives ``[]`` out."""
+        """Output ids for source ids (no BOS/EOS), one per input in input order; `[]` in gives `[]` out."""
         ids = self.truncate(ids)
         out: list[list[int]] = [[] for _ in ids]
         groups: dict[int, list[int]] = defaultdict(list)  # one max_decoding_length per CTranslate2 call

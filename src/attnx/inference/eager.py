@@ -3,7 +3,7 @@ Transformer in PyTorch with [`translate_batch`][attnx.inference.search.translate
 
 It batches its input by tokens (shortest first, padding included) and, besides the
 [`Translator`][attnx.inference.translator.Translator] calls, collects attention weights for plots
-(``attention``). Nothing here needs Lightning.
+(`attention`). Nothing here needs Lightning.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from attnx.model import Transformer
 
 
 def token_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int]]:
-    """Indices of ``lengths`` grouped, shortest first, so that rows × longest ≤ ``max_tokens`` (≥ 1 row each)."""
+    """Indices of `lengths` grouped, shortest first, so that rows × longest ≤ `max_tokens` (≥ 1 row each)."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     batch: list[int] = []
     for i in order:
@@ -43,7 +43,7 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int]
 
 @dataclass
 class AttentionMaps:
-    """Weights of every layer for one sentence pair; ``encoder[l]`` ``(H, S, S)``, ``cross[l]`` ``(H, T, S)``."""
+    """Weights of every layer for one sentence pair; `encoder[l]` `(H, S, S)`, `cross[l]` `(H, T, S)`."""
 
     source_tokens: list[str]  # S pieces, ending in </s>
     target_tokens: list[str]  # T pieces predicted, ending in </s>
@@ -58,7 +58,7 @@ class EagerTranslator(Translator):
     Args:
         model: The Transformer (any device; decoding runs where its weights are).
         tokenizer: The joint SentencePiece model the Transformer was trained with.
-        search: Beam size, length penalty and maximum output length. ``max_positions`` defaults to the
+        search: Beam size, length penalty and maximum output length. `max_positions` defaults to the
             model's own limit.
         max_tokens: Source tokens per decoding batch, padding included.
     """
@@ -86,7 +86,7 @@ class EagerTranslator(Translator):
         search: SearchConfig | None = None,
         **kw: Any,
     ) -> EagerTranslator:
-        """The model and tokenizer a checkpoint of ``attnx fit``/``attnx average`` carries."""
+        """The model and tokenizer a checkpoint of `attnx fit`/`attnx average` carries."""
         loaded = load_model(path, device=device)
         return cls(loaded.model, loaded.tokenizer, search, **kw)
 
@@ -95,12 +95,12 @@ class EagerTranslator(Translator):
         return next(self.model.parameters()).device
 
     def to(self, device: str | torch.device) -> EagerTranslator:
-        """Move the model to ``device`` (in place) and return this translator."""
+        """Move the model to `device` (in place) and return this translator."""
         self.model.to(device)
         return self
 
     def with_search(self, **changes: Any) -> EagerTranslator:
-        """A translator sharing this one's model, with some search settings changed (e.g. ``beam=1``)."""
+        """A translator sharing this one's model, with some search settings changed (e.g. `beam=1`)."""
         return EagerTranslator(
             self.model, self.tokenizer, dataclasses.replace(self.search, **changes), self.max_tokens
         )
@@ -112,7 +112,7 @@ class EagerTranslator(Translator):
         return translate_batch(self.model, src, src_mask, self.search)
 
     def translate_ids(self, ids: Sequence[Sequence[int]], progress: bool = False) -> list[list[int]]:
-        """Output ids for source ids (no BOS/EOS), one per input in input order; ``[]`` in gives ``[]`` out."""
+        """Output ids for source ids (no BOS/EOS), one per input in input order; `[]` in gives `[]` out."""
         ids = self.truncate(ids)
         out: list[list[int]] = [[] for _ in ids]
         todo = [i for i, x in enumerate(ids) if x]
@@ -132,7 +132,7 @@ class EagerTranslator(Translator):
     # ---------------------------------------------------------------------------------------- attention
 
     def attention(self, source: str) -> AttentionMaps:
-        """Translate ``source``, then collect every attention's weights over the teacher-forced result."""
+        """Translate `source`, then collect every attention's weights over the teacher-forced result."""
         src_ids = self.truncate(self.encode([source]))[0]
         if not src_ids:
             raise ValueError("attention needs a non-empty source sentence")

@@ -22,13 +22,13 @@ def load(
     search: SearchConfig | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
 ) -> Translator:
-    """A translator for ``path``: a checkpoint file of ``attnx fit``/``attnx average`` (decoded by
+    """A translator for `path`: a checkpoint file of `attnx fit`/`attnx average` (decoded by
     [`EagerTranslator`][attnx.inference.eager.EagerTranslator]), or a directory written by
-    ``attnx export --format ctranslate2`` (decoded by
+    `attnx export --format ctranslate2` (decoded by
     [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator]).
 
-    Both kinds answer the same calls: ``translate(lines)``, ``translate_ids(ids)``, ``to(device)``,
-    ``with_search(**changes)``, ``search``, ``tokenizer``.
+    Both kinds answer the same calls: `translate(lines)`, `translate_ids(ids)`, `to(device)`,
+    `with_search(**changes)`, `search`, `tokenizer`.
     """
     path = Path(path)
     if path.is_dir():

@@ -3,36 +3,36 @@
 The paper decodes with "beam search with a beam size of 4 and length penalty α = 0.6", a "maximum output
 length during inference to input length + 50, but terminate early when possible". Here:
 
-* **Length penalty.** A finished hypothesis ``Y`` (its tokens and the closing ``</s>``; ``|Y|`` counts the
-  ``</s>`` as tensor2tensor does) scores ``log P(Y) / lp(|Y|)`` with the GNMT penalty
-  ``lp(n) = ((5 + n) / 6) ** α`` (Wu et al. 2016, the paper's reference [38]), or ``n ** α`` with
-  ``length_penalty="fairseq"``. Live hypotheses are ranked by ``log P`` alone.
-* **Maximum length.** ``input length`` is the number of real source positions (``src_mask.sum(1)``, which
-  includes the source ``</s>``, as tensor2tensor and fairseq count it). A hypothesis holds at most
-  ``L = floor(max_len_a * input length + max_len_b)`` tokens before ``</s>``; at that point ``</s>`` is the
+* **Length penalty.** A finished hypothesis `Y` (its tokens and the closing `</s>`; `|Y|` counts the
+  `</s>` as tensor2tensor does) scores `log P(Y) / lp(|Y|)` with the GNMT penalty
+  `lp(n) = ((5 + n) / 6) ** α` (Wu et al. 2016, the paper's reference [38]), or `n ** α` with
+  `length_penalty="fairseq"`. Live hypotheses are ranked by `log P` alone.
+* **Maximum length.** `input length` is the number of real source positions (`src_mask.sum(1)`, which
+  includes the source `</s>`, as tensor2tensor and fairseq count it). A hypothesis holds at most
+  `L = floor(max_len_a * input length + max_len_b)` tokens before `</s>`; at that point `</s>` is the
   only token allowed (with its real log-probability), so a model that never ends a sentence stops at
-  exactly ``L`` tokens. ``L`` is also capped so that ``L + 1`` target positions fit the model
-  (``SearchConfig.max_positions``).
-* **The beam.** Each sentence owns ``beam`` slots. Each step, the live hypotheses' extensions are ranked by
-  ``log P`` and the best ``k`` are kept, where ``k`` is the number of slots not yet taken by finished
-  hypotheses; an extension ending in ``</s>`` takes its slot for good (the beam shrinks). So beam 1 is
+  exactly `L` tokens. `L` is also capped so that `L + 1` target positions fit the model
+  (`SearchConfig.max_positions`).
+* **The beam.** Each sentence owns `beam` slots. Each step, the live hypotheses' extensions are ranked by
+  `log P` and the best `k` are kept, where `k` is the number of slots not yet taken by finished
+  hypotheses; an extension ending in `</s>` takes its slot for good (the beam shrinks). So beam 1 is
   exactly greedy search, and a beam wider than the number of possible prefixes is exhaustive search.
-* **Early termination.** A live hypothesis with ``t`` tokens and log-probability ``s <= 0`` can only end as
-  a hypothesis of total length ``m`` in ``[t + 1, L + 1]`` with log-probability ``s' <= s`` (log-probs of
-  further tokens are ``<= 0``). Its final score ``s' / lp(m)`` is therefore at most
-  ``s / max(lp(t + 1), lp(L + 1))``: ``s`` is negative, so dividing it by the *largest* reachable penalty
-  gives the largest value (for α >= 0 that is ``lp(L + 1)``, the GNMT form grows with length). A sentence
-  stops once the best live hypothesis's bound cannot beat the ``nbest``-th best finished score, so the
-  ``nbest`` best hypotheses returned are exactly those the full search would return.
+* **Early termination.** A live hypothesis with `t` tokens and log-probability `s <= 0` can only end as
+  a hypothesis of total length `m` in `[t + 1, L + 1]` with log-probability `s' <= s` (log-probs of
+  further tokens are `<= 0`). Its final score `s' / lp(m)` is therefore at most
+  `s / max(lp(t + 1), lp(L + 1))`: `s` is negative, so dividing it by the *largest* reachable penalty
+  gives the largest value (for α >= 0 that is `lp(L + 1)`, the GNMT form grows with length). A sentence
+  stops once the best live hypothesis's bound cannot beat the `nbest`-th best finished score, so the
+  `nbest` best hypotheses returned are exactly those the full search would return.
 * **Vectorized, and shrinking.** A step is a few tensor operations over the decoder rows of all sentences at
-  once: the ``beam`` best tokens of each row, then the ``beam`` best of each sentence's candidates. Python
+  once: the `beam` best tokens of each row, then the `beam` best of each sentence's candidates. Python
   only files away finished hypotheses. Rows of finished hypotheses and stopped sentences go dead; following
-  back-pointers within a sentence moves only the self-attention caches (``same_sources=True``), and once
+  back-pointers within a sentence moves only the self-attention caches (`same_sources=True`), and once
   the dead rows decoded reach [`COMPACT_AFTER`][attnx.inference.search.COMPACT_AFTER] of the live ones, the rows are re-packed to the live
   hypotheses of the sentences still searched ([`DecoderState.reorder`][attnx.model.transformer.DecoderState.reorder]), so work shrinks as
   hypotheses and sentences finish.
 
-``PAD`` and ``BOS`` are never generated; ``UNK`` is allowed. Encoder keys/values for the encoder-decoder
+`PAD` and `BOS` are never generated; `UNK` is allowed. Encoder keys/values for the encoder-decoder
 attention are computed once per sentence ([`Transformer.start_decoding`][attnx.model.transformer.Transformer.start_decoding], one row per sentence for the
 first step) and then copied to the rows of that sentence's hypotheses. Nothing here needs Lightning.
 """
@@ -63,7 +63,7 @@ __all__ = [
 
 @dataclass
 class Hypothesis:
-    """A finished translation: ``tokens`` without BOS/EOS, ``score = log_prob / lp(len(tokens) + 1)``."""
+    """A finished translation: `tokens` without BOS/EOS, `score = log_prob / lp(len(tokens) + 1)`."""
 
     tokens: list[int]
     score: float
@@ -71,7 +71,7 @@ class Hypothesis:
 
 
 def length_penalty(length: int | float | Tensor, alpha: float, kind: LengthPenalty = "gnmt"):
-    """``lp(|Y|)``: GNMT ``((5 + |Y|) / 6) ** α`` or fairseq ``|Y| ** α``; ``|Y|`` counts the ``</s>``."""
+    """`lp(|Y|)`: GNMT `((5 + |Y|) / 6) ** α` or fairseq `|Y| ** α`; `|Y|` counts the `</s>`."""
     if kind == "gnmt":
         return ((5.0 + length) / 6.0) ** alpha
     if kind == "fairseq":
@@ -82,7 +82,7 @@ def length_penalty(length: int | float | Tensor, alpha: float, kind: LengthPenal
 def max_output_lengths(
     src_mask: Tensor, max_len_a: float, max_len_b: int, max_positions: int | None = None
 ) -> Tensor:
-    """Per-sentence ``L = floor(a * input length + b)`` ``(B,)``: tokens allowed before the forced ``</s>``."""
+    """Per-sentence `L = floor(a * input length + b)` `(B,)`: tokens allowed before the forced `</s>`."""
     lengths = [max_output_length(n, max_len_a, max_len_b, max_positions) for n in src_mask.sum(1).tolist()]
     return torch.tensor(lengths, dtype=torch.long, device=src_mask.device)
 
@@ -90,8 +90,8 @@ def max_output_lengths(
 def max_output_length(
     input_length: int, max_len_a: float, max_len_b: int, max_positions: int | None = None
 ) -> int:
-    """``L = floor(a * input length + b)`` tokens allowed before the forced ``</s>``, for a source of
-    ``input_length`` positions (its ``</s>`` included), capped so that ``L + 1`` positions fit the model."""
+    """`L = floor(a * input length + b)` tokens allowed before the forced `</s>`, for a source of
+    `input_length` positions (its `</s>` included), capped so that `L + 1` positions fit the model."""
     cap = math.inf if max_positions is None else max_positions - 1  # L tokens + </s>: L + 1 positions
     return max(0, min(cap, math.floor(max_len_a * input_length + max_len_b)))
 
@@ -109,11 +109,11 @@ def _decoding(model: nn.Module) -> Iterator[None]:
 
 
 def _next_scores(model: nn.Module, tokens: Tensor, state, at_max: Tensor) -> tuple[Tensor, Tensor]:
-    """Logits ``(N, V)`` of the next token with PAD/BOS banned and ``</s>`` forced at ``at_max``, and the
-    ``(N, 1)`` log-normalizer of the *unrestricted* distribution: ``log p = logit - normalizer``.
+    """Logits `(N, V)` of the next token with PAD/BOS banned and `</s>` forced at `at_max`, and the
+    `(N, 1)` log-normalizer of the *unrestricted* distribution: `log p = logit - normalizer`.
 
     Log-probabilities stay the model's own (banned tokens are not renormalized away); only the few
-    candidates kept are ever turned into log-probabilities, never the whole ``(N, V)`` table.
+    candidates kept are ever turned into log-probabilities, never the whole `(N, V)` table.
     """
     logits = model.decode_step(tokens, state).float()  # (N, V)
     normalizer = logits.logsumexp(dim=-1, keepdim=True)
@@ -174,11 +174,11 @@ def beam_search(
     *,
     nbest: int | None = None,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search (module docstring); per sentence, up to ``nbest`` (default: beam) hypotheses, best first.
+    """Batched beam search (module docstring); per sentence, up to `nbest` (default: beam) hypotheses, best first.
 
-    Decoder rows are grouped by sentence, at most ``beam`` each: ``row_sent``/``row_pos`` say which sentence
+    Decoder rows are grouped by sentence, at most `beam` each: `row_sent`/`row_pos` say which sentence
     and which of its positions a row holds. Each step ranks every sentence's candidates in a dense
-    ``(sentences, beam)`` table; the next hypotheses then either reuse the current rows (a row stays with its
+    `(sentences, beam)` table; the next hypotheses then either reuse the current rows (a row stays with its
     sentence: only self-attention caches move) or, when a sentence needs more rows or enough rows have gone
     dead (finished hypotheses, finished sentences), the rows are re-packed to exactly the live hypotheses.
     """
@@ -284,7 +284,7 @@ def beam_search(
 
 
 def translate_batch(model: nn.Module, src: Tensor, src_mask: Tensor, config: SearchConfig) -> list[list[int]]:
-    """Best translation ids per row (no BOS/EOS): greedy when ``config.beam == 1``, else beam search."""
+    """Best translation ids per row (no BOS/EOS): greedy when `config.beam == 1`, else beam search."""
     if config.beam == 1:
         return greedy_search(
             model, src, src_mask, config.max_len_a, config.max_len_b, max_positions=config.max_positions

@@ -13,7 +13,7 @@ translator.translate(["A dog runs."])
 
 Two engines implement it: [`EagerTranslator`][attnx.inference.eager.EagerTranslator] (the model in PyTorch, for
 a checkpoint) and [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] (a directory of
-``attnx export --format ctranslate2``). An engine decodes ids (``translate_ids``); the text side — encoding,
+`attnx export --format ctranslate2`). An engine decodes ids (`translate_ids`); the text side — encoding,
 truncating what the model cannot read, one output line per input line, blank for blank — is written once here.
 A Translator batches its input by tokens, truncates inputs longer than the model accepts (with a warning),
 returns one output per input in input order, and maps blank input to blank output. Nothing here needs
@@ -69,7 +69,7 @@ def truncate_ids(ids: Sequence[Sequence[int]], max_positions: int) -> list[list[
 
 
 def fitted_search(search: SearchConfig, max_positions: int) -> SearchConfig:
-    """``search`` checked (beam ≥ 1) and capped to a model of ``max_positions`` target positions."""
+    """`search` checked (beam ≥ 1) and capped to a model of `max_positions` target positions."""
     if search.beam < 1:
         raise ValueError(f"search.beam must be at least 1, got {search.beam}")
     if search.max_positions is None or search.max_positions > max_positions:
@@ -80,13 +80,13 @@ def fitted_search(search: SearchConfig, max_positions: int) -> SearchConfig:
 class Translator(Protocol):
     """A decoding engine behind attnx's calls: a model, its tokenizer and how to search.
 
-    An engine provides ``search``, ``tokenizer``, ``max_positions``, ``device``, ``translate_ids``, ``to`` and
-    ``with_search``; ``encode``, ``truncate``, ``decode`` and ``translate`` are the same for every engine and
+    An engine provides `search`, `tokenizer`, `max_positions`, `device`, `translate_ids`, `to` and
+    `with_search`; `encode`, `truncate`, `decode` and `translate` are the same for every engine and
     come with this protocol to classes that name it as a base.
     """
 
     search: SearchConfig
-    """How to decode; ``max_positions`` is the model's own limit."""
+    """How to decode; `max_positions` is the model's own limit."""
     tokenizer: Tokenizer
     """The joint SentencePiece model the model was trained with."""
     max_positions: int
@@ -96,15 +96,15 @@ class Translator(Protocol):
     def device(self) -> torch.device: ...
 
     def translate_ids(self, ids: Sequence[Sequence[int]], progress: bool = False) -> list[list[int]]:
-        """Output ids for source ids (no BOS/EOS), one per input in input order; ``[]`` in gives ``[]`` out."""
+        """Output ids for source ids (no BOS/EOS), one per input in input order; `[]` in gives `[]` out."""
         ...
 
     def to(self, device: str | torch.device) -> Self:
-        """Decode on ``device`` from now on and return this translator."""
+        """Decode on `device` from now on and return this translator."""
         ...
 
     def with_search(self, **changes: Any) -> Self:
-        """A translator sharing this one's model, with some search settings changed (e.g. ``beam=1``)."""
+        """A translator sharing this one's model, with some search settings changed (e.g. `beam=1`)."""
         ...
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
@@ -119,7 +119,7 @@ class Translator(Protocol):
         return one_line(self.tokenizer.decode(list(ids)))
 
     def translate(self, lines: Sequence[str] | str, progress: bool = False) -> list[str]:
-        """Translations of ``lines`` (one segment each), same number and order; blank in gives blank out."""
+        """Translations of `lines` (one segment each), same number and order; blank in gives blank out."""
         if isinstance(lines, str):
             raise TypeError("translate takes a list of lines; wrap a single sentence: translate([text])")
         outputs = self.translate_ids(self.encode(lines), progress=progress)

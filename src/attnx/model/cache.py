@@ -12,9 +12,9 @@ from torch import Tensor
 
 @dataclass
 class AttentionCache:
-    """Keys and values an attention layer has already computed, each ``(B, H, S, d_k)``.
+    """Keys and values an attention layer has already computed, each `(B, H, S, d_k)`.
 
-    ``static`` caches (encoder-decoder attention) are filled once from the encoder output and reused;
+    `static` caches (encoder-decoder attention) are filled once from the encoder output and reused;
     the others (decoder self-attention) grow by one position per decoding step.
     """
 
@@ -27,15 +27,15 @@ class AttentionCache:
         return 0 if self.k is None else self.k.shape[-2]
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search reordering and finished-sentence removal)."""
+        """Keep batch rows `index` (beam search reordering and finished-sentence removal)."""
         if self.k is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
 
     def keys_values(self, project: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, int]:
-        """Keys and values ``(B, H, S, d)`` to attend over, and the position of the first new query.
+        """Keys and values `(B, H, S, d)` to attend over, and the position of the first new query.
 
-        ``project()`` computes this call's keys and values; it is skipped when a filled static cache already
+        `project()` computes this call's keys and values; it is skipped when a filled static cache already
         holds them. A growing cache gets them appended, and the offset is the number of positions it held before.
         """
         if self.static and self.k is not None:

@@ -51,7 +51,7 @@ class Transformer(nn.Module):
     """
 
     POSITIONAL_ACTS_ON = ("embeddings",)
-    """Where this Transformer applies a positional component (its ``acts_on``): added to the scaled embeddings."""
+    """Where this Transformer applies a positional component (its `acts_on`): added to the scaled embeddings."""
 
     def __init__(
         self,

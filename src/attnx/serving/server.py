@@ -7,9 +7,9 @@ Three kinds of process, all started by `serve`:
 - HTTP processes (uvicorn, one per worker) check every request against `RequestLimits` before it is
   queued (`attnx.serving.validation.RequestLimitsMiddleware`), so a bad request is answered 4xx at
   once and never joins a batch;
-- inference workers (``workers``, each with its own `attnx.inference.translator.Translator`, from `attnx.inference.load.load`) take up
-  to ``max_batch_size`` queued requests, waiting at most ``batch_timeout`` seconds for the batch to fill,
-  and translate all their lines with one ``Translator.translate`` call (which batches them by tokens).
+- inference workers (`workers`, each with its own `attnx.inference.translator.Translator`, from `attnx.inference.load.load`) take up
+  to `max_batch_size` queued requests, waiting at most `batch_timeout` seconds for the batch to fill,
+  and translate all their lines with one `Translator.translate` call (which batches them by tokens).
 
 Shutdown: the HTTP processes stop accepting, finish the requests they hold (up to 30 s), and only then are
 the inference workers stopped. Send the signal to the main process; the workers ignore SIGINT so a Ctrl+C
@@ -243,7 +243,7 @@ class GracefulStop:
 
 
 def serve(model: str, search: SearchConfig, settings: ServeSettings) -> None:
-    """Check ``model`` loads, then serve it until SIGTERM or SIGINT; returns after a clean shutdown."""
+    """Check `model` loads, then serve it until SIGTERM or SIGINT; returns after a clean shutdown."""
     from attnx.inference.load import load
 
     check_port_free(settings.host, settings.port)

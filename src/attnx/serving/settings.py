@@ -1,4 +1,4 @@
-"""What ``attnx serve`` can be told: where to listen and decode (`ServeSettings`) and how much one request may
+"""What `attnx serve` can be told: where to listen and decode (`ServeSettings`) and how much one request may
 ask for (`RequestLimits`). Plain settings, importable without LitServe: the command reads its defaults here."""
 
 from __future__ import annotations

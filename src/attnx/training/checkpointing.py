@@ -1,7 +1,7 @@
 """Checkpoints as the paper keeps them: one every few minutes (§6.1: "written at 10-minute intervals"),
 written atomically, and the last k averaged at the end of training (§6.1: 5 for base, 20 for big).
 
-A run told to stop (SIGTERM from Slurm, Kubernetes or ``timeout``; Slurm's requeue signal) saves a checkpoint
+A run told to stop (SIGTERM from Slurm, Kubernetes or `timeout`; Slurm's requeue signal) saves a checkpoint
 first, on every rank at the same optimizer step, and ends with
 [TrainingInterrupted][attnx.training.checkpointing.TrainingInterrupted].
 """
@@ -28,7 +28,7 @@ from attnx.inference.average import average_checkpoints
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoint files that are whole or absent, read with ``weights_only=True``.
+    """Checkpoint files that are whole or absent, read with `weights_only=True`.
 
     Saving goes through [`atomic_save`][attnx.checkpoint.atomic_save]: stream to a temporary file beside the target,
     fsync, rename. (Lightning 2.6's own writer also renames, through an fsspec transaction, but first holds
@@ -47,10 +47,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class TrainingInterrupted(Exception):
-    """Training stopped on a signal after saving ``checkpoint`` at optimizer step ``step``.
+    """Training stopped on a signal after saving `checkpoint` at optimizer step `step`.
 
-    ``exit_status`` is what a shell reports for a process killed by that signal (128 + its number, e.g. 143
-    for SIGTERM), so job schedulers and scripts see the run did not finish. ``requeued`` names the Slurm job
+    `exit_status` is what a shell reports for a process killed by that signal (128 + its number, e.g. 143
+    for SIGTERM), so job schedulers and scripts see the run did not finish. `requeued` names the Slurm job
     that was put back in the queue, if any.
     """
 
@@ -97,8 +97,8 @@ class StopSignals:
 
 
 def slurm_requeue_signal(trainer: pl.Trainer) -> int | None:
-    """The signal Slurm sends ahead of preemption (``--signal=SIGUSR1@90``), when Lightning's
-    ``SLURMEnvironment`` with ``auto_requeue`` is in charge; else None."""
+    """The signal Slurm sends ahead of preemption (`--signal=SIGUSR1@90`), when Lightning's
+    `SLURMEnvironment` with `auto_requeue` is in charge; else None."""
     environment = getattr(trainer.strategy, "cluster_environment", None)
     if not isinstance(environment, SLURMEnvironment):
         environment = SLURMEnvironment() if SLURMEnvironment.detect() else None
@@ -108,7 +108,7 @@ def slurm_requeue_signal(trainer: pl.Trainer) -> int | None:
 
 
 def requeue_slurm_job() -> str | None:
-    """``scontrol requeue`` this Slurm job (an array task as ``JOB_TASK``); the job id, or None if it failed."""
+    """`scontrol requeue` this Slurm job (an array task as `JOB_TASK`); the job id, or None if it failed."""
     array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
     job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")
     if not job:
@@ -125,16 +125,16 @@ def requeue_slurm_job() -> str | None:
 
 
 class PeriodicCheckpoint(Checkpoint):
-    """Save a checkpoint every ``minutes`` of training, at its end, and when the run is told to stop.
+    """Save a checkpoint every `minutes` of training, at its end, and when the run is told to stop.
 
-    Files are ``step=N.ckpt`` in ``dirpath`` (default: ``<log_dir>/checkpoints``), plus ``last.ckpt`` (a copy
-    of the newest, what ``--ckpt_path`` resumes from). ``minutes: 0`` saves after every optimizer step.
+    Files are `step=N.ckpt` in `dirpath` (default: `<log_dir>/checkpoints`), plus `last.ckpt` (a copy
+    of the newest, what `--ckpt_path` resumes from). `minutes: 0` saves after every optimizer step.
     Saves happen only at optimizer-step boundaries (never mid-accumulation), and all ranks decide together
     (rank 0's clock), so every rank joins the same saves.
 
-    SIGTERM (from Slurm, Kubernetes, ``timeout``) and, under Lightning's ``SLURMEnvironment`` with
-    ``auto_requeue``, its requeue signal (``SIGUSR1``) are caught: at the next optimizer-step boundary all
-    ranks learn that one of them received it, save, (for the requeue signal) rank 0 runs ``scontrol requeue``,
+    SIGTERM (from Slurm, Kubernetes, `timeout`) and, under Lightning's `SLURMEnvironment` with
+    `auto_requeue`, its requeue signal (`SIGUSR1`) are caught: at the next optimizer-step boundary all
+    ranks learn that one of them received it, save, (for the requeue signal) rank 0 runs `scontrol requeue`,
     and training ends with [TrainingInterrupted][attnx.training.checkpointing.TrainingInterrupted]. A signal
     that arrives during validation takes effect after it.
     """
@@ -144,7 +144,7 @@ class PeriodicCheckpoint(Checkpoint):
         Args:
             minutes: Wall-clock minutes of training between two checkpoints (the paper: 10).
             keep: How many step checkpoints to keep on disk (at least as many as will be averaged).
-            dirpath: Directory for the checkpoints; default ``<log_dir>/checkpoints``.
+            dirpath: Directory for the checkpoints; default `<log_dir>/checkpoints`.
         """
         if minutes < 0 or keep < 1:
             raise ValueError(f"PeriodicCheckpoint needs minutes >= 0 and keep >= 1, got {minutes} and {keep}")
@@ -226,7 +226,7 @@ class PeriodicCheckpoint(Checkpoint):
         self._restore_signals()
 
     def save(self, trainer: pl.Trainer) -> Path:
-        """Write ``step=N.ckpt`` and ``last.ckpt`` now; drop the oldest step checkpoints beyond ``keep``."""
+        """Write `step=N.ckpt` and `last.ckpt` now; drop the oldest step checkpoints beyond `keep`."""
         step = trainer.global_step
         path = self.directory / f"step={step}.ckpt"
         trainer.save_checkpoint(path, weights_only=False)
@@ -252,10 +252,10 @@ class PeriodicCheckpoint(Checkpoint):
 
 
 class AverageCheckpoints(Callback):
-    """At the end of ``fit``, average the weights of the newest ``last`` checkpoints into ``averaged.ckpt``.
+    """At the end of `fit`, average the weights of the newest `last` checkpoints into `averaged.ckpt`.
 
     Reads the checkpoints the run's [PeriodicCheckpoint][attnx.training.checkpointing.PeriodicCheckpoint]
-    kept and writes the result beside them; ``attnx test --ckpt_path .../averaged.ckpt`` decodes it.
+    kept and writes the result beside them; `attnx test --ckpt_path .../averaged.ckpt` decodes it.
     """
 
     def __init__(self, last: int = 5, filename: str = "averaged.ckpt") -> None:

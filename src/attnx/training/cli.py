@@ -1,12 +1,12 @@
-"""``attnx fit | validate | test | predict --config FILE``: LightningCLI over TranslationTask and the data.
+"""`attnx fit | validate | test | predict --config FILE`: LightningCLI over TranslationTask and the data.
 
-Everything a run needs is in its config (``--print_config`` shows all of it; any key can be overridden on the
-command line, e.g. ``--trainer.max_steps 1000``) and the full config is saved beside every run as
-``config.yaml``. ``--config`` takes a file or the name of a packaged config (``attnx configs`` lists them).
-The vocabulary size is linked from the data to ``model.transformer.vocab_size``. The ``evaluation`` section
+Everything a run needs is in its config (`--print_config` shows all of it; any key can be overridden on the
+command line, e.g. `--trainer.max_steps 1000`) and the full config is saved beside every run as
+`config.yaml`. `--config` takes a file or the name of a packaged config (`attnx configs` lists them).
+The vocabulary size is linked from the data to `model.transformer.vocab_size`. The `evaluation` section
 configures decoding and BLEU ([TranslationEvaluator][attnx.training.evaluation.TranslationEvaluator]); the
-``progress`` section the console lines ([ProgressLog][attnx.training.progress.ProgressLog]). Checkpoints are
-written atomically and read with ``weights_only=True``.
+`progress` section the console lines ([ProgressLog][attnx.training.progress.ProgressLog]). Checkpoints are
+written atomically and read with `weights_only=True`.
 """
 
 from __future__ import annotations
@@ -72,14 +72,14 @@ def check_devices(trainer: dict[str, Any], available: int | None = None) -> None
 
 
 def model_from_checkpoint(ckpt_path: str) -> dict[str, Any]:
-    """The ``model.transformer`` values of a checkpoint (its vocabulary size is linked from the data)."""
+    """The `model.transformer` values of a checkpoint (its vocabulary size is linked from the data)."""
     transformer = dict(read_checkpoint(ckpt_path)["attnx"]["transformer"])
     transformer.pop("vocab_size")  # a mismatch with the data is reported when the weights load
     return transformer
 
 
 def resolve_configs(argv: list[str]) -> list[str]:
-    """``--config NAME`` → the packaged config's path, when NAME is not a file here."""
+    """`--config NAME` → the packaged config's path, when NAME is not a file here."""
     from attnx.configs import resolve
 
     argv = list(argv)
@@ -92,8 +92,8 @@ def resolve_configs(argv: list[str]) -> list[str]:
 
 
 def checkpoint_override(argv: list[str]) -> list[str]:
-    """For validate/test/predict with ``--ckpt_path``: the model comes from the checkpoint (it must fit the
-    weights), so its ``model.transformer`` values are appended to the command line, after the config.
+    """For validate/test/predict with `--ckpt_path`: the model comes from the checkpoint (it must fit the
+    weights), so its `model.transformer` values are appended to the command line, after the config.
 
     Decoding settings, output file and data stay those of the config and the command line.
     """
@@ -167,8 +167,8 @@ class AttnxCLI(LightningCLI):
 # ------------------------------------------------------------------------------------ resuming a run
 
 LIGHTNING_KEYWORDS = ("best", "hpc", "registry")
-"""``--ckpt_path`` values Lightning resolves itself; ``last`` attnx resolves (Lightning's finds no
-``ModelCheckpoint`` here and would start from step 0)."""
+"""`--ckpt_path` values Lightning resolves itself; `last` attnx resolves (Lightning's finds no
+`ModelCheckpoint` here and would start from step 0)."""
 
 
 def _get(values: Any, key: str, default: Any = None) -> Any:
@@ -177,8 +177,8 @@ def _get(values: Any, key: str, default: Any = None) -> Any:
 
 def checkpoint_directories(trainer: Any) -> list[Path]:
     """The directories where this config's runs keep their checkpoints, existing ones only: the
-    ``PeriodicCheckpoint`` ``dirpath`` if the config sets one, else ``checkpoints/`` in every ``version_N``
-    of its loggers' ``save_dir/name`` (and of ``default_root_dir``)."""
+    `PeriodicCheckpoint` `dirpath` if the config sets one, else `checkpoints/` in every `version_N`
+    of its loggers' `save_dir/name` (and of `default_root_dir`)."""
     callbacks = _get(trainer, "callbacks") or []
     for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
         if str(_get(callback, "class_path", "")).endswith(PeriodicCheckpoint.__name__):
@@ -199,7 +199,7 @@ def checkpoint_directories(trainer: Any) -> list[Path]:
 
 
 def last_checkpoint(trainer: Any) -> Path:
-    """``--ckpt_path last``: the newest ``last.ckpt`` among this config's runs, or a one-line error."""
+    """`--ckpt_path last`: the newest `last.ckpt` among this config's runs, or a one-line error."""
     directories = checkpoint_directories(trainer)
     found = [d / "last.ckpt" for d in directories if (d / "last.ckpt").is_file()]
     if not found:
@@ -212,7 +212,7 @@ def last_checkpoint(trainer: Any) -> Path:
 
 
 def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
-    """``ckpt_path`` resolved (``last``) and readable, before Lightning reads it; for ``fit`` also the
+    """`ckpt_path` resolved (`last`) and readable, before Lightning reads it; for `fit` also the
     leftovers of checkpoint writes that were killed are removed from this config's run directories."""
     if subcommand == "fit":
         directories = checkpoint_directories(trainer)
@@ -237,7 +237,7 @@ def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
 
 
 def resume_command(argv: list[str], checkpoint: Path) -> str:
-    """The command line that resumes an interrupted ``attnx fit`` from ``checkpoint``."""
+    """The command line that resumes an interrupted `attnx fit` from `checkpoint`."""
     args, skip = [], False
     for arg in argv:
         if skip:
@@ -283,7 +283,7 @@ def with_progress_bar(trainer: dict[str, Any]) -> list[Any] | None:
 
 def pin_log_versions(trainer: Any) -> None:
     """Give the TensorBoard and CSV loggers that share a folder one version number, so a run has one folder
-    (left alone, each takes the next free ``version_N`` after the other has created its own)."""
+    (left alone, each takes the next free `version_N` after the other has created its own)."""
     loggers = trainer.get("logger") if hasattr(trainer, "get") else None
     if not isinstance(loggers, list):
         return
@@ -319,7 +319,7 @@ def quiet_third_parties() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``attnx <fit|validate|test|predict> [options]``; returns the exit status."""
+    """Run `attnx <fit|validate|test|predict> [options]`; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     from attnx.data.datamodule import TranslationDataModule
 
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def option_names() -> list[str]:
-    """Every ``--section.key`` a fit/test config accepts, for "did you mean" hints."""
+    """Every `--section.key` a fit/test config accepts, for "did you mean" hints."""
     from attnx.commands.usage import option_names as keys
     from attnx.data.datamodule import TranslationDataModule
 
