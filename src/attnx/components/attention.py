@@ -17,10 +17,11 @@ class MultiHeadAttention(nn.Module):
 
     §3.2.1 scaled dot-product attention ``softmax(Q K^T / sqrt(d_k)) V`` runs through
     `torch.nn.functional.scaled_dot_product_attention` (same result, fused kernel); the explicit
-    computation is used when the weights themselves are asked for, and for training on CPU, where PyTorch's
-    CPU flash kernel is the slow part of a step: its backward took 23-30 ms where the explicit computation
-    takes 13-20 ms in fp32, and 46-93 ms against 7-11 ms under bf16 autocast (scores and weighted sum as
-    bf16 matrix products, the softmax in fp32), on a 2-core AMD EPYC with AVX512-BF16 (docs/benchmarks.md).
+    computation is used when the weights themselves are asked for, and for bf16 training on CPU: there PyTorch's
+    CPU flash kernel is the slow part of a step, its backward 4-9x the explicit computation's (``q k^T`` and
+    ``weights v`` as bf16 matrix products, the softmax in fp32) on a 2-core AMD EPYC with AVX512-BF16
+    (``bench/bench_cpu_attention.py``, docs/benchmarks.md). In fp32 the two were within the noise of each other,
+    so fp32 keeps the kernel.
     ``dropout`` acts on the attention
     weights; the paper uses none there (0.0), only on sub-layer outputs. ``d_k`` / ``d_v`` default to
     ``d_model / n_heads``; setting them gives Table 3's rows (A) and (B).
@@ -83,7 +84,8 @@ class MultiHeadAttention(nn.Module):
         s = k.shape[2]
         dropout = self.dropout if self.training else 0.0
         weights = None
-        if need_weights or (self.training and query.device.type == "cpu" and torch.is_grad_enabled()):
+        slow_kernel = q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.requires_grad
+        if need_weights or slow_kernel:
             mask = attention_mask(key_mask, causal, t, s, offset, query.device)
             scores = q @ k.transpose(-2, -1)  # (B, H, T, S), bf16 under autocast
             if mask is not None:
