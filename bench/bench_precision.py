@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  round done, load {os.getloadavg()[0]:.1f}", flush=True)
     print("\n| loop | precision | source+target tokens/s, best | median | bf16 / fp32 (medians) |")
     print("|---|---|---:|---:|---:|")
-    for loop in ("step", "Trainer.fit"):
+    for loop in ("step", "Trainer.fit") if args.repeats else ():
         fp32 = statistics.median(rates[(loop, "32-true")])
         for precision in ("32-true", "bf16-mixed"):
             runs = rates[(loop, precision)]

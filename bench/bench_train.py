@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="print torch.profiler's top ops of attnx's step"
     )
+    parser.add_argument(
+        "--bf16", action="store_true", help="profile the step under bf16 autocast (bf16-mixed)"
+    )
     args = parser.parse_args(argv)
     if not (args.data / "meta.json").is_file():
         sys.exit(
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            manual(config, batches[: args.warmup + 5], args.warmup, naive=False)
+            manual(config, batches[: args.warmup + 5], args.warmup, naive=False, bf16=args.bf16)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
     return 0
 
