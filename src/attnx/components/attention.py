@@ -21,9 +21,8 @@ class MultiHeadAttention(nn.Module):
     CPU flash kernel is the slow part of a step, its backward 4-9x the explicit computation's (``q k^T`` and
     ``weights v`` as bf16 matrix products, the softmax in fp32) on a 2-core AMD EPYC with AVX512-BF16
     (``bench/bench_cpu_attention.py``, docs/benchmarks.md). In fp32 the two were within the noise of each other,
-    so fp32 keeps the kernel.
-    ``dropout`` acts on the attention
-    weights; the paper uses none there (0.0), only on sub-layer outputs. ``d_k`` / ``d_v`` default to
+    so fp32 keeps the kernel. ``dropout`` acts on the attention weights; the paper uses none there (0.0), only
+    on sub-layer outputs. ``d_k`` / ``d_v`` default to
     ``d_model / n_heads``; setting them gives Table 3's rows (A) and (B).
 
     The mask handed to the kernel is the least one that is exact, because on CUDA any ``attn_mask`` rules out
