@@ -57,8 +57,10 @@ def batch_flops(config: TransformerConfig, batch: Batch) -> float:
     return per_token * (batch.n_src_tokens + batch.n_tgt_tokens)
 
 
-def manual(config: TransformerConfig, batches: list[Batch], warmup: int, naive: bool) -> float:
-    """Seconds for ``batches[warmup:]`` in a plain loop."""
+def manual(
+    config: TransformerConfig, batches: list[Batch], warmup: int, naive: bool, bf16: bool = False
+) -> float:
+    """Seconds for ``batches[warmup:]`` in a plain loop (under bf16 autocast with ``bf16``, as bf16-mixed)."""
     torch.manual_seed(0)
     model = build_transformer(config).train()
     optimizer = torch.optim.AdamW(
@@ -68,6 +70,7 @@ def manual(config: TransformerConfig, batches: list[Batch], warmup: int, naive: 
     for i, batch in enumerate(batches):
         if i == warmup:
             start = time.perf_counter()
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
         if naive:
             logits = model(batch.src, batch.tgt_in, batch.src_mask)  # (B, T, V), padding included
             loss = F.cross_entropy(
@@ -78,14 +81,21 @@ def manual(config: TransformerConfig, batches: list[Batch], warmup: int, naive: 
                 reduction="sum",
             )
         else:
-            loss = translation_loss(model, batch, EPSILON).loss
+            with autocast:
+                loss = translation_loss(model, batch, EPSILON).loss
         (loss / batch.n_tgt_tokens).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return time.perf_counter() - start
 
 
-def lightning(config: TransformerConfig, datamodule: TranslationDataModule, steps: int, warmup: int) -> float:
+def lightning(
+    config: TransformerConfig,
+    datamodule: TranslationDataModule,
+    steps: int,
+    warmup: int,
+    precision: str = "32-true",
+) -> float:
     """Seconds for ``steps`` training batches after ``warmup`` ones, through Trainer.fit."""
     import lightning.pytorch as pl
 
@@ -101,7 +111,7 @@ def lightning(config: TransformerConfig, datamodule: TranslationDataModule, step
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
-        precision="32-true",
+        precision=precision,
         max_steps=warmup + steps,
         logger=False,
         enable_checkpointing=False,
@@ -127,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=["attnx", "naive", "lightning"])
     parser.add_argument(
         "--profile", action="store_true", help="print torch.profiler's top ops of attnx's step"
+    )
+    parser.add_argument(
+        "--bf16", action="store_true", help="profile the step under bf16 autocast (bf16-mixed)"
     )
     args = parser.parse_args(argv)
     if not (args.data / "meta.json").is_file():
@@ -184,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            manual(config, batches[: args.warmup + 5], args.warmup, naive=False)
+            manual(config, batches[: args.warmup + 5], args.warmup, naive=False, bf16=args.bf16)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
     return 0
 

@@ -250,4 +250,3 @@ def remove_stale_temporaries(directory: str | Path) -> list[Path]:
         finally:
             os.close(fd)
     return removed
-

@@ -230,3 +230,34 @@ def test_cuda_bf16_matches_the_float64_computation(causal):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out = attn(x.cuda(), kv.cuda(), key_mask=None if mask is None else mask.cuda(), causal=causal)
     torch.testing.assert_close(out.double().cpu(), expected, rtol=0.05, atol=0.02)
+
+
+def test_bf16_training_on_cpu_runs_the_explicit_computation(monkeypatch):
+    """bf16 training on CPU skips the CPU flash kernel (its backward is the slow part of a step); fp32 training,
+    validation and decoding keep it."""
+    kernel = KernelCalls(monkeypatch)
+    attn = MultiHeadAttention(32, 4).train()
+    x = torch.randn(2, 5, 32)
+    key_mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        attn(x, x, key_mask=key_mask, causal=True).float().sum().backward()
+        assert kernel.calls == []
+        with torch.no_grad():
+            attn(x, x, key_mask=key_mask)  # no gradient (validation, decoding): the fused kernel
+    attn(x, x, key_mask=key_mask)  # fp32 training
+    assert kernel.calls == [((2, 1, 1, 5), False)] * 2
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in attn.parameters())
+
+
+def test_cpu_training_under_bf16_autocast_keeps_the_softmax_in_fp32():
+    attn = MultiHeadAttention(32, 4).train()
+    x = torch.randn(3, 6, 32)
+    key_mask = torch.arange(6) < torch.tensor([[6], [4], [1]])  # (B, S); one source of a single token
+    expected = attn(x, x, key_mask=key_mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, weights = attn(x, x, key_mask=key_mask, need_weights=True)
+        fused = attn(x, x, key_mask=key_mask)
+    assert weights.dtype == torch.float32 and out.dtype == fused.dtype == torch.bfloat16
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 6))
+    assert weights[2, :, :, 1:].abs().max() == 0
+    torch.testing.assert_close(fused.float(), expected, rtol=0.05, atol=0.05)

@@ -18,8 +18,12 @@ class MultiHeadAttention(nn.Module):
 
     §3.2.1 scaled dot-product attention `softmax(Q K^T / sqrt(d_k)) V` runs through
     `torch.nn.functional.scaled_dot_product_attention` (same result, fused kernel); the explicit
-    computation is used only when the weights themselves are asked for. `dropout` acts on the attention
-    weights; the paper uses none there (0.0), only on sub-layer outputs. `d_k` / `d_v` default to
+    computation is used when the weights themselves are asked for, and for bf16 training on CPU: there PyTorch's
+    CPU flash kernel is the slow part of a step, its backward 4-9x the explicit computation's (`q k^T` and
+    `weights v` as bf16 matrix products, the softmax in fp32) on a 2-core AMD EPYC with AVX512-BF16
+    (`bench/bench_cpu_attention.py`, docs/benchmarks.md). In fp32 the two were within the noise of each other,
+    so fp32 keeps the kernel. `dropout` acts on the attention weights; the paper uses none there (0.0), only
+    on sub-layer outputs. `d_k` / `d_v` default to
     `d_model / n_heads`; setting them gives Table 3's rows (A) and (B).
 
     The mask handed to the kernel is the least one that is exact, because on CUDA any `attn_mask` rules out
@@ -80,13 +84,17 @@ class MultiHeadAttention(nn.Module):
         s = k.shape[2]
         dropout = self.dropout if self.training else 0.0
         weights = None
-        if need_weights:
+        slow_kernel = q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.requires_grad
+        if need_weights or slow_kernel:
             mask = attention_mask(key_mask, causal, t, s, offset, query.device)
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, H, T, S)
+            scores = q @ k.transpose(-2, -1)  # (B, H, T, S), bf16 under autocast
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
-            weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-            out = F.dropout(weights, dropout, self.training) @ v
+            # softmax in fp32 (or wider); a fully masked row gives zeros, as the kernel's does
+            wide = torch.promote_types(scores.dtype, torch.float32)
+            weights = torch.softmax(scores * (1.0 / math.sqrt(self.d_k)), dim=-1, dtype=wide)
+            weights = weights.nan_to_num(0.0)
+            out = F.dropout(weights.to(v.dtype), dropout, self.training) @ v
         else:
             # Query i sits at position offset + i and sees keys j <= offset + i: causality hides a key only
             # when the first query cannot see the last one.

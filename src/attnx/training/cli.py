@@ -32,6 +32,7 @@ from attnx.checkpoint import CheckpointError, read_checkpoint, remove_stale_temp
 from attnx.training.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint, TrainingInterrupted
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
+from attnx.training.precision import resolve_cpu_precision
 from attnx.training.progress import ProgressLog, TrainingProgressBar
 from attnx.training.throughput import TokenThroughput
 
@@ -146,6 +147,8 @@ class AttnxCLI(LightningCLI):
             )
         trainer = config.get("trainer") or {}
         check_devices(trainer)
+        if subcommand == "fit" and (choice := resolve_cpu_precision(trainer)):
+            print(choice.line(), flush=True)  # trainer.precision unset: chosen from the CPU's bf16 units
         pin_log_versions(trainer)
         threads = config.get("torch_threads")
         if threads:

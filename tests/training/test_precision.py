@@ -1,0 +1,119 @@
+"""The CPU precision follows the CPU's bf16 units (decided by flags and a probe result, never by timing here),
+is printed once by `attnx fit`, and an explicit --trainer.precision wins."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import attnx.training.precision as precision
+from attnx.cli import main as attnx
+from attnx.training.precision import choose_cpu_precision, cpu_flags, resolve_cpu_precision
+from tests.training.conftest import fit_args
+
+SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"}
+ZEN4 = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}
+ZEN2 = {"avx2", "fma", "f16c"}
+
+
+def never_probed() -> float:
+    raise AssertionError("the matmul probe runs only for AVX512-BF16 without AMX")
+
+
+def test_amx_trains_in_bf16_without_probing() -> None:
+    choice = choose_cpu_precision(SAPPHIRE_RAPIDS, never_probed)
+    assert choice.line() == "precision: bf16-mixed (CPU has AMX)"
+
+
+def test_no_bf16_units_trains_in_fp32_without_probing() -> None:
+    assert choose_cpu_precision(ZEN2, never_probed).line() == "precision: 32-true (CPU has no bf16 units)"
+    assert choose_cpu_precision({"amx_tile"}, never_probed).precision == "32-true"  # tiles without bf16
+
+
+@pytest.mark.parametrize(("ratio", "expected"), [(2.1, "bf16-mixed"), (1.3, "bf16-mixed"), (1.1, "32-true")])
+def test_avx512_bf16_alone_follows_the_probe(ratio: float, expected: str) -> None:
+    choice = choose_cpu_precision(ZEN4, lambda: ratio)
+    assert choice.precision == expected and f"measured {'only ' * (expected == '32-true')}{ratio:.1f}x" in (
+        choice.reason
+    )
+
+
+def test_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nflags\t\t: fpu avx512_bf16 amx_tile\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+    )
+    assert cpu_flags(cpuinfo) == {"fpu", "avx512_bf16", "amx_tile"}
+    assert cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_only_an_unset_precision_on_cpu_is_chosen(monkeypatch) -> None:
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(SAPPHIRE_RAPIDS))
+    unset = {"accelerator": "cpu", "precision": None}
+    assert resolve_cpu_precision(unset).precision == "bf16-mixed" and unset["precision"] == "bf16-mixed"
+    explicit = {"accelerator": "cpu", "precision": "32-true"}
+    assert resolve_cpu_precision(explicit) is None and explicit["precision"] == "32-true"
+    gpu = {"accelerator": "gpu", "precision": None}
+    assert resolve_cpu_precision(gpu) is None and gpu["precision"] is None  # Lightning's default stands
+
+
+def fit(corpus: Path, work: Path, *extra: str) -> tuple[list[str], dict]:
+    """One-step tiny fit; its stdout lines and the trainer section of the config it saved."""
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.chdir(work)
+        assert (
+            attnx(fit_args(corpus, "--trainer.max_steps", "1", "--trainer.val_check_interval", "1", *extra))
+            == 0
+        )
+    saved = yaml.safe_load((work / "runs" / "tiny" / "version_0" / "config.yaml").read_text())
+    return out.getvalue().splitlines(), saved["trainer"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (SAPPHIRE_RAPIDS, "precision: bf16-mixed (CPU has AMX)"),
+        (ZEN2, "precision: 32-true (CPU has no bf16 units)"),
+    ],
+)
+def test_fit_prints_the_choice_once_and_trains_in_it(flags, line, corpus: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
+    lines, trainer = fit(corpus, tmp_path, "--trainer.precision", "null")
+    assert [x for x in lines if x.startswith("precision:")] == [line]
+    assert trainer["precision"] == line.split()[1]
+
+
+def test_explicit_precision_wins(corpus: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(SAPPHIRE_RAPIDS))
+    lines, trainer = fit(corpus, tmp_path, "--trainer.precision", "32-true")
+    assert not [x for x in lines if x.startswith("precision:")] and trainer["precision"] == "32-true"
+
+
+def test_attnx_fit_command_prints_the_precision_of_this_cpu(corpus: Path, tmp_path: Path) -> None:
+    """The real command: one line, naming what this machine's flags (and probe) gave, and the run trains in it."""
+    argv = fit_args(corpus, "--trainer.max_steps", "1", "--trainer.val_check_interval", "1")
+    argv += ["--trainer.precision", "null"]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "attnx", *argv], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [x for x in done.stdout.splitlines() if x.startswith("precision:")]
+    assert len(lines) == 1
+    flags = cpu_flags()
+    if flags >= precision.AMX_FLAGS:
+        assert lines[0] == "precision: bf16-mixed (CPU has AMX)"
+    elif precision.AVX512_BF16_FLAG in flags:
+        assert "(CPU has AVX512-BF16" in lines[0]
+    else:
+        assert lines[0] == "precision: 32-true (CPU has no bf16 units)"
+    saved = yaml.safe_load((tmp_path / "runs" / "tiny" / "version_0" / "config.yaml").read_text())
+    assert saved["trainer"]["precision"] == lines[0].split()[1]
