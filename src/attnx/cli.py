@@ -96,7 +96,7 @@ def run_function(name: str, argv: list[str]) -> int:
     """Parse `argv` against command `name`'s signature and run it."""
     from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
-    from attnx.commands import configure_parsing, help_formatter
+    from attnx.commands.usage import configure_parsing, help_formatter
 
     configure_parsing()
     function = command_function(name)

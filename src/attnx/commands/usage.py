@@ -1,5 +1,6 @@
 """Command-line plumbing shared by `attnx` (`attnx.cli`) and its LightningCLI commands
-(`attnx.training.cli`): the usage error, one-line messages, "did you mean" hints and bare boolean flags.
+(`attnx.training.cli`): the usage error, one-line messages, "did you mean" hints, bare boolean flags, and
+how option help is parsed and shown.
 
 Only the command layer imports this module; the library below it raises its own errors.
 """
@@ -7,6 +8,7 @@ Only the command layer imports this module; the library below it raises its own 
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import re
 from collections.abc import Callable
@@ -84,3 +86,46 @@ def bare_flags(function: Callable[..., Any], argv: list[str]) -> list[str]:
             arg += "=true"
         out.append(arg)
     return out
+
+
+@functools.cache
+def configure_parsing() -> None:
+    """Read option help from Google-style docstrings and from dataclass attribute docstrings."""
+    from jsonargparse import set_parsing_settings
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+
+@functools.cache
+def help_formatter() -> type:
+    """jsonargparse's help formatter, made to read as plain text for every command, Lightning's included.
+
+    reST inline literals in double backticks and Sphinx roles (Lightning's and PyTorch's docstrings use
+    them) read as Markdown code in single backticks, and a paragraph ending in a reST literal-block marker
+    (two colons) ends in one colon. An option whose
+    value has a default is not called required: a component's `name` reads `(type: str, default:
+    multihead)`, not `(required, type: str, default: multihead)`.
+    """
+    from argparse import SUPPRESS
+
+    from jsonargparse import DefaultHelpFormatter
+
+    class HelpFormatter(DefaultHelpFormatter):
+        def _get_help_string(self, action: Any) -> str:
+            text = super()._get_help_string(action)
+            if action.required and action.default not in (None, SUPPRESS):
+                text = text.replace("(required, ", "(", 1)
+            return text
+
+        def format_help(self) -> str:
+            return plain_help(super().format_help())
+
+    return HelpFormatter
+
+
+def plain_help(text: str) -> str:
+    """Help text with reST inline literals and Sphinx roles (such as `:class:`) as Markdown code, and no
+    reST literal-block markers."""
+    text = re.sub(r"``(.+?)``", r"`\1`", text, flags=re.DOTALL)
+    text = re.sub(r":(?:[a-z]+:)?[a-z]+:`~?([^`]+)`", r"`\1`", text)
+    return re.sub(r"(?<=\S)::$", ":", text, flags=re.MULTILINE)

@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     if subcommand in DECODING_COMMANDS:
         argv = checkpoint_override(argv)
     quiet_third_parties()
-    from attnx.commands import configure_parsing, help_formatter
+    from attnx.commands.usage import configure_parsing, help_formatter
 
     configure_parsing()  # option help from the dataclasses' attribute docstrings (model.transformer.*, ...)
     no_exit = {"exit_on_error": False, "formatter_class": help_formatter()}
