@@ -50,7 +50,7 @@ def test_offline_download_says_to_use_from_dir(tmp_path: Path, monkeypatch, caps
     monkeypatch.setattr(download.urllib.request, "urlopen", offline)
     assert main(["multi30k", "--output", str(tmp_path)]) == 1
     assert "--from_dir" in capsys.readouterr().err
-    assert not list(tmp_path.rglob("*.part"))
+    assert not list(tmp_path.rglob("*.part")) and not list(tmp_path.rglob(".attnx-download-*"))
 
 
 def test_url_table_matches_the_wmt14_recipe() -> None:
@@ -83,7 +83,56 @@ def test_archive_members_become_gzipped_splits(tmp_path: Path, monkeypatch) -> N
             tar.addfile(info, io.BytesIO(data))
     source = download.Source(url=archive.as_uri(), members=("training/toy.de-en.{lang}",))
     monkeypatch.setitem(CORPORA, "toy", {"toy_v1": source})
+    users = tmp_path / "out" / "toy" / "downloads" / "notes.txt"  # a folder the user keeps there
+    users.parent.mkdir(parents=True)
+    users.write_text("mine")
     written = download.download("toy", tmp_path / "out")
     assert [p.name for p in written] == ["toy_v1.en.gz", "toy_v1.de.gz"]
     assert gzip.decompress(written[1].read_bytes()) == b"one de\ntwo de\n"
-    assert not (tmp_path / "out" / "toy" / "downloads").exists()
+    assert users.read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "out" / "toy").iterdir()) == [
+        ".attnx-download.json",
+        "downloads",
+        "toy_v1.de.gz",
+        "toy_v1.en.gz",
+    ]
+
+
+def test_a_file_attnx_did_not_write_is_refused_and_kept(shared_data: Path, tmp_path: Path, capsys) -> None:
+    mine = tmp_path / "multi30k" / "val.de.gz"
+    mine.parent.mkdir()
+    mine.write_bytes(b"the user's own file")
+    assert main(["multi30k", "--output", str(tmp_path), "--from_dir", str(shared_data)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "val.de.gz exists and attnx download did not write it" in err
+    assert mine.read_bytes() == b"the user's own file"
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["val.de.gz"]  # nothing else was written
+
+
+def test_its_own_files_are_replaced_and_a_changed_one_is_refused(
+    shared_data: Path, tmp_path: Path, capsys
+) -> None:
+    args = ["multi30k", "--output", str(tmp_path), "--from_dir", str(shared_data)]
+    assert main(args) == 0
+    assert main(args) == 0  # the second run replaces what the first wrote
+    edited = tmp_path / "multi30k" / "train.en.gz"
+    edited.write_bytes(gzip.compress(b"edited by hand\n"))
+    capsys.readouterr()
+    assert main(args) == 1
+    assert (
+        "train.en.gz exists and attnx download did not write it (or it changed since)"
+        in capsys.readouterr().err
+    )
+    assert gzip.decompress(edited.read_bytes()) == b"edited by hand\n"
+    leftovers = [p.name for p in (tmp_path / "multi30k").iterdir() if p.name.startswith(".attnx-download-")]
+    assert not leftovers
+
+
+def test_copying_a_directory_onto_itself_is_refused(shared_data: Path, tmp_path: Path, capsys) -> None:
+    raw = tmp_path / "raw"
+    assert main(["multi30k", "--output", str(raw), "--from_dir", str(shared_data)]) == 0
+    before = {p.name: p.read_bytes() for p in (raw / "multi30k").glob("*.gz")}
+    capsys.readouterr()
+    assert main(["multi30k", "--output", str(raw), "--from_dir", str(raw)]) == 1
+    assert "copied onto itself" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (raw / "multi30k").glob("*.gz")} == before

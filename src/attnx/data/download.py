@@ -19,12 +19,17 @@ directory in this layout, e.g. a shared data folder; that is also how tests and 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import hashlib
+import json
+import os
 import shutil
 import tarfile
+import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,29 +84,115 @@ def targets(corpus: str, out: Path) -> list[Path]:
     return [out / corpus / f"{split}.{lang}.gz" for split in CORPORA[corpus] for lang in LANGS]
 
 
+# --- writing only what is ours --------------------------------------------------------------------------
+
+MANIFEST = ".attnx-download.json"
+"""In each `{out}/{corpus}` folder: the files `attnx download` wrote there and their SHA-256, so a later
+download replaces those (unchanged) and never a file someone else put there."""
+
+
+def _digest(path: Path) -> str:
+    """SHA-256 of a file, or `link:TARGET` for a symbolic link (what `--link` writes)."""
+    if path.is_symlink():
+        return f"link:{os.readlink(path)}"
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+class Folder:
+    """One corpus folder that `attnx download` writes into: it refuses, before anything is fetched, a target
+    that exists and that it did not write (or that was changed since), and works in a private scratch
+    directory that it alone removes."""
+
+    def __init__(self, corpus: str, out: Path) -> None:
+        self.path = out / corpus
+        self.manifest = self.path / MANIFEST
+        self.owned: dict[str, str] = {}
+        if self.manifest.is_file():
+            try:
+                self.owned = dict(json.loads(self.manifest.read_text(encoding="utf-8"))["files"])
+            except (ValueError, KeyError, TypeError):
+                raise DataError(
+                    f"{self.manifest} is damaged, so attnx cannot tell its files from others in {self.path}; "
+                    "move that folder away, or choose another --output"
+                ) from None
+        for dest in targets(corpus, out):
+            self.check(dest)
+
+    def check(self, dest: Path) -> None:
+        if not dest.exists() and not dest.is_symlink():
+            return
+        if dest.is_dir() and not dest.is_symlink():
+            raise DataError(
+                f"{dest} is a directory; attnx download writes a file there. Move it or choose another --output"
+            )
+        if self.owned.get(dest.name) != _digest(dest):
+            raise DataError(
+                f"{dest} exists and attnx download did not write it (or it changed since); it is left as it is. "
+                "Move it away, or choose another --output"
+            )
+
+    @contextlib.contextmanager
+    def scratch(self) -> Iterator[Path]:
+        """A private directory inside the corpus folder (same file system: files move in with a rename)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".attnx-download-", dir=self.path))
+        try:
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def install(self, written: Path, dest: Path) -> Path:
+        """Move a finished file from the scratch directory to `dest` and record it as attnx's."""
+        self.check(dest)  # nothing appeared there meanwhile
+        digest = _digest(written)
+        os.replace(written, dest)
+        self.owned[dest.name] = digest
+        partial = self.manifest.with_name(self.manifest.name + ".part")
+        partial.write_text(
+            json.dumps({"files": self.owned}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
+        os.replace(partial, self.manifest)
+        return dest
+
+
 # --- from a local directory -----------------------------------------------------------------------------
 
 
 def copy_from(corpus: str, source: Path, out: Path, link: bool = False) -> list[Path]:
     """Copy (or symlink) a corpus from `source/{corpus}`; a plain `{split}.{lang}` file is gzipped on the way."""
-    missing, written = [], []
+    missing = []
+    plan = []
     for dest in targets(corpus, out):
         gz, plain = source / corpus / dest.name, source / corpus / dest.name.removesuffix(".gz")
         if not gz.is_file() and not plain.is_file():
             missing.append(str(gz))
             continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.unlink(missing_ok=True)
-        if gz.is_file() and link:
-            dest.symlink_to(gz.resolve())
-        elif gz.is_file():
-            shutil.copyfile(gz, dest)
-        else:
-            with open(plain, "rb") as f, gzip.open(dest, "wb") as g:
-                shutil.copyfileobj(f, g)
-        written.append(dest)
+        origin = gz if gz.is_file() else plain
+        if dest.exists() and origin.resolve() == dest.resolve():
+            raise DataError(
+                f"{origin} would be copied onto itself: --from_dir and --output name the same place; "
+                "choose another --output"
+            )
+        plan.append((origin, dest))
     if missing:
         raise DataError(f"{source} lacks {len(missing)} file(s) of {corpus}: {', '.join(missing)}")
+    folder = Folder(corpus, out)
+    written = []
+    with folder.scratch() as work:
+        for origin, dest in plan:
+            tmp = work / dest.name
+            if origin.suffix == ".gz" and link:
+                tmp.symlink_to(origin.resolve())
+            elif origin.suffix == ".gz":
+                shutil.copyfile(origin, tmp)
+            else:
+                with open(origin, "rb") as f, gzip.open(tmp, "wb") as g:
+                    shutil.copyfileobj(f, g)
+            written.append(folder.install(tmp, dest))
     return written
 
 
@@ -109,21 +200,18 @@ def copy_from(corpus: str, source: Path, out: Path, link: bool = False) -> list[
 
 
 def fetch(url: str, dest: Path, timeout: float = 60) -> Path:
-    """Download `url` to `dest` (through a temporary name, so a broken download leaves nothing behind)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(dest.name + ".part")
+    """Download `url` to `dest`, a path in a scratch directory (a broken download leaves nothing behind)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(partial, "wb") as f:
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(dest, "wb") as f:
             size = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=size, unit="B", unit_scale=True, desc=dest.name, disable=None) as bar:
                 while block := response.read(1 << 20):
                     f.write(block)
                     bar.update(len(block))
     except (urllib.error.URLError, OSError) as e:
-        partial.unlink(missing_ok=True)
+        dest.unlink(missing_ok=True)
         reason = getattr(e, "reason", None) or e
         raise DataError(f"cannot download {url} ({reason}); {OFFLINE_HINT}") from None
-    partial.replace(dest)
     return dest
 
 
@@ -138,35 +226,33 @@ def _gzip_lines(lines: Sequence[str] | Path, dest: Path) -> None:
 
 def download(corpus: str, out: Path) -> list[Path]:
     """Fetch every split of `corpus` from its original source into `out/{corpus}`."""
-    folder = out / corpus
-    cache = folder / "downloads"
+    folder = Folder(corpus, out)
     written = []
-    for split, source in CORPORA[corpus].items():
-        if source.sacrebleu:
-            written += _from_sacrebleu(source.sacrebleu, split, folder)
-        elif source.members:
-            archive = cache / source.url.rsplit("/", 1)[1]
-            if not archive.is_file():
-                fetch(source.url, archive)
-            with tarfile.open(archive) as tar:
-                for lang in LANGS:
-                    member = tar.extractfile(source.members[0].format(lang=lang))
-                    if member is None:
-                        raise DataError(f"{archive} has no file {source.members[0].format(lang=lang)}")
-                    with member, gzip.open(folder / f"{split}.{lang}.gz", "wb") as g:
-                        shutil.copyfileobj(member, g)
-                    written.append(folder / f"{split}.{lang}.gz")
-        else:
-            for lang in LANGS:
-                written.append(fetch(source.url.format(lang=lang), folder / f"{split}.{lang}.gz"))
-    shutil.rmtree(cache, ignore_errors=True)
+    with folder.scratch() as work:
+        for split, source in CORPORA[corpus].items():
+            if source.sacrebleu:
+                files = _from_sacrebleu(source.sacrebleu, split, work)
+            elif source.members:
+                archive = fetch(source.url, work / source.url.rsplit("/", 1)[1])
+                files = []
+                with tarfile.open(archive) as tar:
+                    for lang in LANGS:
+                        member = tar.extractfile(source.members[0].format(lang=lang))
+                        if member is None:
+                            raise DataError(f"{source.url} has no file {source.members[0].format(lang=lang)}")
+                        with member, gzip.open(work / f"{split}.{lang}.gz", "wb") as g:
+                            shutil.copyfileobj(member, g)
+                        files.append(work / f"{split}.{lang}.gz")
+                archive.unlink()
+            else:
+                files = [fetch(source.url.format(lang=lang), work / f"{split}.{lang}.gz") for lang in LANGS]
+            written += [folder.install(f, folder.path / f.name) for f in files]
     return written
 
 
 def _from_sacrebleu(test_set: str, split: str, folder: Path) -> list[Path]:
     from sacrebleu.utils import get_reference_files, get_source_file
 
-    folder.mkdir(parents=True, exist_ok=True)
     try:  # sacreBLEU exits the process when a download fails
         src, (ref,) = get_source_file(test_set, "en-de"), get_reference_files(test_set, "en-de")
     except (Exception, SystemExit) as e:
