@@ -55,7 +55,7 @@ def test_bad_checkpoint_is_one_line_exit_1(tmp_path, capsys):
     src.write_text("hello\n", encoding="utf-8")
     assert attnx_main(["translate", "--model", str(bad), "--input", str(src)]) == 1
     err = capsys.readouterr().err
-    assert "bad.ckpt" in err and "cannot be read" in err and "Traceback" not in err
+    assert "bad.ckpt" in err and "is not a checkpoint" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert attnx_main(["translate", "--model", str(tmp_path / "missing.ckpt"), "--input", str(src)]) == 1
     assert "does not exist" in capsys.readouterr().err
@@ -102,3 +102,25 @@ def test_attention_command_writes_a_png_of_every_head(checkpoint, tmp_path, caps
     assert f"wrote {out}" in capsys.readouterr().out
     assert attnx_main([*argv[:-2], "--layer", "9"]) == 2
     assert "layer 9 does not exist" in capsys.readouterr().err
+
+
+def test_an_existing_output_is_kept_unless_force(checkpoint, tmp_path, capsys):
+    """The output file is the user's until --force: a translation run never truncates it, not even when it is
+    the input file itself; with --force the input is read whole before it is replaced."""
+    src = tmp_path / "in.txt"
+    src.write_text("A dog runs.\nTwo men.\n", encoding="utf-8")
+    mine = tmp_path / "figure.png"
+    mine.write_bytes(b"the user's figure")
+    translate = ["translate", "--model", str(checkpoint), "--input", str(src), "--output", str(src), *FAST]
+    assert attnx_main(translate) == 1
+    assert "--output " + str(src) + " already exists" in capsys.readouterr().err
+    assert src.read_text(encoding="utf-8") == "A dog runs.\nTwo men.\n"
+    attention = ["attention", "--model", str(checkpoint), "--text", "A dog.", "--output", str(mine), *FAST]
+    assert attnx_main(attention) == 1
+    assert mine.read_bytes() == b"the user's figure"
+
+    assert attnx_main([*translate, "--force"]) == 0
+    assert len(src.read_text(encoding="utf-8").splitlines()) == 2
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".attnx.tmp")]
+    assert attnx_main([*attention, "--force"]) == 0
+    assert mine.read_bytes().startswith(b"\x89PNG")

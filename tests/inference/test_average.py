@@ -76,3 +76,14 @@ def test_truncated_and_foreign_files_are_clear_errors(tmp_path: Path, tokenizer:
     argv = ["average", "--checkpoints", f"[{good}, {foreign}]", "--output", str(tmp_path / "x.ckpt")]
     assert attnx(argv) == 1
     assert "foreign.ckpt is not an attnx checkpoint" in capsys.readouterr().err
+
+
+def test_an_existing_output_is_kept_unless_force(tmp_path: Path, tokenizer: Tokenizer, capsys) -> None:
+    write_checkpoints(tmp_path, tokenizer)
+    out = tmp_path / "notes.ckpt"
+    out.write_bytes(b"not ours")
+    argv = ["average", "--dir", str(tmp_path), "--last", "2", "--output", str(out)]
+    assert attnx(argv) == 1
+    assert "already exists" in capsys.readouterr().err and out.read_bytes() == b"not ours"
+    assert attnx([*argv, "--force"]) == 0
+    assert load_model(out).model is not None

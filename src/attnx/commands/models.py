@@ -11,6 +11,7 @@ def average(
     dir: Path | None = None,
     last: int = 5,
     output: Path = Path("averaged.ckpt"),
+    force: bool = False,
 ) -> int:
     """Average the weights of several checkpoints of one run into one decodable checkpoint.
 
@@ -23,10 +24,12 @@ def average(
         dir: Take the newest step checkpoints (step=N.ckpt) from this directory instead.
         last: With --dir: how many of the newest.
         output: Where to write the averaged checkpoint.
+        force: Replace the --output file if it exists (otherwise an existing file is left and the command stops).
     """
     import sys
 
     from attnx.checkpoint import CheckpointError, atomic_save
+    from attnx.commands.usage import refuse_to_replace
     from attnx.inference.average import average_checkpoints, last_checkpoints
 
     if bool(checkpoints) == bool(dir):
@@ -40,6 +43,7 @@ def average(
         print(f"attnx average: only {len(paths)} step checkpoints in {dir}; averaging those", file=sys.stderr)
     if not paths:
         raise CheckpointError("no checkpoints to average")
+    refuse_to_replace(output, force)
     atomic_save(average_checkpoints(paths), output)
     print(f"averaged {len(paths)} checkpoints into {output}:")
     for path in paths:

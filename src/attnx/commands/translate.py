@@ -30,12 +30,34 @@ def read_segments(source: str) -> list[str]:
 
 
 def write_segments(lines: list[str], target: str) -> None:
+    """Lines to standard output (`-`), or to a file through a temporary name, so that an interrupted write
+    leaves no half-written file and a file read as input is replaced only once the output is complete."""
     data = "".join(line + "\n" for line in lines).encode("utf-8")
     if target == "-":
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
     else:
-        Path(target).write_bytes(data)
+        import os
+        import tempfile
+
+        path = Path(target)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".attnx.tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def check_device(device: str) -> None:
@@ -61,6 +83,7 @@ def translate(
     search: SearchConfig | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     device: str = "cpu",
+    force: bool = False,
 ) -> int:
     """Translate text with a trained model: one segment a line in, one translation a line out, same order.
 
@@ -78,11 +101,15 @@ def translate(
         search: Beam size, length penalty and maximum output length, e.g. --search.beam 1 (greedy).
         max_tokens: Source tokens per decoding batch, padding included.
         device: Where to decode: cpu, cuda, cuda:1, ...
+        force: Replace the --output file if it exists (otherwise an existing file is left and the command stops).
     """
     import logging
 
+    from attnx.commands.usage import refuse_to_replace
     from attnx.inference.load import load
 
+    if output != "-":
+        refuse_to_replace(output, force)
     check_device(device)
     lines = read_segments(input)
     translator = load(model, device=device, search=search, max_tokens=max_tokens)
@@ -106,6 +133,7 @@ def attention(
     search: SearchConfig = PAPER_SEARCH,
     dpi: int = 120,
     device: str = "cpu",
+    force: bool = False,
 ) -> int:
     """Translate one sentence and draw one layer's attention heads to a PNG, like the paper's appendix figures.
 
@@ -121,9 +149,13 @@ def attention(
         search: How to translate the sentence first (paper: beam 4, α 0.6).
         dpi: Resolution of the PNG.
         device: Where to decode: cpu, cuda, ...
+        force: Replace the --output file if it exists (otherwise an existing file is left and the command stops).
     """
+    from attnx.commands.usage import refuse_to_replace
+
     if not text.strip():
         raise ValueError("--text is empty: give the sentence to translate and draw")
+    refuse_to_replace(output, force)
     check_device(device)
     from attnx.inference.attention_map import save_attention_figure
     from attnx.inference.eager import EagerTranslator

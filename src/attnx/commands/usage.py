@@ -12,6 +12,7 @@ import functools
 import inspect
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -129,3 +130,13 @@ def plain_help(text: str) -> str:
     text = re.sub(r"``(.+?)``", r"`\1`", text, flags=re.DOTALL)
     text = re.sub(r":(?:[a-z]+:)?[a-z]+:`~?([^`]+)`", r"`\1`", text)
     return re.sub(r"(?<=\S)::$", ":", text, flags=re.MULTILINE)
+
+
+def refuse_to_replace(path: str | Path, force: bool, option: str = "--output") -> None:
+    """A file already at `path` stays unless `force`: attnx cannot tell whether it wrote it (exit status 1)."""
+    path = Path(path)
+    if not force and (path.exists() or path.is_symlink()):
+        raise FileExistsError(
+            f"{option} {path} already exists and is left as it is; choose another {option}, or pass --force "
+            "to replace it"
+        )
