@@ -1,4 +1,4 @@
-"""A run told to stop saves first: SIGTERM anywhere and Slurm's SIGUSR1 (requeue) end a real ``attnx fit`` with a
+"""A run told to stop saves first: SIGTERM anywhere, Ctrl+C and Slurm's SIGUSR1 (requeue) end a real ``attnx fit`` with a
 checkpoint, one line saying how to resume and a non-zero status; resuming ends with the uninterrupted run's weights."""
 
 from __future__ import annotations
@@ -118,6 +118,21 @@ def test_sigterm_saves_says_how_to_resume_and_exits_143(
     assert command[-2:] == ["--ckpt_path", str((checkpoints / "last.ckpt").relative_to(tmp_path))]
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
     run([*command, "--trainer.max_steps", STEPS], tmp_path)  # the printed command, run where it was printed
+    assert_same_weights(tmp_path / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
+
+
+def test_ctrl_c_saves_says_how_to_resume_and_exits_130(
+    corpus: Path, tmp_path: Path, uninterrupted: Path
+) -> None:
+    hourly = attnx_command(corpus, "--trainer.max_steps", "100000", config=hourly_checkpoints(tmp_path))
+    stopped = interrupt(hourly, tmp_path, signal.SIGINT)
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "Ctrl+C: saving a checkpoint" in stopped.stderr
+    step, command = resume_hint(stopped.stderr)
+    assert "(SIGINT)" in stopped.stderr.splitlines()[-1]
+    checkpoints = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
+    run([*command, "--trainer.max_steps", STEPS], tmp_path)
     assert_same_weights(tmp_path / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
 
 

@@ -1,8 +1,8 @@
 """Checkpoints as the paper keeps them: one every few minutes (§6.1: "written at 10-minute intervals"),
 written atomically, and the last k averaged at the end of training (§6.1: 5 for base, 20 for big).
 
-A run told to stop (SIGTERM from Slurm, Kubernetes or `timeout`; Slurm's requeue signal) saves a checkpoint
-first, on every rank at the same optimizer step, and ends with
+A run told to stop (SIGTERM from Slurm, Kubernetes or `timeout`; Ctrl+C; Slurm's requeue signal) saves a
+checkpoint first, on every rank at the same optimizer step, and ends with
 [TrainingInterrupted][attnx.training.checkpointing.TrainingInterrupted].
 """
 
@@ -70,10 +70,12 @@ class TrainingInterrupted(Exception):
 
 
 class StopSignals:
-    """Remembers SIGTERM (and Slurm's requeue signal) instead of dying at once, so that the run can save first.
+    """Remembers SIGTERM, SIGINT (and Slurm's requeue signal) instead of dying at once, so that the run can
+    save first.
 
     The handler only records the signal: no collective or file operation runs inside a signal handler, where
-    ranks would meet at different points of their programs.
+    ranks would meet at different points of their programs. A second Ctrl+C stops at once, without saving
+    (Lightning's own handling of `KeyboardInterrupt`).
     """
 
     def __init__(self, signums: tuple[int, ...]) -> None:
@@ -82,6 +84,14 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT:
+            if signum in self.received:
+                raise KeyboardInterrupt
+            if os.environ.get("LOCAL_RANK", "0") == "0":  # the terminal signals every rank; one says so
+                os.write(
+                    2,
+                    b"\nattnx fit: Ctrl+C: saving a checkpoint after this step (Ctrl+C again: stop without)\n",
+                )
         self.received.add(signum)
 
     def install(self) -> None:
@@ -132,10 +142,10 @@ class PeriodicCheckpoint(Checkpoint):
     Saves happen only at optimizer-step boundaries (never mid-accumulation), and all ranks decide together
     (rank 0's clock), so every rank joins the same saves.
 
-    SIGTERM (from Slurm, Kubernetes, `timeout`) and, under Lightning's `SLURMEnvironment` with
-    `auto_requeue`, its requeue signal (`SIGUSR1`) are caught: at the next optimizer-step boundary all
-    ranks learn that one of them received it, save, (for the requeue signal) rank 0 runs `scontrol requeue`,
-    and training ends with [TrainingInterrupted][attnx.training.checkpointing.TrainingInterrupted]. A signal
+    SIGTERM (from Slurm, Kubernetes, `timeout`), SIGINT (Ctrl+C; a second one stops without saving) and, under
+    Lightning's `SLURMEnvironment` with `auto_requeue`, its requeue signal (`SIGUSR1`) are caught: at the
+    next optimizer-step boundary all ranks learn that one of them received it, save, (for the requeue signal)
+    rank 0 runs `scontrol requeue`, and training ends with [TrainingInterrupted][attnx.training.checkpointing.TrainingInterrupted]. A signal
     that arrives during validation takes effect after it.
     """
 
@@ -171,7 +181,7 @@ class PeriodicCheckpoint(Checkpoint):
         self._last_step = trainer.global_step
         # Lightning has installed its own handlers by now; these replace them for the training loop
         self._requeue_signal = slurm_requeue_signal(trainer)
-        signums = (signal.SIGTERM,) + ((self._requeue_signal,) if self._requeue_signal else ())
+        signums = (signal.SIGTERM, signal.SIGINT) + ((self._requeue_signal,) if self._requeue_signal else ())
         self._signals = StopSignals(tuple(int(s) for s in signums))
         if trainer.received_sigterm:  # it came before the loop started
             self._signals.received.add(signal.SIGTERM)
@@ -188,18 +198,21 @@ class PeriodicCheckpoint(Checkpoint):
             [
                 due and trainer.is_global_zero,
                 signal.SIGTERM in received,
+                signal.SIGINT in received,
                 self._requeue_signal is not None and self._requeue_signal in received,
             ],
             dtype=torch.int32,
             device=trainer.strategy.root_device,
         )
-        due, terminate, requeue = trainer.strategy.reduce(
+        due, terminate, interrupt, requeue = trainer.strategy.reduce(
             flags, reduce_op="max"
         ).tolist()  # any rank's signal
-        if due or terminate or requeue:
+        if due or terminate or interrupt or requeue:
             self.save(trainer)
-        if terminate or requeue:
-            self.stop(trainer, signal.SIGTERM if terminate else self._requeue_signal, requeue=bool(requeue))
+        if terminate or interrupt:
+            self.stop(trainer, signal.SIGTERM if terminate else signal.SIGINT, requeue=False)
+        elif requeue:
+            self.stop(trainer, self._requeue_signal, requeue=True)
 
     def stop(self, trainer: pl.Trainer, signum: int, requeue: bool) -> None:
         """End training after the save that a stop signal asked for (and requeue the Slurm job)."""
