@@ -171,22 +171,23 @@ class CTranslate2Translator(Translator):
         self._translator: Any = None
         self.to(device)
 
+    OPTIONS = ("max_tokens", "compute_type", "threads", "patience")
+    """The keywords of `load` that are options of the translator; the others change search settings."""
+
     @classmethod
     def load(
         cls,
         directory: str | Path,
         device: str | torch.device = "cpu",
         search: SearchConfig | None = None,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        compute_type: str = "default",
-        threads: int = 0,
-        patience: float = 1.0,
-        **changes: Any,
+        **kw: Any,
     ) -> CTranslate2Translator:
-        """A translator for `directory`; keyword `changes` override search settings (e.g. `beam=1`)."""
-        translator = cls(directory, device, search, max_tokens, compute_type, threads, patience)
-        if changes:
-            translator.search = translator._capped(dataclasses.replace(translator.search, **changes))
+        """A translator for `directory`: keywords named in `OPTIONS` go to the constructor, the others override
+        search settings (e.g. `beam=1`)."""
+        options = {name: kw.pop(name) for name in cls.OPTIONS if name in kw}
+        translator = cls(directory, device, search, **options)
+        if kw:
+            translator.search = translator._capped(dataclasses.replace(translator.search, **kw))
         return translator
 
     def _capped(self, search: SearchConfig) -> SearchConfig:
