@@ -142,21 +142,21 @@ _TEMPORARY = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}" + re.escape(TEMPORARY
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | Path, needed: int = 0) -> Iterator[BinaryIO]:
+def atomic_write(path: str | Path, needed: int = 0, what: str = "checkpoint") -> Iterator[BinaryIO]:
     """A binary file to write `path` through: a temporary file beside it, fsynced and renamed into place.
 
     A crash mid-write leaves the previous `path` intact, never a truncated one; the writer holds an
     exclusive lock on its temporary file, so [`remove_stale_temporaries`][attnx.checkpoint.remove_stale_temporaries]
     removes it only once the writer is gone. A failed write (a full disk, a lost mount) raises
     [CheckpointError][attnx.checkpoint.CheckpointError] naming the file and, on a full disk, the free space
-    and the `needed` bytes.
+    and the `needed` bytes; `what` names the kind of file in that message.
     """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
     except OSError as err:
-        raise CheckpointError(f"cannot write checkpoint {path}: {err.strerror or err}") from err
+        raise CheckpointError(f"cannot write {what} {path}: {err.strerror or err}") from err
     try:
         # before the first byte: see remove_stale_temporaries. A filesystem without locks (Lustre mounted
         # without flock) refuses it; the write goes on, and the cleaner, refused as well, keeps the file.
@@ -166,12 +166,19 @@ def atomic_write(path: str | Path, needed: int = 0) -> Iterator[BinaryIO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's file is private to its owner; a written file is not
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(err, OSError) or _is_write_failure(err):
-            raise CheckpointError(_write_failure(path, err, needed)) from err
+            raise CheckpointError(_write_failure(path, err, needed, what)) from err
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _is_write_failure(err: BaseException) -> bool:
@@ -179,16 +186,22 @@ def _is_write_failure(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and "write failed" in str(err)
 
 
-def _write_failure(path: Path, err: BaseException, needed: int) -> str:
+def _write_failure(path: Path, err: BaseException, needed: int, what: str) -> str:
     free = shutil.disk_usage(path.parent).free
     full = getattr(err, "errno", None) == errno.ENOSPC or (needed and free < needed)
     if full:
-        reason = f"the disk is full ({_size(free)} free in {path.parent}, the checkpoint needs about {_size(needed)})"
+        reason = (
+            f"the disk is full ({_size(free)} free in {path.parent}, the {what} needs about {_size(needed)})"
+        )
     else:
         reason = getattr(err, "strerror", None) or str(err).splitlines()[0][:200]
     return (
-        f"cannot write checkpoint {path}: {reason}; the previous file is kept. Free disk space (or save "
-        "elsewhere) and resume from the last whole checkpoint"
+        f"cannot write {what} {path}: {reason}; the previous file is kept. Free disk space (or write elsewhere) "
+        + (
+            "and resume from the last whole checkpoint"
+            if what == "checkpoint"
+            else "and run the command again"
+        )
     )
 
 

@@ -121,6 +121,9 @@ def test_an_existing_output_is_kept_unless_force(checkpoint, tmp_path, capsys):
 
     assert attnx_main([*translate, "--force"]) == 0
     assert len(src.read_text(encoding="utf-8").splitlines()) == 2
+    umask = os.umask(0)
+    os.umask(umask)
+    assert src.stat().st_mode & 0o777 == 0o666 & ~umask  # as open() would create it, not private
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".attnx.tmp")]
     assert attnx_main([*attention, "--force"]) == 0
     assert mine.read_bytes().startswith(b"\x89PNG")

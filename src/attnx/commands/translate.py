@@ -37,27 +37,10 @@ def write_segments(lines: list[str], target: str) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
     else:
-        import os
-        import tempfile
+        from attnx.checkpoint import atomic_write
 
-        path = Path(target)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".attnx.tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o666 & ~_umask())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
-def _umask() -> int:
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        with atomic_write(target, needed=len(data), what="translations") as f:
+            f.write(data)
 
 
 def check_device(device: str) -> None:
