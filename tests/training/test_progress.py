@@ -33,11 +33,18 @@ def test_validation_line_has_step_metrics_speed_and_eta(capsys) -> None:
     log = ProgressLog(every_n_steps=10)
     log.on_fit_start(None, None)
     log._start -= 100.0  # 100 s of training so far
-    run = trainer(25, val__loss=3.4123, val__ppl=22.14, val__bleu=18.634, train__tokens_per_s=7930.4)
+    run = trainer(
+        25,
+        val__loss=3.4123,
+        val__ppl=22.14,
+        val__bleu=18.634,
+        train__tokens_per_s=7930.4,
+        train__tgt_tokens_per_s=3981.2,
+    )
     log.on_validation_end(run, None)
     line = capsys.readouterr().out.strip()
     assert line.startswith(
-        "step 25/100 | val loss 3.412 ppl 22.14 bleu 18.63 | 7,930 tok/s | 0:01:40 elapsed"
+        "step 25/100 | val loss 3.412 ppl 22.14 bleu 18.63 | 7,930 tok/s src+tgt, 3,981 tgt | 0:01:40 elapsed"
     )
     assert line.endswith("ETA 0:05:00")  # 75 steps left at 4 s each
 

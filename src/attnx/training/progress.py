@@ -5,7 +5,7 @@ bar is drawn only when standard error is a terminal; otherwise (a log file) `Pro
 line every `every_n_steps` optimizer steps. Every validation prints one line wherever the output goes:
 
 ```text
-step 1500/100000 | val loss 3.412 ppl 22.14 bleu 18.63 | 7,930 tok/s | 0:10:02 elapsed, ETA 10:59:30
+step 1500/100000 | val loss 3.412 ppl 22.14 bleu 18.63 | 7,930 tok/s src+tgt, 3,981 tgt | 0:10:02 elapsed, ETA 10:59:30
 ```
 """
 
@@ -64,8 +64,11 @@ class ProgressLog(Callback):
             steps += f"/{trainer.max_steps}"
         elapsed = time.monotonic() - self._start
         metrics = trainer.callback_metrics
-        if "train/tokens_per_s" in metrics:
-            parts.append(f"{float(metrics['train/tokens_per_s']):,.0f} tok/s")
+        if "train/tokens_per_s" in metrics:  # source + target, then target only (fairseq's wps)
+            speed = f"{float(metrics['train/tokens_per_s']):,.0f} tok/s src+tgt"
+            if "train/tgt_tokens_per_s" in metrics:
+                speed += f", {float(metrics['train/tgt_tokens_per_s']):,.0f} tgt"
+            parts.append(speed)
         parts.append(f"{_clock(elapsed)} elapsed, ETA {self._eta(trainer)}")
         return " | ".join([steps, *parts])
 
