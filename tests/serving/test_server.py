@@ -230,13 +230,15 @@ def start_server(checkpoint: Path, log: Path, *options: str) -> Served:
             served.kill()
             pytest.fail(f"attnx serve exited with {process.returncode}: {log.read_text()}")
         try:
-            if served.get("/health") == (200, b"ok"):
+            # ready as a user sees it: /health answers and the startup line (printed by a thread of its own
+            # once /health answers it) is out
+            if served.get("/health") == (200, b"ok") and f"on {served.url}/translate" in log.read_text():
                 return served
         except OSError:
             pass
         time.sleep(0.2)
     served.kill()
-    pytest.fail(f"attnx serve did not answer /health within {STARTUP_S} s: {log.read_text()}")
+    pytest.fail(f"attnx serve did not answer /health and say so within {STARTUP_S} s: {log.read_text()}")
 
 
 @pytest.fixture(scope="module")
