@@ -100,15 +100,20 @@ def uninterrupted(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return work / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
 
 
-def test_sigterm_saves_says_how_to_resume_and_exits_143(
-    corpus: Path, tmp_path: Path, uninterrupted: Path
+@pytest.mark.parametrize(
+    ("signum", "status", "said"),
+    [(signal.SIGTERM, 143, ""), (signal.SIGINT, 130, "Ctrl+C: saving a checkpoint")],
+    ids=["SIGTERM", "Ctrl+C"],
+)
+def test_a_stop_signal_saves_says_how_to_resume_and_exits_non_zero(
+    corpus: Path, tmp_path: Path, uninterrupted: Path, signum: int, status: int, said: str
 ) -> None:
     hourly = attnx_command(corpus, "--trainer.max_steps", "100000", config=hourly_checkpoints(tmp_path))
-    stopped = interrupt(hourly, tmp_path, signal.SIGTERM)
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    assert "Traceback" not in stopped.stderr
+    stopped = interrupt(hourly, tmp_path, signum)
+    assert stopped.returncode == status, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and said in stopped.stderr
     step, command = resume_hint(stopped.stderr)
-    assert "(SIGTERM)" in stopped.stderr.splitlines()[-1]
+    assert f"({signal.Signals(signum).name})" in stopped.stderr.splitlines()[-1]
     assert 2 <= step < int(STEPS)
     checkpoints = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == [
@@ -118,21 +123,6 @@ def test_sigterm_saves_says_how_to_resume_and_exits_143(
     assert command[-2:] == ["--ckpt_path", str((checkpoints / "last.ckpt").relative_to(tmp_path))]
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
     run([*command, "--trainer.max_steps", STEPS], tmp_path)  # the printed command, run where it was printed
-    assert_same_weights(tmp_path / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
-
-
-def test_ctrl_c_saves_says_how_to_resume_and_exits_130(
-    corpus: Path, tmp_path: Path, uninterrupted: Path
-) -> None:
-    hourly = attnx_command(corpus, "--trainer.max_steps", "100000", config=hourly_checkpoints(tmp_path))
-    stopped = interrupt(hourly, tmp_path, signal.SIGINT)
-    assert stopped.returncode == 130, stopped.stderr[-3000:]
-    assert "Traceback" not in stopped.stderr and "Ctrl+C: saving a checkpoint" in stopped.stderr
-    step, command = resume_hint(stopped.stderr)
-    assert "(SIGINT)" in stopped.stderr.splitlines()[-1]
-    checkpoints = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints"
-    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
-    run([*command, "--trainer.max_steps", STEPS], tmp_path)
     assert_same_weights(tmp_path / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
 
 
