@@ -119,12 +119,13 @@ class Folder:
                     f"{self.manifest} is damaged, so attnx cannot tell its files from others in {self.path}; "
                     "move that folder away, or choose another --output"
                 ) from None
-        for dest in targets(corpus, out):
-            self.check(dest)
+        self.verified = {dest.name for dest in targets(corpus, out) if self.check(dest)}
+        """Targets that exist and were found to be attnx's, hashed once here rather than again at install."""
 
-    def check(self, dest: Path) -> None:
+    def check(self, dest: Path) -> bool:
+        """Whether `dest` exists (then it is attnx's, unchanged); raises if it exists and is not."""
         if not dest.exists() and not dest.is_symlink():
-            return
+            return False
         if dest.is_dir() and not dest.is_symlink():
             raise DataError(
                 f"{dest} is a directory; attnx download writes a file there. Move it or choose another --output"
@@ -134,6 +135,7 @@ class Folder:
                 f"{dest} exists and attnx download did not write it (or it changed since); it is left as it is. "
                 "Move it away, or choose another --output"
             )
+        return True
 
     @contextlib.contextmanager
     def scratch(self) -> Iterator[Path]:
@@ -147,11 +149,12 @@ class Folder:
 
     def install(self, written: Path, dest: Path) -> Path:
         """Move a finished file from the scratch directory to `dest` and record it as attnx's."""
-        self.check(dest)  # nothing appeared there meanwhile
+        if dest.name not in self.verified:
+            self.check(dest)  # nothing appeared there since the start
         digest = _digest(written)
         os.replace(written, dest)
         self.owned[dest.name] = digest
-        partial = self.manifest.with_name(self.manifest.name + ".part")
+        partial = written.parent / MANIFEST  # in the scratch directory, then renamed into place
         partial.write_text(
             json.dumps({"files": self.owned}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
         )
