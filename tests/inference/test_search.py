@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -13,6 +14,7 @@ from attnx.inference import search
 from attnx.inference.search import (
     SearchConfig,
     beam_search,
+    generate,
     greedy_search,
     length_penalty,
     max_output_lengths,
@@ -358,3 +360,179 @@ def test_beam_search_on_cuda_equals_cpu_in_float64():
     assert [h.score for hyps in on_gpu for h in hyps] == pytest.approx(
         [h.score for hyps in on_cpu for h in hyps], abs=1e-9
     )
+
+
+# --- n-best, per-token log-probabilities -------------------------------------------------------------------
+
+
+def test_nbest_is_sorted_distinct_and_its_head_is_the_one_best_output():
+    model = make_model()
+    StepRecorder(model, likelier_eos)
+    src, src_mask = sources(6, 3, 9)
+    config = SearchConfig(beam=5, nbest=5, max_len_a=0.5, max_len_b=6)
+    nbest = generate(model, src, src_mask, config)
+    one_best = translate_batch(model, src, src_mask, SearchConfig(beam=5, max_len_a=0.5, max_len_b=6))
+    for hyps, best in zip(nbest, one_best, strict=True):
+        assert len(hyps) == 5
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 5
+        assert hyps[0].tokens == best
+        for h in hyps:
+            assert len(h.token_log_probs) == len(h.tokens) + 1
+            assert sum(h.token_log_probs) == pytest.approx(h.log_prob, abs=1e-4)
+            assert all(lp <= 0 for lp in h.token_log_probs)
+    assert [len(h) for h in generate(model, src, src_mask, SearchConfig(beam=5, nbest=2))] == [2, 2, 2]
+
+
+# --- sampling -------------------------------------------------------------------------------------------
+
+
+def sampling(**changes):
+    return SearchConfig(sampling=True, max_len_a=0.5, max_len_b=6, **changes)
+
+
+def test_sampling_with_a_seed_is_reproducible_and_seeds_differ():
+    model = make_model()
+    src, src_mask = sources(6, 3, 9, 4)
+    first = generate(model, src, src_mask, sampling(nbest=4, seed=1))
+    again = generate(model, src, src_mask, sampling(nbest=4, seed=1))
+    other = generate(model, src, src_mask, sampling(nbest=4, seed=2))
+    tokens = [[[h.tokens for h in hyps] for hyps in run] for run in (first, again, other)]
+    assert tokens[0] == tokens[1]
+    assert tokens[0] != tokens[2]
+    for hyps in first:
+        assert len(hyps) == 4
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+
+
+def test_samples_are_drawn_batched_all_rows_in_one_step():
+    model = make_model()
+    recorder = StepRecorder(model)
+    src, src_mask = sources(6, 3, 9)
+    generate(model, src, src_mask, sampling(nbest=5, seed=0))
+    assert recorder.rows[0] == 3 * 5  # every sample of every sentence decodes in the same call
+
+
+def test_top_k_1_sampling_equals_greedy_equals_beam_1():
+    model = make_model()
+    StepRecorder(model, likelier_eos)
+    src, src_mask = sources(7, 3, 12, 1, 5)
+    greedy = greedy_search(model, src, src_mask, 0.5, 6)
+    beam_1 = translate_batch(model, src, src_mask, SearchConfig(beam=1, max_len_a=0.5, max_len_b=6))
+    sampled = generate(model, src, src_mask, sampling(nbest=3, top_k=1, seed=5))
+    assert beam_1 == greedy
+    for hyps, best in zip(sampled, greedy, strict=True):
+        assert [h.tokens for h in hyps] == [best] * 3
+
+
+def first_token_model(probs: list[float], v: int = 10) -> MarkovModel:
+    """A MarkovModel whose first-token distribution is `probs` over tokens 4, 5, ... (</s> after that)."""
+    table = torch.zeros(3, v, v)  # log 0 = -inf: impossible at any temperature
+    table[0, :, EOS_ID] = 1.0  # rows never used, kept proper distributions
+    table[0, BOS_ID, EOS_ID] = 0.0
+    table[0, BOS_ID, 4 : 4 + len(probs)] = torch.tensor(probs)
+    table[1:, :, EOS_ID] = 1.0
+    return MarkovModel(table)
+
+
+def first_tokens(model, config, n_sentences=50) -> list[int]:
+    batch = collate([([5, 6], [])] * n_sentences)
+    return [h.tokens[0] for hyps in generate(model, batch.src, batch.src_mask, config) for h in hyps]
+
+
+def test_sampled_first_tokens_follow_the_models_distribution_chi_square():
+    probs = [0.5, 0.25, 0.15, 0.1]
+    drawn = first_tokens(first_token_model(probs), SearchConfig(sampling=True, nbest=40, seed=3, max_len_b=2))
+    counts = torch.bincount(torch.tensor(drawn) - 4, minlength=len(probs)).double()
+    expected = torch.tensor(probs, dtype=torch.float64) * len(drawn)
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert len(drawn) == 2000
+    assert chi2 < 16.27  # 3 degrees of freedom, p = 0.001
+
+
+def test_top_p_keeps_only_the_nucleus_and_top_k_the_k_most_probable():
+    model = first_token_model([0.5, 0.25, 0.15, 0.1])
+    config = SearchConfig(sampling=True, nbest=20, seed=4, max_len_b=2)
+    assert set(first_tokens(model, dataclasses.replace(config, top_p=0.7))) == {4, 5}  # 0.5 + 0.25 >= 0.7
+    assert set(first_tokens(model, dataclasses.replace(config, top_p=0.5))) == {4}
+    assert set(first_tokens(model, dataclasses.replace(config, top_p=0.8))) == {4, 5, 6}
+    assert set(first_tokens(model, dataclasses.replace(config, top_k=2))) == {4, 5}
+    assert set(first_tokens(model, config)) == {4, 5, 6, 7}
+
+
+def test_temperature_shapes_the_draws_not_the_reported_log_probs():
+    model = first_token_model([0.7, 0.3])
+    config = SearchConfig(sampling=True, nbest=40, seed=6, max_len_b=2)
+    cold = first_tokens(model, dataclasses.replace(config, temperature=0.1), 5)
+    assert set(cold) == {4}  # 0.7 ** 10 against 0.3 ** 10: token 5 almost never
+    batch = collate([([5, 6], [])])
+    hyps = generate(model, batch.src, batch.src_mask, dataclasses.replace(config, temperature=3.0))[0]
+    for h in hyps:
+        assert h.token_log_probs[0] == pytest.approx(math.log([0.7, 0.3][h.tokens[0] - 4]), abs=1e-6)
+
+
+# --- constraints ----------------------------------------------------------------------------------------
+
+
+def repeating(logits, position):
+    """A model that would write the same two tokens over and over."""
+    logits = logits.clone()
+    logits[:, 7 + position % 2] += 50
+    logits[:, EOS_ID] = -1e4
+    return logits
+
+
+@pytest.mark.parametrize("config", [SearchConfig(beam=3), SearchConfig(sampling=True, nbest=3, seed=0)])
+def test_no_repeat_ngram_never_repeats_an_ngram(config):
+    model = make_model()
+    StepRecorder(model, repeating)
+    src, src_mask = sources(6, 9)
+    plain = generate(model, src, src_mask, dataclasses.replace(config, max_len_a=0, max_len_b=12))
+    assert plain[0][0].tokens[:4] == [7, 8, 7, 8]  # the edit works: repeats without the constraint
+    for n in (1, 2, 3):
+        limited = dataclasses.replace(config, no_repeat_ngram=n, max_len_a=0, max_len_b=12)
+        for hyps in generate(model, src, src_mask, limited):
+            for h in hyps:
+                grams = [tuple(h.tokens[i : i + n]) for i in range(len(h.tokens) - n + 1)]
+                assert len(grams) == len(set(grams)), (n, h.tokens)
+
+
+@pytest.mark.parametrize("config", [SearchConfig(beam=3), SearchConfig(sampling=True, nbest=3, seed=0)])
+def test_min_length_holds_back_the_end_of_sentence(config):
+    def early_eos(logits, position):
+        logits = logits.clone()
+        logits[:, EOS_ID] += 50
+        return logits
+
+    model = make_model()
+    StepRecorder(model, early_eos)
+    src, src_mask = sources(6, 9)
+    assert all(h.tokens == [] for hyps in generate(model, src, src_mask, config) for h in hyps[:1])
+    for hyps in generate(model, src, src_mask, dataclasses.replace(config, min_length=4)):
+        assert [len(h.tokens) for h in hyps] == [4] * len(hyps)
+    # the maximum length wins over min_length
+    capped = dataclasses.replace(config, min_length=10, max_len_a=0, max_len_b=3)
+    assert {len(h.tokens) for hyps in generate(model, src, src_mask, capped) for h in hyps} == {3}
+
+
+@pytest.mark.parametrize(
+    "config", [SearchConfig(beam=4, nbest=4), SearchConfig(sampling=True, nbest=3, seed=0)]
+)
+def test_a_forced_prefix_starts_every_hypothesis_of_its_sentence(config):
+    model = make_model()
+    StepRecorder(model, likelier_eos)
+    src, src_mask = sources(6, 9, 4)
+    prefixes = [[9, 9, 12], [], [40]]
+    results = generate(model, src, src_mask, config, prefixes=prefixes)
+    free = generate(model, src, src_mask, config)
+    for hyps, prefix in zip(results, prefixes, strict=True):
+        for h in hyps:
+            assert h.tokens[: len(prefix)] == prefix
+            assert len(h.token_log_probs) == len(h.tokens) + 1  # the prefix's own log-probs count
+    if not config.sampling:
+        assert [h.tokens for h in results[1]] == [h.tokens for h in free[1]]  # no prefix: as without
+    long_prefix = [list(range(4, 30))] * 3  # longer than the maximum length: the prefix is kept whole
+    short = dataclasses.replace(config, max_len_a=0, max_len_b=3)
+    for hyps in generate(model, src, src_mask, short, prefixes=long_prefix):
+        assert all(h.tokens == list(range(4, 30)) for h in hyps)

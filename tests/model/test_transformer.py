@@ -69,6 +69,24 @@ def test_incremental_decoding_equals_full_pass(norm_position, positional):
         torch.testing.assert_close(step, full[:, i], rtol=1e-5, atol=1e-5)
 
 
+def test_decode_step_returns_the_cross_attention_of_the_full_pass_when_asked():
+    model = build_transformer(tiny_config()).eval()
+    src, src_mask, _, tgt_in = pair_batch()
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full: list[torch.Tensor] = []
+        logits = model.decode(tgt_in, memory, src_mask, weights=full)  # per layer (B, H, T, S)
+        state = model.start_decoding(memory, src_mask)
+        for i in range(tgt_in.shape[1]):
+            weights: list[torch.Tensor] = []
+            step = model.decode_step(tgt_in[:, i], state, weights=weights)
+            torch.testing.assert_close(step, logits[:, i], rtol=1e-5, atol=1e-5)
+            assert len(weights) == len(model.decoder_layers)
+            for layer, w in enumerate(weights):
+                torch.testing.assert_close(w[:, :, 0], full[layer][:, :, i], rtol=1e-5, atol=1e-5)
+                assert bool((w[:, :, 0][~src_mask.unsqueeze(1).expand_as(w[:, :, 0])] == 0).all())  # no padding
+
+
 def test_cache_follows_reorder():
     model = build_transformer(tiny_config()).eval()
     src, src_mask, _, tgt_in = pair_batch()

@@ -48,8 +48,9 @@ from tqdm import tqdm
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
-from attnx.inference.search import max_output_length
-from attnx.inference.translator import Translator, fitted_search
+from attnx.inference.hypothesis import Hypothesis
+from attnx.inference.search import length_penalty, max_output_length
+from attnx.inference.translator import Translator, blank, fitted_search
 from attnx.model import TransformerConfig
 
 FORMAT = "attnx-ctranslate2"
@@ -92,11 +93,12 @@ def is_ctranslate2_model(directory: str | Path) -> bool:
 
 def check_search(search: SearchConfig) -> None:
     """Raise `ValueError` for settings CTranslate2's search cannot reproduce."""
-    if search.beam < 1:
-        raise ValueError(f"search.beam must be at least 1, got {search.beam}")
-    if search.length_penalty not in ("gnmt", "fairseq"):
-        raise ValueError(f"length_penalty must be 'gnmt' or 'fairseq', got {search.length_penalty!r}")
-    if search.beam > 1 and search.length_penalty == "gnmt" and search.alpha != 0:
+    if search.alignment:
+        raise ValueError(
+            "alignments come from the encoder-decoder attention of attnx's own engine: decode the checkpoint "
+            "(*.ckpt) the export was made from"
+        )
+    if not search.sampling and search.beam > 1 and search.length_penalty == "gnmt" and search.alpha != 0:
         raise ValueError(
             "CTranslate2 has only the |Y|^alpha length penalty (length_penalty='fairseq'), not GNMT's "
             "((5+|Y|)/6)^alpha; decode with length_penalty='fairseq' (or alpha=0, or beam=1), or with the "
@@ -229,41 +231,95 @@ class CTranslate2Translator(Translator):
 
     def _options(self) -> dict[str, Any]:
         s = self.search
-        return dict(
-            beam_size=s.beam,
+        options: dict[str, Any] = dict(
+            beam_size=1 if s.sampling else s.beam,
             patience=self.patience,
             length_penalty=s.alpha if s.length_penalty == "fairseq" else 0.0,
-            min_decoding_length=0,
+            num_hypotheses=s.nbest,
+            no_repeat_ngram_size=s.no_repeat_ngram,
+            min_decoding_length=s.min_length,
             return_end_token=True,  # |Y| counts the </s>, and a missing </s> marks a hypothesis cut at the limit
             max_input_length=0,  # inputs are truncated here, as attnx does
             suppress_sequences=[[self.pieces[PAD_ID]], [self.pieces[BOS_ID]]],
             max_batch_size=self.max_tokens,
             batch_type="tokens",
         )
+        if s.sampling:  # CTranslate2's top-k 0 is the whole vocabulary, as attnx's
+            options.update(sampling_topk=s.top_k, sampling_topp=s.top_p, sampling_temperature=s.temperature)
+        return options
 
-    def translate_ids(self, ids: Sequence[Sequence[int]], progress: bool = False) -> list[list[int]]:
-        """Output ids for source ids (no BOS/EOS), one per input in input order; `[]` in gives `[]` out."""
-        ids = self.truncate(ids)
-        out: list[list[int]] = [[] for _ in ids]
+    def generate_ids(
+        self,
+        ids: Sequence[Sequence[int]],
+        prefixes: Sequence[Sequence[int]] | None = None,
+        progress: bool = False,
+    ) -> list[list[Hypothesis]]:
+        """Per input, `search.nbest` hypotheses best first (`text` empty); `[]` in gives one empty hypothesis.
+
+        CTranslate2 searches; `log_prob` and `token_log_probs` then come from CTranslate2's `score_batch` over
+        the hypotheses found (the model's own log-probabilities, as attnx reports them), and `score` is
+        `log_prob / lp(|Y|)` as attnx ranks.
+        """
+        if prefixes is not None and len(prefixes) != len(ids):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
+        out: list[list[Hypothesis]] = [blank() for _ in ids]
         groups: dict[int, list[int]] = defaultdict(list)  # one max_decoding_length per CTranslate2 call
         for i, x in enumerate(ids):
             if x:
-                groups[self.max_output_length(len(x))].append(i)
+                prefix = len(prefixes[i]) if prefixes is not None else 0
+                groups[max(self.max_output_length(len(x)), prefix)].append(i)
         options = self._options()
+        if self.search.sampling and self.search.seed is not None:
+            import_ctranslate2().set_random_seed(self.search.seed)
         eos = self.pieces[EOS_ID]
         total = sum(map(len, groups.values()))
         with tqdm(total=total, unit="sent", disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
             for limit, members in sorted(groups.items()):
+                target_prefix = None
+                if prefixes is not None and any(prefixes[i] for i in members):
+                    target_prefix = [[self.pieces[t] for t in prefixes[i]] or None for i in members]
                 results = self._translator.translate_batch(
                     [[self.pieces[t] for t in ids[i]] for i in members],
+                    target_prefix,
                     max_decoding_length=limit + 1,
                     **options,
                 )
+                found: list[tuple[int, list[int]]] = []
                 for i, result in zip(members, results, strict=True):
-                    tokens = result.hypotheses[0]
-                    tokens = tokens[:-1] if tokens and tokens[-1] == eos else tokens[:limit]
-                    out[i] = [self.piece_ids[t] for t in tokens]
+                    for tokens in result.hypotheses:
+                        tokens = tokens[:-1] if tokens and tokens[-1] == eos else tokens[:limit]
+                        found.append((i, [self.piece_ids[t] for t in tokens]))
+                scored = self.score_ids([ids[i] for i, _ in found], [y for _, y in found])
+                by_input: dict[int, list[Hypothesis]] = defaultdict(list)
+                for (i, _), hyp in zip(found, scored, strict=True):
+                    by_input[i].append(hyp)
+                for i, hyps in by_input.items():
+                    out[i] = sorted(hyps, key=lambda h: h.score, reverse=True)
                 bar.update(len(members))
+        return out
+
+    def score_ids(
+        self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]
+    ) -> list[Hypothesis]:
+        """Forced scoring of each pair with CTranslate2's `score_batch` (batched by tokens)."""
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(targets)} targets for {len(sources)} sources")
+        if not sources:
+            return []
+        s = self.search
+        results = self._translator.score_batch(
+            [[self.pieces[t] for t in x] for x in sources],
+            [[self.pieces[t] for t in y] for y in targets],
+            max_batch_size=self.max_tokens,
+            batch_type="tokens",
+            max_input_length=0,
+        )
+        out = []
+        for y, result in zip(targets, results, strict=True):
+            steps = list(result.log_probs)  # one per target token, then </s>
+            log_prob = sum(steps)
+            score = log_prob / length_penalty(len(y) + 1, s.alpha, s.length_penalty)
+            out.append(Hypothesis(list(y), score, log_prob, steps))
         return out
 
     def __repr__(self) -> str:

@@ -1,5 +1,6 @@
 """The eager engine: [`EagerTranslator`][attnx.inference.eager.EagerTranslator] decodes a checkpoint's
-Transformer in PyTorch with [`translate_batch`][attnx.inference.search.translate_batch].
+Transformer (or an ensemble of checkpoints) in PyTorch with [`generate`][attnx.inference.search.generate] and
+scores given targets with [`force_decode`][attnx.inference.scoring.force_decode].
 
 It batches its input by tokens (shortest first, padding included) and, besides the
 [`Translator`][attnx.inference.translator.Translator] calls, collects attention weights for plots
@@ -16,15 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from attnx.checkpoint import load_model
 from attnx.data.batch import BOS_ID, EOS_ID, collate
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
-from attnx.inference.search import translate_batch
-from attnx.inference.translator import Translator, fitted_search
+from attnx.inference.decoder import Decoder, EnsembleDecoder, ModelDecoder
+from attnx.inference.hypothesis import Hypothesis
+from attnx.inference.scoring import force_decode
+from attnx.inference.search import generate
+from attnx.inference.translator import Translator, blank, fitted_search
 from attnx.model import Transformer
 
 
@@ -53,86 +57,182 @@ class AttentionMaps:
 
 
 class EagerTranslator(Translator):
-    """A model, its tokenizer and how to search (§6.1 by default: beam 4, α 0.6, input length + 50).
+    """A model (or an ensemble of models), its tokenizer and how to search (§6.1 by default: beam 4, α 0.6,
+    input length + 50).
 
     Args:
-        model: The Transformer (any device; decoding runs where its weights are).
+        model: The Transformer (any device; decoding runs where its weights are), or several Transformers
+            trained with the same SentencePiece model, decoded as one ensemble
+            ([`EnsembleDecoder`][attnx.inference.decoder.EnsembleDecoder]).
         tokenizer: The joint SentencePiece model the Transformer was trained with.
-        search: Beam size, length penalty and maximum output length. `max_positions` defaults to the
-            model's own limit.
+        search: How to decode ([`SearchConfig`][attnx.inference.config.SearchConfig]). `max_positions`
+            defaults to the model's own limit.
         max_tokens: Source tokens per decoding batch, padding included.
+        weights: An ensemble's weights, one per model (default: equal).
     """
 
     def __init__(
         self,
-        model: Transformer,
+        model: Transformer | Sequence[Transformer],
         tokenizer: Tokenizer,
         search: SearchConfig | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
+        weights: Sequence[float] | None = None,
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        self.model = model
+        models = [model] if isinstance(model, nn.Module) else list(model)
+        if weights is not None and len(models) == 1:
+            raise ValueError("ensemble weights need an ensemble: give several models")
+        self.models = models
+        self.model = models[0]
+        self.weights = None if weights is None else list(weights)
+        self.decoder: Decoder = (
+            ModelDecoder(self.model)
+            if len(models) == 1
+            else EnsembleDecoder([ModelDecoder(m) for m in models], weights)
+        )
         self.tokenizer = tokenizer
-        self.max_positions = int(model.max_positions)
+        self.max_positions = min(int(m.max_positions) for m in models)
         self.search = fitted_search(search or SearchConfig(), self.max_positions)
         self.max_tokens = max_tokens
 
     @classmethod
     def from_checkpoint(
         cls,
-        path: str | Path,
+        path: str | Path | Sequence[str | Path],
         device: str | torch.device = "cpu",
         search: SearchConfig | None = None,
         **kw: Any,
     ) -> EagerTranslator:
-        """The model and tokenizer a checkpoint of `attnx fit`/`attnx average` carries."""
-        loaded = load_model(path, device=device)
-        return cls(loaded.model, loaded.tokenizer, search, **kw)
+        """The model and tokenizer a checkpoint of `attnx fit`/`attnx average` carries; a list of checkpoints
+        is an ensemble, whose models must share their SentencePiece model."""
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        if not paths:
+            raise ValueError("no checkpoint given")
+        loaded = [load_model(p, device=device) for p in paths]
+        first = loaded[0].tokenizer.to_bytes()
+        for p, other in zip(paths[1:], loaded[1:], strict=True):
+            if other.tokenizer.to_bytes() != first:
+                raise ValueError(
+                    f"{paths[0]} and {p} were trained with different SentencePiece models; an ensemble needs "
+                    "models that share one vocabulary"
+                )
+        models = [x.model for x in loaded]
+        return cls(models[0] if len(models) == 1 else models, loaded[0].tokenizer, search, **kw)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     def to(self, device: str | torch.device) -> EagerTranslator:
-        """Move the model to `device` (in place) and return this translator."""
-        self.model.to(device)
+        """Move the model(s) to `device` (in place) and return this translator."""
+        for m in self.models:
+            m.to(device)
         return self
 
     def with_search(self, **changes: Any) -> EagerTranslator:
         """A translator sharing this one's model, with some search settings changed (e.g. `beam=1`)."""
+        models = self.model if len(self.models) == 1 else self.models
         return EagerTranslator(
-            self.model, self.tokenizer, dataclasses.replace(self.search, **changes), self.max_tokens
+            models, self.tokenizer, dataclasses.replace(self.search, **changes), self.max_tokens, self.weights
         )
 
     # ---------------------------------------------------------------------------------------------- ids
 
+    def generate_tensors(
+        self,
+        src: Tensor,
+        src_mask: Tensor,
+        prefixes: Sequence[Sequence[int]] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> list[list[Hypothesis]]:
+        """Hypotheses of a padded batch already on the model's device (aligned when `search.alignment`)."""
+        results = generate(self.decoder, src, src_mask, self.search, prefixes=prefixes, generator=generator)
+        if self.search.alignment:
+            self._align(src, src_mask, results)
+        return results
+
+    def _align(self, src: Tensor, src_mask: Tensor, results: list[list[Hypothesis]]) -> None:
+        """Fill each hypothesis's alignment from a teacher-forced pass over it (as `score` aligns)."""
+        rows = [i for i, hyps in enumerate(results) for _ in hyps]
+        if not rows:
+            return
+        index = torch.tensor(rows, device=src.device)
+        flat = [h for hyps in results for h in hyps]
+        forced = force_decode(
+            self.decoder, src[index], src_mask[index], [h.tokens for h in flat], self.search, alignment=True
+        )
+        for hyp, scored in zip(flat, forced, strict=True):
+            hyp.alignment = scored.alignment
+
     def translate_tensors(self, src: Tensor, src_mask: Tensor) -> list[list[int]]:
         """Best output ids (no BOS/EOS) of a padded batch already on the model's device."""
-        return translate_batch(self.model, src, src_mask, self.search)
+        return [hyps[0].tokens for hyps in generate(self.decoder, src, src_mask, self.search)]
 
-    def translate_ids(self, ids: Sequence[Sequence[int]], progress: bool = False) -> list[list[int]]:
-        """Output ids for source ids (no BOS/EOS), one per input in input order; `[]` in gives `[]` out."""
-        ids = self.truncate(ids)
-        out: list[list[int]] = [[] for _ in ids]
+    def _generator(self) -> torch.Generator | None:
+        """One random stream for a whole call, so a seed fixes every sample of it."""
+        if not self.search.sampling or self.search.seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(self.search.seed)
+
+    def generate_ids(
+        self,
+        ids: Sequence[Sequence[int]],
+        prefixes: Sequence[Sequence[int]] | None = None,
+        progress: bool = False,
+    ) -> list[list[Hypothesis]]:
+        """Per input, `search.nbest` hypotheses best first (`text` empty); `[]` in gives one empty hypothesis."""
+        if prefixes is not None and len(prefixes) != len(ids):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
+        out: list[list[Hypothesis]] = [blank() for _ in ids]
         todo = [i for i, x in enumerate(ids) if x]
         lengths = [len(ids[i]) + 1 for i in todo]  # + the source </s>
         device = self.device
+        generator = self._generator()
         with tqdm(
             total=len(todo), unit="sent", disable=not progress, file=sys.stderr, dynamic_ncols=True
         ) as bar:
             for batch in token_batches(lengths, self.max_tokens):
-                b = collate([(ids[todo[j]], []) for j in batch])
-                hyps = self.translate_tensors(b.src.to(device), b.src_mask.to(device))
-                for j, hyp in zip(batch, hyps, strict=True):
-                    out[todo[j]] = hyp
+                rows = [todo[j] for j in batch]
+                b = collate([(ids[i], []) for i in rows])
+                batch_prefixes = None if prefixes is None else [prefixes[i] for i in rows]
+                hyps = self.generate_tensors(
+                    b.src.to(device), b.src_mask.to(device), batch_prefixes, generator
+                )
+                for i, h in zip(rows, hyps, strict=True):
+                    out[i] = h
                 bar.update(len(batch))
         return out
+
+    def score_ids(
+        self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]
+    ) -> list[Hypothesis]:
+        """Forced scoring of each pair (ids without BOS/EOS), batched by tokens; one hypothesis per pair."""
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(targets)} targets for {len(sources)} sources")
+        out: list[Hypothesis | None] = [None] * len(sources)
+        lengths = [max(len(x), len(y)) + 1 for x, y in zip(sources, targets, strict=True)]
+        device = self.device
+        for batch in token_batches(lengths, self.max_tokens):
+            b = collate([(sources[i], []) for i in batch])
+            scored = force_decode(
+                self.decoder,
+                b.src.to(device),
+                b.src_mask.to(device),
+                [targets[i] for i in batch],
+                self.search,
+            )
+            for i, hyp in zip(batch, scored, strict=True):
+                out[i] = hyp
+        return [hyp for hyp in out if hyp is not None]
 
     # ---------------------------------------------------------------------------------------- attention
 
     def attention(self, source: str) -> AttentionMaps:
         """Translate `source`, then collect every attention's weights over the teacher-forced result."""
+        if len(self.models) > 1:
+            raise ValueError("attention maps are drawn for one model: give one checkpoint, not an ensemble")
         src_ids = self.truncate(self.encode([source]))[0]
         if not src_ids:
             raise ValueError("attention needs a non-empty source sentence")

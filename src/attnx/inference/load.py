@@ -3,6 +3,7 @@ directory, whichever engine reads it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -17,20 +18,38 @@ __all__ = ["load"]
 
 
 def load(
-    path: str | Path,
+    path: str | Path | Sequence[str | Path],
     device: str | torch.device = "cpu",
     search: SearchConfig | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
+    weights: Sequence[float] | None = None,
 ) -> Translator:
     """A translator for `path`: a checkpoint file of `attnx fit`/`attnx average` (decoded by
-    [`EagerTranslator`][attnx.inference.eager.EagerTranslator]), or a directory written by
+    [`EagerTranslator`][attnx.inference.eager.EagerTranslator]), a directory written by
     `attnx export --format ctranslate2` (decoded by
-    [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator]).
+    [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator]), or a list of checkpoint
+    files decoded as one ensemble (optionally `weights`, one per checkpoint; they must share their
+    SentencePiece model).
 
-    Both kinds answer the same calls: `translate(lines)`, `translate_ids(ids)`, `to(device)`,
-    `with_search(**changes)`, `search`, `tokenizer`.
+    Every kind answers the same calls: `generate(lines)`, `score(sources, targets)`, `translate(lines)`,
+    `translate_ids(ids)`, `to(device)`, `with_search(**changes)`, `search`, `tokenizer`.
     """
+    if not isinstance(path, (str, Path)):
+        paths = [Path(p) for p in path]
+        if len(paths) == 1 and weights is None:
+            return load(paths[0], device, search, max_tokens)
+        exported = [p for p in paths if p.is_dir()]
+        if exported:
+            raise ValueError(
+                f"{exported[0]} is a directory: an ensemble decodes checkpoint files (*.ckpt) with attnx's own "
+                "engine; CTranslate2 exports cannot be ensembled, give the checkpoints they were exported from"
+            )
+        return EagerTranslator.from_checkpoint(
+            paths, device=device, search=search, max_tokens=max_tokens, weights=weights
+        )
     path = Path(path)
+    if weights is not None:
+        raise ValueError("ensemble weights need an ensemble: give a list of checkpoints")
     if path.is_dir():
         if is_ctranslate2_model(path):
             return CTranslate2Translator.load(path, device=device, search=search, max_tokens=max_tokens)

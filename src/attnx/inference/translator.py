@@ -13,10 +13,20 @@ translator.translate(["A dog runs."])
 
 Two engines implement it: [`EagerTranslator`][attnx.inference.eager.EagerTranslator] (the model in PyTorch, for
 a checkpoint) and [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] (a directory of
-`attnx export --format ctranslate2`). An engine decodes ids (`translate_ids`); the text side — encoding,
-truncating what the model cannot read, one output line per input line, blank for blank — is written once here.
+`attnx export --format ctranslate2`). An engine searches and scores ids (`generate_ids`, `score_ids`), returning
+[`Hypothesis`][attnx.inference.hypothesis.Hypothesis] objects; the text side — encoding, truncating what the
+model cannot read, one result per input line, blank for blank, detokenizing every hypothesis — is written once
+here:
+
+```python
+translator = attnx.load("averaged.ckpt", search=attnx.SearchConfig(beam=5, nbest=3))
+for hyp in translator.generate(["A dog runs."])[0]:  # best first
+    print(hyp.score, hyp.log_prob, hyp.text)
+translator.score(["A dog runs."], ["Ein Hund rennt."])[0].log_prob  # forced scoring
+```
+
 A Translator batches its input by tokens, truncates inputs longer than the model accepts (with a warning),
-returns one output per input in input order, and maps blank input to blank output. Nothing here needs
+returns one result per input in input order, and maps blank input to blank output. Nothing here needs
 Lightning.
 """
 
@@ -31,8 +41,9 @@ import torch
 
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
+from attnx.inference.hypothesis import Hypothesis
 
-__all__ = ["DEFAULT_MAX_TOKENS", "Translator", "encode_lines", "one_line", "truncate_ids"]
+__all__ = ["DEFAULT_MAX_TOKENS", "Hypothesis", "Translator", "encode_lines", "one_line", "truncate_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -52,37 +63,43 @@ def encode_lines(tokenizer: Tokenizer, lines: Sequence[str]) -> list[list[int]]:
     return ids
 
 
-def truncate_ids(ids: Sequence[Sequence[int]], max_positions: int) -> list[list[int]]:
-    """Cut inputs a model of `max_positions` cannot read (the source `</s>` takes one), with one warning."""
+def truncate_ids(ids: Sequence[Sequence[int]], max_positions: int, what: str = "input") -> list[list[int]]:
+    """Cut `what`s (inputs, targets, prefixes) a model of `max_positions` cannot read (the `</s>` or `<s>`
+    takes one), with one warning."""
     limit = max_positions - 1
     too_long = [i + 1 for i, x in enumerate(ids) if len(x) > limit]
     if too_long:
         shown = ", ".join(map(str, too_long[:10])) + (" ..." if len(too_long) > 10 else "")
         log.warning(
-            "%d input(s) exceed the model's %d positions and were truncated to %d tokens: input %s",
+            "%d %s(s) exceed the model's %d positions and were truncated to %d tokens: %s %s",
             len(too_long),
+            what,
             max_positions,
             limit,
+            what,
             shown,
         )
     return [list(x[:limit]) for x in ids]
 
 
 def fitted_search(search: SearchConfig, max_positions: int) -> SearchConfig:
-    """`search` checked (beam ≥ 1) and capped to a model of `max_positions` target positions."""
-    if search.beam < 1:
-        raise ValueError(f"search.beam must be at least 1, got {search.beam}")
+    """`search` capped to a model of `max_positions` target positions (the settings are checked by `SearchConfig`)."""
     if search.max_positions is None or search.max_positions > max_positions:
         search = dataclasses.replace(search, max_positions=max_positions)
     return search
 
 
+def blank() -> list[Hypothesis]:
+    """What a blank input line gives: one empty hypothesis."""
+    return [Hypothesis([], 0.0, 0.0, text="")]
+
+
 class Translator(Protocol):
     """A decoding engine behind attnx's calls: a model, its tokenizer and how to search.
 
-    An engine provides `search`, `tokenizer`, `max_positions`, `device`, `translate_ids`, `to` and
-    `with_search`; `encode`, `truncate`, `decode` and `translate` are the same for every engine and
-    come with this protocol to classes that name it as a base.
+    An engine provides `search`, `tokenizer`, `max_positions`, `device`, `generate_ids`, `score_ids`, `to`
+    and `with_search`; `encode`, `truncate`, `decode`, `generate`, `score`, `translate` and `translate_ids`
+    are the same for every engine and come with this protocol to classes that name it as a base.
     """
 
     search: SearchConfig
@@ -95,8 +112,20 @@ class Translator(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    def translate_ids(self, ids: Sequence[Sequence[int]], progress: bool = False) -> list[list[int]]:
-        """Output ids for source ids (no BOS/EOS), one per input in input order; `[]` in gives `[]` out."""
+    def generate_ids(
+        self,
+        ids: Sequence[Sequence[int]],
+        prefixes: Sequence[Sequence[int]] | None = None,
+        progress: bool = False,
+    ) -> list[list[Hypothesis]]:
+        """Per input (source ids, no BOS/EOS, already truncated), `search.nbest` hypotheses best first, `text`
+        left empty; `[]` in gives `[Hypothesis([], 0.0, 0.0)]`. `prefixes`: target ids each must start with."""
+        ...
+
+    def score_ids(
+        self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]
+    ) -> list[Hypothesis]:
+        """Forced scoring of `targets[i]` as the translation of `sources[i]` (ids, already truncated), `text` empty."""
         ...
 
     def to(self, device: str | torch.device) -> Self:
@@ -111,19 +140,56 @@ class Translator(Protocol):
         """Source ids of `lines` (stripped; blank lines give `[]`)."""
         return encode_lines(self.tokenizer, lines)
 
-    def truncate(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
+    def truncate(self, ids: Sequence[Sequence[int]], what: str = "input") -> list[list[int]]:
         """Cut inputs the model cannot read (`max_positions` with the source `</s>`), with one warning."""
-        return truncate_ids(ids, self.max_positions)
+        return truncate_ids(ids, self.max_positions, what)
 
     def decode(self, ids: Sequence[int]) -> str:
         return one_line(self.tokenizer.decode(list(ids)))
+
+    def translate_ids(self, ids: Sequence[Sequence[int]], progress: bool = False) -> list[list[int]]:
+        """Best output ids for source ids (no BOS/EOS), one per input in input order; `[]` in gives `[]` out."""
+        return [hyps[0].tokens for hyps in self.generate_ids(self.truncate(ids), progress=progress)]
+
+    def generate(
+        self, lines: Sequence[str], prefixes: Sequence[str] | None = None, progress: bool = False
+    ) -> list[list[Hypothesis]]:
+        """Per line, `search.nbest` hypotheses best first (with sampling: `nbest` samples), `text` filled; a
+        blank line gives one empty hypothesis. `prefixes`: per line, the start every translation of it must
+        have (blank: none)."""
+        if isinstance(lines, str):
+            raise TypeError("generate takes a list of lines; wrap a single sentence: generate([text])")
+        prefix_ids = None
+        if prefixes is not None:
+            if isinstance(prefixes, str) or len(prefixes) != len(lines):
+                raise ValueError(f"give one prefix per line: {len(lines)} lines")
+            prefix_ids = self.truncate(self.encode(prefixes), "prefix")
+        results = self.generate_ids(self.truncate(self.encode(lines)), prefix_ids, progress=progress)
+        for line, hyps in zip(lines, results, strict=True):
+            for hyp in hyps:
+                hyp.text = self.decode(hyp.tokens) if line.strip() else ""
+        return results
+
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[Hypothesis]:
+        """Forced scoring: per pair, the model's log-probability of `targets[i]` as the translation of
+        `sources[i]` (`log_prob`, `token_log_probs`, the `score` the search would rank it by, and the alignment
+        when `search.alignment`). Every pair is scored, blank ones included (a blank target is `</s>` alone)."""
+        if isinstance(sources, str) or isinstance(targets, str):
+            raise TypeError("score takes lists of lines; wrap a single pair: score([source], [target])")
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(targets)} targets for {len(sources)} sources: give one target per source")
+        hyps = self.score_ids(
+            self.truncate(self.encode(sources)), self.truncate(self.encode(targets), "target")
+        )
+        for hyp in hyps:
+            hyp.text = self.decode(hyp.tokens)
+        return hyps
 
     def translate(self, lines: Sequence[str] | str, progress: bool = False) -> list[str]:
         """Translations of `lines` (one segment each), same number and order; blank in gives blank out."""
         if isinstance(lines, str):
             raise TypeError("translate takes a list of lines; wrap a single sentence: translate([text])")
-        outputs = self.translate_ids(self.encode(lines), progress=progress)
-        return [self.decode(x) if line.strip() else "" for line, x in zip(lines, outputs, strict=True)]
+        return [hyps[0].text for hyps in self.generate(lines, progress=progress)]
 
     def __call__(self, lines: Sequence[str]) -> list[str]:
         return self.translate(lines)

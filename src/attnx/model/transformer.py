@@ -140,16 +140,17 @@ class Transformer(nn.Module):
             state.caches.append((self_cache, cross_cache))
         return state
 
-    def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
+    def decode_step(self, tokens: Tensor, state: DecoderState, weights: list | None = None) -> Tensor:
         """One incremental step: `tokens` `(B,)`, the last token of each hypothesis -> logits `(B, V)`.
 
         Equal to the last position of [`decode`][attnx.model.transformer.Transformer.decode] over the whole
-        prefix; `state` is advanced in place.
+        prefix; `state` is advanced in place. A `weights` list receives each layer's encoder-decoder
+        attention `(B, H, 1, S)` (computed explicitly; without it the fused kernel runs).
         """
         x = self._embed(
             tokens.unsqueeze(1), self.tgt_embedding, self.tgt_positional, state.offset
         )  # (B, 1, D)
         for layer, cache in zip(self.decoder_layers, state.caches, strict=True):
-            x = layer(x, state.memory, state.src_mask, cache=cache)
+            x = layer(x, state.memory, state.src_mask, cache=cache, weights=weights)
         state.offset += 1
         return F.linear(self.decoder_norm(x[:, 0]), self.output_weight)  # (B, V)

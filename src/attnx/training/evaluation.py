@@ -45,17 +45,22 @@ class TranslationEvaluator(Callback):
         """
         Args:
             search: How `test` and `predict` decode (§6.1: beam 4, α 0.6, max length input + 50), and,
-                with `valid_beam`, validation.
+                with `valid_beam`, validation: every option of `attnx translate --search.*` (sampling,
+                `no_repeat_ngram`, `min_length`, ...) except `nbest` and `alignment`, one translation per sentence.
             bleu_samples: Validation sentences translated and scored each validation (those with corpus
                 position below this number); 0 turns validation BLEU off.
             valid_beam: Beam size for validation BLEU (1 = greedy, the cheapest).
             output_file: Where `test` and `predict` write translations, one a line in corpus order. None:
                 `<log_dir>/test.<split>.hyp` and `<log_dir>/predict.<split>.hyp`.
         """
-        if bleu_samples < 0 or valid_beam < 1 or search.beam < 1:
+        if bleu_samples < 0 or valid_beam < 1:
             raise ValueError(
-                f"evaluation needs bleu_samples >= 0, valid_beam >= 1 and search.beam >= 1, got {bleu_samples}, "
-                f"{valid_beam} and {search.beam}"
+                f"evaluation needs bleu_samples >= 0 and valid_beam >= 1, got {bleu_samples} and {valid_beam}"
+            )
+        if search.nbest != 1 or search.alignment:
+            raise ValueError(
+                "evaluation writes and scores one translation per sentence: evaluation.search.nbest must be 1 "
+                "and evaluation.search.alignment false (attnx translate writes n-best lists and alignments)"
             )
         self.search = search
         self.bleu_samples = bleu_samples
@@ -79,7 +84,10 @@ class TranslationEvaluator(Callback):
             return
         search = self.search
         if trainer.validating or trainer.sanity_checking:
-            search = dataclasses.replace(search, beam=self.valid_beam)
+            # validation BLEU compares checkpoints: always a (deterministic) beam of `valid_beam`
+            search = dataclasses.replace(
+                search, beam=self.valid_beam, sampling=False, top_k=0, top_p=1.0, temperature=1.0, seed=None
+            )
         on_device = rows.to(batch.src.device)
         src, src_mask = batch.src[on_device], batch.src_mask[on_device]
         width = int(src_mask.sum(1).max())  # the selected rows may need fewer columns
