@@ -31,6 +31,7 @@ class Progress:
         done: Lines an earlier run already finished (not counted in the speed).
         stream: Where to write (standard error).
         live: Redraw one line in place (a terminal) rather than append a line every `LOG_EVERY` seconds.
+        enabled: Report at all (not while a person types the input, for instance).
         clock: Seconds, monotonic.
     """
 
@@ -42,12 +43,14 @@ class Progress:
         *,
         done: int = 0,
         live: bool,
+        enabled: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.command = command
         self.total = total
         self.stream = stream
         self.live = live
+        self.enabled = enabled
         self.clock = clock
         self.start_done = self.done = done
         self.started = self.shown = clock()
@@ -68,6 +71,8 @@ class Progress:
 
     def update(self, done: int) -> None:
         self.done = done
+        if not self.enabled:
+            return
         now = self.clock()
         if now - self.shown < (1.0 if self.live else LOG_EVERY):
             return

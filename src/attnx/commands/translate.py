@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from attnx.commands.progress import Progress
 from attnx.commands.resumable import ResumableOutput, StreamOutput
 from attnx.commands.text_input import TextInput
 from attnx.inference.config import DEFAULT_MAX_TOKENS, PAPER_SEARCH, SearchConfig
-
-if TYPE_CHECKING:
-    from attnx.inference.translator import Translator
+from attnx.inference.formats import OutputFormat
 
 
 def check_device(device: str) -> None:
@@ -36,9 +29,14 @@ def check_device(device: str) -> None:
 
 
 def translate(
-    model: str,
+    model: list[str] | str,
     input: str = "-",
     output: str = "-",
+    format: OutputFormat = "text",
+    target: str | None = None,
+    prefix: str | None = None,
+    token_scores: bool = False,
+    weights: list[float] | None = None,
     search: SearchConfig | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     buffer_size: int = 2000,
@@ -51,174 +49,63 @@ def translate(
     carries its own SentencePiece model. Blank lines stay blank; lines longer than the model accepts are
     truncated with a warning. Decoding is the model's own default (a checkpoint: §6.1's beam 4, α 0.6, GNMT
     length penalty, input length + 50; an export: the settings stored with it) unless --search.* says
-    otherwise (attnx translate --search.help lists them).
+    otherwise (attnx translate --search.help lists them: n-best, sampling, constraints, alignments).
+    With --target, nothing is searched: the given translations are scored (forced decoding).
 
     Input of any size is read, translated and written --buffer_size lines at a time, in input order; a pipe
     or terminal gets each line's translation as soon as it is ready. An --output file grows as
     OUTPUT.attnx-partial and appears under its name only once complete; a run stopped on the way (SIGTERM,
     Ctrl+C, a kill, a full disk) keeps the lines done, and the same command run again continues after them.
-    Example: echo "A dog runs." | attnx translate --model base.ckpt
+    Example: echo "A dog runs." | attnx translate --model base.ckpt --search.nbest 4 --format jsonl
 
     Args:
-        model: Checkpoint file (*.ckpt) or exported CTranslate2 directory.
+        model: Checkpoint file (*.ckpt) or exported CTranslate2 directory; a list of checkpoints,
+            "[a.ckpt,b.ckpt]", is decoded as one ensemble.
         input: File, named pipe or <(process substitution) with one source segment a line, or - for
             standard input.
         output: File for the translations, or - for standard output.
-        search: Beam size, length penalty and maximum output length, e.g. --search.beam 1 (greedy).
+        format: text (the best translation a line; with --search.alignment true, "text ||| 0-0 1-2 ..."),
+            jsonl (one JSON object a line: every hypothesis with text, score, log_prob, tokens) or moses
+            (n-best lines "id ||| text ||| F0= log_prob ||| score"). score is what the search ranked by
+            (log_prob / length penalty), log_prob the total log-probability in nats.
+        target: File of translations, one per --input line, to score instead of searching (forced decoding).
+        prefix: File of target prefixes, one per --input line (blank: none), every translation must start with.
+        token_scores: Also write each target piece's log-probability (jsonl: pieces and token_log_probs;
+            moses: a WordScores= field).
+        weights: Ensemble weights, one per --model checkpoint (default: equal), e.g. "[0.6,0.4]".
+        search: Beam size, n-best, sampling, length penalty, maximum output length, e.g. --search.beam 1
+            (greedy).
         max_tokens: Source tokens per decoding batch, padding included.
         buffer_size: Lines read, translated (sorted by length) and written at a time; a pipe's lines are
             translated as they arrive, up to this many together.
         device: Where to decode: cpu, cuda, cuda:1, ...
         force: Replace the --output file if it exists (otherwise an existing file is left and the command stops).
     """
+    from attnx.commands.streaming import (
+        PairedInputs,
+        TranslationJob,
+        check_output_options,
+        run_options,
+        run_translation,
+    )
     from attnx.commands.usage import refuse_to_replace
 
     if buffer_size < 1:
         raise ValueError(f"--buffer_size must be at least 1, got {buffer_size}")
+    check_output_options(format, target, prefix, token_scores, search)
     if output != "-":
         refuse_to_replace(output, force)
     check_device(device)
-    with TextInput(input) as source:
-        inputs = {"input": source}
-        sink = StreamOutput() if output == "-" else ResumableOutput(output, run_options(model, search))
+    with PairedInputs(input, target=target, prefix=prefix) as inputs:
+        inputs.check_line_counts()
+        options = run_options(model, weights, search, format, token_scores)
+        sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
         sink.prepare()
         from attnx.inference.load import load
 
-        translator = load(model, device=device, search=search, max_tokens=max_tokens)
-        return run_translation(translator, inputs, sink, buffer_size)
-
-
-def run_options(model: str, search: SearchConfig | None) -> dict[str, object]:
-    """What decides a run's output besides its input: the model's content and the search settings."""
-    import dataclasses
-
-    return {
-        "model": [{"path": str(Path(model).resolve()), "sha256": content_digest(model)}],
-        "search": dataclasses.asdict(search) if search is not None else None,
-    }
-
-
-def content_digest(path: str | Path) -> str:
-    """SHA-256 of a file, or of a directory's files (names and contents, in name order)."""
-    import hashlib
-
-    path = Path(path)
-    digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        if path.is_dir():
-            digest.update(str(file.relative_to(path)).encode("utf-8") + b"\0")
-        with open(file, "rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
-    return digest.hexdigest()
-
-
-class Stop(KeyboardInterrupt):
-    """SIGTERM (a scheduler, `timeout`, `kill`) while translating: unwinds like Ctrl+C."""
-
-
-@contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    def on_term(signum: int, frame: object) -> None:
-        raise Stop
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def warnings_on_stderr(command: str) -> Iterator[logging.Logger]:
-    """attnx's warnings reach the user whatever logging is set up, as `attnx COMMAND: warning: ...`."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"attnx {command}: warning: %(message)s"))
-    log = logging.getLogger("attnx")
-    log.addHandler(handler)
-    try:
-        yield log
-    finally:
-        log.removeHandler(handler)
-
-
-class Truncated:
-    """Input lines longer than the model accepts, numbered across chunks, for one warning at the end."""
-
-    def __init__(self, max_positions: int) -> None:
-        self.max_positions = max_positions
-        self.lines: list[int] = []
-        self.count = 0
-
-    def cut(self, ids: list[list[int]], first_line: int) -> list[list[int]]:
-        limit = self.max_positions - 1  # the source </s> takes one
-        for i, x in enumerate(ids):
-            if len(x) > limit:
-                self.count += 1
-                if len(self.lines) < 10:
-                    self.lines.append(first_line + i)
-        return [x[:limit] for x in ids]
-
-    def warning(self) -> str | None:
-        if not self.count:
-            return None
-        shown = ", ".join(map(str, self.lines)) + (" ..." if self.count > len(self.lines) else "")
-        return (
-            f"{self.count} input(s) exceed the model's {self.max_positions} positions and were truncated to "
-            f"{self.max_positions - 1} tokens: input {shown}"
-        )
-
-
-def run_translation(
-    translator: Translator,
-    inputs: dict[str, TextInput],
-    sink: StreamOutput | ResumableOutput,
-    buffer_size: int,
-) -> int:
-    """Read, translate and write `inputs["input"]` chunk by chunk into `sink`; 143/130 when stopped."""
-    source = inputs["input"]
-    with warnings_on_stderr("translate") as log:
-        resumed = sink.start(inputs)
-        if resumed:
-            print(f"attnx translate: {resumed}", file=sys.stderr, flush=True)
-        total = source.count_lines()
-        progress = Progress(
-            "attnx translate",
-            None if total is None else sink.resumed + total,
-            sys.stderr,
-            done=sink.resumed,
-            live=sys.stderr.isatty(),
-        )
-        truncated = Truncated(translator.max_positions)
-        try:
-            with stop_on_sigterm():
-                while lines := source.read(buffer_size):
-                    first = source.lines - len(lines) + 1
-                    ids = truncated.cut(translator.encode(lines), first)
-                    outputs = translator.translate_ids(ids)
-                    texts = [
-                        translator.decode(x) if line.strip() else ""
-                        for line, x in zip(lines, outputs, strict=True)
-                    ]
-                    sink.write("".join(t + "\n" for t in texts).encode("utf-8"), inputs)
-                    progress.update(source.lines)
-        except KeyboardInterrupt as stop:
-            progress.close()
-            signum = signal.SIGTERM if isinstance(stop, Stop) else signal.SIGINT
-            name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl+C"
-            of = "" if progress.total is None else f" of {progress.total}"
-            print(
-                f"attnx translate: stopped by {name} after {sink.lines}{of} line(s); {sink.stopped(sink.lines)}",
-                file=sys.stderr,
-            )
-            return 128 + signum
-        progress.close()
-        sink.finish()
-        for warning in (source.warning(), truncated.warning()):
-            if warning:
-                log.warning(warning)
-    return 0
+        translator = load(model, device=device, search=search, max_tokens=max_tokens, weights=weights)
+        job = TranslationJob(translator, format, token_scores, buffer_size)
+        return run_translation(job, inputs, sink)
 
 
 def attention(
