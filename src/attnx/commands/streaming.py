@@ -230,6 +230,8 @@ class TranslationJob:
         for line, hyps in zip(lines, results, strict=True):
             for hyp in hyps:
                 hyp.text = translator.decode(hyp.tokens) if line.strip() else ""
+                if search.alignment and hyp.alignment is None:  # a blank line: every line has the field
+                    hyp.alignment = []
         return results
 
     def render(self, results: list[list[Hypothesis]], first: int, scored: bool) -> bytes:

@@ -4,7 +4,7 @@ command (`attnx translate --format`, the server's JSON answers).
 Each input gives a list of hypotheses, best first (empty for a blank input line).
 
 - `text`: the best hypothesis's text, one line per input (blank for blank); with alignments, Marian's
-  plain form `text ||| 0-0 1-2 ...`.
+  plain form `text ||| 0-0 1-2 ...` (a blank input line still gives a blank line).
 - `jsonl`: one JSON object per input line, `{"hypotheses": [{"text", "score", "log_prob", "tokens", ...}]}`,
   best first. `score` is what the search ranked by (`log_prob / lp(|Y|)`), `log_prob` the total
   log-probability in nats (`</s>` included), `tokens` the number of target SentencePiece pieces (`</s>` not
@@ -12,7 +12,10 @@ Each input gives a list of hypotheses, best first (empty for a blank input line)
   piece); with alignments, `alignment` as `[source piece, target piece]` pairs.
 - `moses`: the n-best form of Moses and Marian, one line per hypothesis,
   `id ||| text [||| 0-0 1-2 ...] [||| WordScores= ...] ||| F0= log_prob ||| score`, where `id` is the
-  0-based input line; a blank input line has no line.
+  0-based input line.
+
+A blank input line gives one empty hypothesis (text `""`, scores 0, no tokens), so every format keeps one
+entry per input line.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def text_line(hypotheses: Sequence[Hypothesis]) -> str:
     if not hypotheses:
         return ""
     best = hypotheses[0]
-    if best.alignment is None:
+    if best.alignment is None or not (best.text or best.alignment):  # a blank line stays blank
         return best.text
     return f"{best.text} ||| {alignment_text(best.alignment)}"
 
