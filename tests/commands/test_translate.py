@@ -323,7 +323,7 @@ def test_an_ensemble_and_a_prefix_reach_the_engine(checkpoint, tmp_path):
     tokenizer = attnx.load(checkpoint).tokenizer
     for hyp, prefix in zip(first, ["Ein", "", "", "Zwei"], strict=True):
         pieces = [tokenizer.sp.id_to_piece(i) for i in tokenizer.encode_batch([prefix])[0]] if prefix else []
-        assert hyp["pieces"][: len(pieces)] == pieces
+        assert hyp.get("pieces", [])[: len(pieces)] == pieces
 
 
 # --------------------------------------------------------------------------- pipes, FIFOs and encodings
