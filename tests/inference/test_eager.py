@@ -102,10 +102,8 @@ def test_alignments_of_outputs_equal_those_of_forced_scoring(checkpoint):
         for h in results[i]:
             assert [j for _, j in h.alignment] == list(range(len(h.tokens)))
             assert all(0 <= a < n_pieces[i] for a, _ in h.alignment)
-            assert (
-                aligner.score([LINES[i]], [h.text])[0].alignment == h.alignment
-                or aligner.encode([h.text])[0] != h.tokens
-            )
+            if aligner.encode([h.text])[0] == h.tokens:  # the text re-encodes to the same pieces
+                assert aligner.score([LINES[i]], [h.text])[0].alignment == h.alignment
 
 
 def test_a_prefix_per_line_starts_every_translation(checkpoint):
