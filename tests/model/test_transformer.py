@@ -84,7 +84,9 @@ def test_decode_step_returns_the_cross_attention_of_the_full_pass_when_asked():
             assert len(weights) == len(model.decoder_layers)
             for layer, w in enumerate(weights):
                 torch.testing.assert_close(w[:, :, 0], full[layer][:, :, i], rtol=1e-5, atol=1e-5)
-                assert bool((w[:, :, 0][~src_mask.unsqueeze(1).expand_as(w[:, :, 0])] == 0).all())  # no padding
+                assert bool(
+                    (w[:, :, 0][~src_mask.unsqueeze(1).expand_as(w[:, :, 0])] == 0).all()
+                )  # no padding
 
 
 def test_cache_follows_reorder():

@@ -1,0 +1,148 @@
+"""The eager engine: n-best with text, sampling, ensembles of checkpoints, forced scoring, prefixes, alignments."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import sentencepiece as spm
+import torch
+
+import attnx
+from attnx.data.tokenizer import Tokenizer
+from attnx.inference.config import SearchConfig
+from attnx.inference.eager import EagerTranslator
+from attnx.inference.hypothesis import Hypothesis
+from attnx.model import build_transformer
+from tests.checkpoints import save_model
+from tests.conftest import tiny_config
+from tests.inference.conftest import multi30k_lines
+
+LINES = ["A man rides a bike.", "", "Two dogs play in the snow.", "A girl in a red dress is jumping."]
+FAST = SearchConfig(beam=4, nbest=3, max_len_b=6)
+
+
+@pytest.fixture(scope="module")
+def other_checkpoint(checkpoint, tokenizer, tmp_path_factory):
+    """A second model with the same SentencePiece model and other weights."""
+    torch.manual_seed(7)
+    config = tiny_config(vocab_size=tokenizer.vocab_size, max_len=64)
+    path = tmp_path_factory.mktemp("other") / "other.ckpt"
+    save_model(path, build_transformer(config), config, tokenizer)
+    return path
+
+
+@pytest.fixture(scope="module")
+def foreign_checkpoint(shared_data, tmp_path_factory):
+    """A model with a SentencePiece model of its own (same vocabulary size, other pieces)."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(multi30k_lines(shared_data, "train.de.gz", 400)),
+        model_writer=model,
+        vocab_size=200,
+        model_type="unigram",
+        pad_id=0,
+        unk_id=1,
+        bos_id=2,
+        eos_id=3,
+        minloglevel=2,
+    )
+    tokenizer = Tokenizer.from_bytes(model.getvalue())
+    config = tiny_config(vocab_size=tokenizer.vocab_size, max_len=64)
+    path = tmp_path_factory.mktemp("foreign") / "foreign.ckpt"
+    save_model(path, build_transformer(config), config, tokenizer)
+    return path
+
+
+def test_generate_gives_nbest_hypotheses_with_text_and_blank_for_blank(checkpoint):
+    translator = attnx.load(checkpoint, search=FAST)
+    results = translator.generate(LINES)
+    assert len(results) == len(LINES)
+    assert results[1] == [Hypothesis([], 0.0, 0.0, text="")]
+    for i in (0, 2, 3):
+        hyps = results[i]
+        assert len(hyps) == 3 and hyps[0].score >= hyps[1].score >= hyps[2].score
+        assert [h.text for h in hyps] == [translator.decode(h.tokens) for h in hyps]
+    one_best = translator.with_search(nbest=1)
+    assert one_best.translate(LINES) == [hyps[0].text for hyps in results]
+    assert one_best.translate_ids(one_best.encode(LINES)) == [hyps[0].tokens for hyps in results]
+
+
+def test_sampling_through_the_translator_is_reproducible_with_a_seed(checkpoint):
+    sampler = attnx.load(checkpoint, search=SearchConfig(sampling=True, nbest=4, seed=11, max_len_b=6))
+    first, again = sampler.generate(LINES), sampler.generate(LINES)
+    assert [[h.text for h in hyps] for hyps in first] == [[h.text for h in hyps] for hyps in again]
+    other = sampler.with_search(seed=12).generate(LINES)
+    assert [[h.tokens for h in hyps] for hyps in first] != [[h.tokens for h in hyps] for hyps in other]
+    assert all(len(hyps) == 4 for i, hyps in enumerate(first) if LINES[i])
+
+
+def test_score_gives_back_the_search_scores_of_its_outputs(checkpoint):
+    translator = attnx.load(checkpoint, search=FAST)
+    results = translator.generate(LINES)
+    sources = [line for line, hyps in zip(LINES, results, strict=True) if line for _ in hyps]
+    targets = [h.text for line, hyps in zip(LINES, results, strict=True) if line for h in hyps]
+    flat = [h for line, hyps in zip(LINES, results, strict=True) if line for h in hyps]
+    scored = translator.score(sources, targets)
+    for searched, forced in zip(flat, scored, strict=True):
+        if forced.tokens == searched.tokens:  # text re-encodes to the same pieces (almost always)
+            assert forced.score == pytest.approx(searched.score, abs=1e-4)
+            assert forced.log_prob == pytest.approx(searched.log_prob, abs=1e-4)
+        assert forced.text == searched.text
+    with pytest.raises(ValueError, match="1 targets for 2 sources"):
+        translator.score(["a", "b"], ["c"])
+
+
+def test_alignments_of_outputs_equal_those_of_forced_scoring(checkpoint):
+    aligner = attnx.load(checkpoint, search=SearchConfig(beam=2, nbest=2, max_len_b=6, alignment=True))
+    results = aligner.generate(LINES)
+    assert results[1][0].alignment is None  # blank line: nothing decoded
+    n_pieces = [len(ids) for ids in aligner.encode(LINES)]
+    for i in (0, 2, 3):
+        for h in results[i]:
+            assert [j for _, j in h.alignment] == list(range(len(h.tokens)))
+            assert all(0 <= a < n_pieces[i] for a, _ in h.alignment)
+            if aligner.encode([h.text])[0] == h.tokens:  # the text re-encodes to the same pieces
+                assert aligner.score([LINES[i]], [h.text])[0].alignment == h.alignment
+
+
+def test_a_prefix_per_line_starts_every_translation(checkpoint):
+    translator = attnx.load(checkpoint, search=FAST)
+    results = translator.generate(LINES, prefixes=["Ein Mann", "", "", "Ein"])
+    for i, prefix in [(0, "Ein Mann"), (3, "Ein")]:
+        ids = translator.encode([prefix])[0]
+        assert all(h.tokens[: len(ids)] == ids and h.text.startswith(prefix) for h in results[i])
+    with pytest.raises(ValueError, match="one prefix per line"):
+        translator.generate(LINES, prefixes=["Ein"])
+
+
+def test_an_ensemble_of_a_checkpoint_with_itself_equals_the_checkpoint(checkpoint, other_checkpoint):
+    alone = attnx.load(checkpoint, search=FAST)
+    twice = attnx.load([checkpoint, checkpoint], search=FAST)
+    assert isinstance(twice, EagerTranslator) and len(twice.models) == 2
+    a, b = alone.generate(LINES), twice.generate(LINES)
+    assert [[h.text for h in hyps] for hyps in a] == [[h.text for h in hyps] for hyps in b]
+    assert [h.score for hyps in a for h in hyps] == pytest.approx(
+        [h.score for hyps in b for h in hyps], abs=1e-4
+    )
+    pair = attnx.load([checkpoint, other_checkpoint], search=FAST, weights=[1, 1])
+    mixed = pair.score(LINES, ["Ein Mann."] * 4)
+    single = [t.score(LINES, ["Ein Mann."] * 4) for t in (alone, attnx.load(other_checkpoint, search=FAST))]
+    for m, s1, s2 in zip(mixed, *single, strict=True):
+        # log of a mean of probabilities lies between the two models' log-probabilities, per token
+        for lm, l1, l2 in zip(m.token_log_probs, s1.token_log_probs, s2.token_log_probs, strict=True):
+            assert min(l1, l2) - 1e-5 <= lm <= max(l1, l2) + 1e-5
+    with pytest.raises(ValueError, match="attention maps are drawn for one model"):
+        pair.attention("A dog.")
+
+
+def test_an_ensemble_of_different_sentencepiece_models_is_one_line_naming_both(
+    checkpoint, foreign_checkpoint
+):
+    with pytest.raises(ValueError) as err:
+        attnx.load([checkpoint, foreign_checkpoint])
+    message = str(err.value)
+    assert str(checkpoint) in message and str(foreign_checkpoint) in message and "\n" not in message
+    assert "different SentencePiece models" in message
+    with pytest.raises(ValueError, match="ensemble weights need an ensemble"):
+        attnx.load(checkpoint, weights=[1.0])
