@@ -557,3 +557,20 @@ def test_sigterm_while_writing_to_a_pipe_says_how_many_lines_were_written(checkp
         f"stopped by SIGTERM after {written} of {MANY} line(s); {written} line(s) done were written to standard output"
         in err.decode()
     )
+
+
+def test_score_reads_process_substitution_and_pairs_lines(tmp_path):
+    script = 'exec "$@" --hypotheses <(printf "Ein Hund rennt.\\nZwei M\\xe4nner.\\n") --references <(printf "%s\\n" "$REF")'
+    command = ["bash", "-c", script, "bash", sys.executable, "-m", "attnx", "score"]
+    same = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "REF": "Ein Hund rennt.\nZwei Männer."}
+    )
+    assert same.returncode == 0, same.stderr
+    assert "sacreBLEU BLEU" in same.stdout
+    assert "1 line(s) of --hypotheses /dev/fd/" in same.stderr and "(the first: line 2)" in same.stderr
+    fewer = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "REF": "Ein Hund rennt."}
+    )
+    error = [line for line in fewer.stderr.splitlines() if "error" in line]
+    assert fewer.returncode == 2 and len(error) == 1
+    assert "--hypotheses /dev/fd/" in error[0] and "has 2 lines but --references /dev/fd/" in error[0]

@@ -179,7 +179,8 @@ def score(
     hyps, refs = texts["--hypotheses"], texts["--references"]
     if len(hyps) != len(refs):
         raise ValueError(
-            f"{hypotheses} has {len(hyps)} lines but {references} has {len(refs)}; they must pair up line by line"
+            f"--hypotheses {hypotheses} has {len(hyps)} lines but --references {references} has {len(refs)}; "
+            "they must pair up line by line"
         )
     report = bleu(hyps, refs, lang)
     print(json.dumps(dataclasses.asdict(report)) if format == "json" else "\n".join(report.lines()))
