@@ -63,7 +63,6 @@ from attnx.inference.decoder import Decoder, as_decoder, decoding
 from attnx.inference.hypothesis import Hypothesis
 
 __all__ = [
-    "Hypothesis",
     "beam_search",
     "generate",
     "greedy_search",
