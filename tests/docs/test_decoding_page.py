@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 import sentencepiece as spm
 import torch
 
@@ -24,6 +25,7 @@ def python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", text, flags=re.M | re.S)
 
 
+@pytest.mark.slow  # untrained models decode to the page's maximum length (input + 50), with beam 5
 def test_every_python_example_of_the_decoding_page_runs(shared_data: Path, tmp_path: Path, monkeypatch):
     lines = multi30k_lines(shared_data, "train.en.gz", 200) + multi30k_lines(shared_data, "train.de.gz", 200)
     model = io.BytesIO()
