@@ -567,7 +567,7 @@ def test_sigterm_while_writing_to_a_pipe_says_how_many_lines_were_written(checkp
     written = len((got + rest).splitlines())
     assert process.returncode == 143 and 10 <= written < MANY
     assert (
-        f"stopped by SIGTERM after {written} of {MANY} line(s); {written} line(s) done were written to standard output"
+        f"stopped by SIGTERM after {written} of {MANY} line(s); {written} line(s) done were handed to standard output"
         in err.decode()
     )
 
