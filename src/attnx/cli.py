@@ -94,9 +94,9 @@ def missing_config(message: str, argv: list[str]) -> str | None:
 
 def run_function(name: str, argv: list[str]) -> int:
     """Parse `argv` against command `name`'s signature and run it."""
-    from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
+    from jsonargparse import ArgumentError, ArgumentParser
 
-    from attnx.commands.usage import configure_parsing, help_formatter
+    from attnx.commands.usage import config_file_action, configure_parsing, help_formatter, repeated_options
 
     configure_parsing()
     function = command_function(name)
@@ -112,9 +112,11 @@ def run_function(name: str, argv: list[str]) -> int:
     config_file = "config" not in inspect.signature(function).parameters  # describe's --config: a model
     if config_file:
         parser.add_argument(
-            "--config", action=ActionConfigFile, help="a YAML file with values for these options"
+            "--config",
+            action=config_file_action(tuple(name.removeprefix("--") for name in option_names(function))),
+            help="a YAML file with values for these options",
         )
-    argv = bare_flags(function, argv)
+    argv = repeated_options(function, bare_flags(function, argv))
     positional = getattr(function, "positional_list", None)
     if positional:  # `attnx download a b --output x`: the names before the first option form one list
         count = next((i for i, arg in enumerate(argv) if arg.startswith("-")), len(argv))

@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch
 import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.plugins import CheckpointIO
@@ -113,6 +114,20 @@ def checkpoint_override(argv: list[str]) -> list[str]:
 
 class AttnxCLI(LightningCLI):
     """LightningCLI with attnx's links, checks, callbacks and checkpoint handling."""
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """LightningCLI's parser, with a `--config` that names the file and the meant key of a misspelt one."""
+        from attnx.commands.usage import config_file_action
+
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.pytorch.__version__}"])
+        parser = self.parser_class(**kwargs)
+        parser.add_argument(
+            "-c",
+            "--config",
+            action=config_file_action(),
+            help="Path to a configuration file in json or yaml format.",
+        )
+        return parser
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.vocab_size", "model.transformer.vocab_size", apply_on="instantiate")
