@@ -33,6 +33,7 @@ from attnx.checkpoint import CheckpointError, read_checkpoint, remove_stale_temp
 from attnx.training.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint, TrainingInterrupted
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
+from attnx.training.optimizers import SCHEDULER_NEEDS_OPTIMIZER, choice_line, configure_optimizers
 from attnx.training.precision import resolve_cpu_precision
 from attnx.training.progress import ProgressLog, TrainingProgressBar
 from attnx.training.throughput import TokenThroughput
@@ -164,10 +165,19 @@ class AttnxCLI(LightningCLI):
         check_devices(trainer)
         if subcommand == "fit" and (choice := resolve_cpu_precision(trainer)):
             print(choice.line(), flush=True)  # trainer.precision unset: chosen from the CPU's bf16 units
+        if subcommand == "fit" and config.get("lr_scheduler") and not config.get("optimizer"):
+            raise ConfigError(SCHEDULER_NEEDS_OPTIMIZER)  # LightningCLI would drop it without a word
+        if subcommand == "fit" and config.get("optimizer"):
+            print(choice_line(config["optimizer"], config.get("lr_scheduler"), config["model"]), flush=True)
         pin_log_versions(trainer)
         threads = config.get("torch_threads")
         if threads:
             torch.set_num_threads(threads)
+
+    @staticmethod
+    def configure_optimizers(module: Any, optimizer: Any, lr_scheduler: Any = None) -> Any:
+        """`--optimizer` keeps Eq. 3 unless `--lr_scheduler` replaces it (see `attnx.training.optimizers`)."""
+        return configure_optimizers(module, optimizer, lr_scheduler)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         subcommand = self.config.get("subcommand")
@@ -332,6 +342,7 @@ def quiet_third_parties() -> None:
         ".*is not resumable.*",  # the DataModule restores its sampler itself
         ".*Consider setting `persistent_workers=True`.*",
         ".*`isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
+        ".*configure_optimizers` will be overridden by.*",  # --optimizer: attnx says what runs instead
     ):
         warnings.filterwarnings("ignore", message=message)
 
