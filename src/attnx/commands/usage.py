@@ -133,8 +133,8 @@ def unknown_key_error(source: str, key: str, options: Iterable[str]) -> UsageErr
 def config_file_action(fields: tuple[str, ...] = ()) -> type:
     """`--config FILE` (jsonargparse's `ActionConfigFile`) that checks the keys of each file as it reads it.
 
-    jsonargparse merges every config file unchecked and reports an unknown key once all are merged, without
-    the file or a hint; here a key that names no option is a [UsageError][attnx.commands.usage.UsageError]
+    A file that does not exist is said in the words of [attnx.configs.not_found][]. jsonargparse merges every
+    config file unchecked and reports an unknown key once all are merged, without the file or a hint; here a key that names no option is a [UsageError][attnx.commands.usage.UsageError]
     naming the file, its full dotted path and the option it most likely meant. The parser's own options are
     known to it; `fields` adds the fields of options it sees as one value (`search.beam` of an optional
     `search`). Only a key the parser itself refuses is reported: one it accepts (a linked
@@ -151,15 +151,19 @@ def config_file_action(fields: tuple[str, ...] = ()) -> type:
 
 
 def check_config_keys(parser: Any, value: str, fields: Iterable[str] = ()) -> None:
-    """Raise a [UsageError][attnx.commands.usage.UsageError] for the first key of config file (or string)
-    `value` that `parser` refuses as unknown."""
+    """Raise a [UsageError][attnx.commands.usage.UsageError] for a config file that does not exist, and for
+    the first key of config file (or string) `value` that `parser` refuses as unknown."""
     import yaml
+
+    from attnx.configs import not_found
 
     path = Path(value)
     try:
         values = yaml.safe_load(path.read_text(encoding="utf-8") if path.is_file() else value)
     except (OSError, ValueError, yaml.YAMLError):  # what jsonargparse read, it reads its own way
         return
+    if not path.is_file() and not isinstance(values, dict):  # neither a file nor a config written inline
+        raise UsageError(not_found(str(value)))
     defaults = parser.get_defaults()
     options = [key for key in defaults.keys() if key != "__path__"]  # noqa: SIM118 (a Namespace: nested keys)
     known = [*options, *fields]
