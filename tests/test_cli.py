@@ -271,3 +271,35 @@ def test_a_missing_config_file_is_worded_alike_by_every_command(tmp_path: Path) 
     for name, line in lines.items():
         assert line.startswith(f"attnx {name}: error: config 'missing.yaml' not found: no such file"), line
     assert "multi30k_cpu" in lines["fit"] and lines["translate"].endswith("no such file; check the path")
+
+
+CONFIG_TYPOS = {
+    "fit": ("trainr:\n  max_steps: 3\n", "unknown key trainr (did you mean trainer?)"),
+    "validate": (
+        "model:\n  transformer:\n    d_modle: 64\n",
+        "unknown key model.transformer.d_modle (did you mean model.transformer.d_model?)",
+    ),
+    "translate": ("search:\n  bem: 3\n", "unknown key search.bem (did you mean search.beam?)"),
+    "prepare": ("vocab_sise: 8000\n", "unknown key vocab_sise (did you mean vocab_size?)"),
+    "average": ("lats: 3\n", "unknown key lats (did you mean last?)"),
+    "describe": (
+        "model:\n  transformer:\n    d_modle: 64\n",
+        "unknown key model.transformer.d_modle (did you mean model.transformer.d_model?)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CONFIG_TYPOS)
+def test_a_misspelt_key_in_a_config_file_names_the_file_the_key_and_the_meant_one(
+    name: str, tmp_path: Path
+) -> None:
+    text, message = CONFIG_TYPOS[name]
+    (tmp_path / "my.yaml").write_text(text)
+    first = ["--config", "tiny"] if name in ("fit", "validate", "describe") else []
+    done = subprocess.run(
+        [sys.executable, "-m", "attnx", name, *first, "--config", "my.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stderr == f"attnx {name}: error: my.yaml: {message}\n", done.stderr

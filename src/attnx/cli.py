@@ -18,7 +18,6 @@ import importlib
 import inspect
 import json
 import os
-import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -77,26 +76,11 @@ def debugging() -> bool:
     return os.environ.get("ATTNX_DEBUG", "") not in ("", "0")
 
 
-def missing_config(message: str, argv: list[str]) -> str | None:
-    """jsonargparse's error for a `--config` file that does not exist, in the words `attnx fit` uses."""
-    from pathlib import Path
-
-    from attnx.configs import not_found
-
-    found = re.search(r"Parser key \"config\": File does not exist: '(.+?)'", message)
-    if not found:
-        return None
-    given = [value for option, value in zip(argv, argv[1:], strict=False) if option == "--config"]
-    given += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
-    name = next((value for value in given if Path(value).resolve() == Path(found.group(1))), found.group(1))
-    return not_found(name)
-
-
 def run_function(name: str, argv: list[str]) -> int:
     """Parse `argv` against command `name`'s signature and run it."""
-    from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
+    from jsonargparse import ArgumentError, ArgumentParser
 
-    from attnx.commands.usage import configure_parsing, help_formatter
+    from attnx.commands.usage import config_file_action, configure_parsing, help_formatter, repeated_options
 
     configure_parsing()
     function = command_function(name)
@@ -112,9 +96,11 @@ def run_function(name: str, argv: list[str]) -> int:
     config_file = "config" not in inspect.signature(function).parameters  # describe's --config: a model
     if config_file:
         parser.add_argument(
-            "--config", action=ActionConfigFile, help="a YAML file with values for these options"
+            "--config",
+            action=config_file_action(tuple(name.removeprefix("--") for name in option_names(function))),
+            help="a YAML file with values for these options",
         )
-    argv = bare_flags(function, argv)
+    argv = repeated_options(function, bare_flags(function, argv))
     positional = getattr(function, "positional_list", None)
     if positional:  # `attnx download a b --output x`: the names before the first option form one list
         count = next((i for i, arg in enumerate(argv) if arg.startswith("-")), len(argv))
@@ -123,9 +109,6 @@ def run_function(name: str, argv: list[str]) -> int:
     try:
         config = parser.parse_args(argv)
     except ArgumentError as err:
-        missing = missing_config(str(err), argv)
-        if missing:
-            raise UsageError(missing) from err
         options = ["--config", "--print_config", "--help", *option_names(function)]
         raise UsageError(suggest(one_line(str(err)), options)) from err
     try:

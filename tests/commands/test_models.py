@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from attnx.cli import main
 from attnx.data.corpus import FORMAT_VERSION
+from attnx.model import TransformerConfig, build_transformer
+from attnx.model.builders import count_parameters
 
 
 def test_describe_takes_the_vocabulary_of_the_prepared_corpus(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -49,3 +53,28 @@ def test_average_needs_checkpoints_or_a_directory(tmp_path: Path, capsys) -> Non
     assert "--checkpoints or --dir" in capsys.readouterr().err
     assert main(["average", "--dir", str(tmp_path / "none")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_describe_merges_several_configs_as_fit_does(tmp_path: Path) -> None:
+    """The second file changes d_model and one component's args; tiny's d_ff, heads and layers stay."""
+    (tmp_path / "mine.yaml").write_text(
+        "model:\n  transformer:\n    d_model: 64\n    self_attention: {args: {d_k: 8}}\n"
+        "trainer:\n  max_steps: 3\n"
+    )
+    configs = ["--config", "tiny", "--config", "mine.yaml"]
+
+    def attnx(*argv: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "attnx", *argv], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    described = attnx("describe", *configs, "--vocab_size", "300")
+    assert "d_model 64, d_ff 64, heads 4, layers 2+2" in described
+    assert "tiny.yaml + mine.yaml" in described
+    fitted = yaml.safe_load(attnx("fit", *configs, "--print_config"))["model"]["transformer"]
+    assert fitted["d_ff"] == 64 and fitted["self_attention"] == {"name": "multihead", "args": {"d_k": 8}}
+    config = TransformerConfig.from_dict({**fitted, "vocab_size": 300})
+    params = count_parameters(build_transformer(config))
+    assert f"parameters: {params:,} " in described  # the very model fit would build

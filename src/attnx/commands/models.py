@@ -76,30 +76,90 @@ def plugins() -> int:
     return 0
 
 
-def transformer_section(values: Any, source: str) -> dict[str, Any]:
-    """The transformer settings in a fit config (`model.transformer`) or a bare transformer config."""
+def transformer_section(values: Any, source: str) -> tuple[dict[str, Any], str]:
+    """The transformer settings in a fit config (`model.transformer`) or a bare transformer config, and the
+    dotted prefix of their keys in that file (`model.transformer.`, `transformer.` or none)."""
     if not isinstance(values, dict):
         raise ValueError(f"{source} is not a YAML mapping")
     model = values.get("model")
     if isinstance(model, dict):
         model = model.get("init_args", model)
         if isinstance(model.get("transformer"), dict):
-            return model["transformer"]
-        raise ValueError(f"{source} has a 'model' section but no 'model.transformer' in it")
-    return values.get("transformer", values)
+            return model["transformer"], "model.transformer."
+        if "transformer" in model:
+            raise ValueError(f"{source}: model.transformer is not a mapping")
+        return {}, "model.transformer."  # a fit config that keeps the model of the files before it
+    if "transformer" in values:
+        return dict(values["transformer"] or {}), "transformer."
+    return values, ""
 
 
-def data_vocab_size(values: Any, base: Path) -> int | None:
-    """The vocabulary size of the prepared corpus a fit config trains on, if that corpus exists here."""
-    from attnx.data.corpus import META, PreparedCorpus
-    from attnx.data.errors import DataError
+def checked_section(values: Any, source: str) -> dict[str, Any]:
+    """A file's transformer settings, each key known to [TransformerConfig][attnx.model.TransformerConfig] (a
+    misspelt one is a usage error naming the file, the key and the one it meant)."""
+    from attnx.commands.usage import option_names, unknown_key_error, unknown_keys
+    from attnx.model import TransformerConfig
 
+    section, prefix = transformer_section(values, source)
+    fields = [name.removeprefix("--") for name in option_names(TransformerConfig)]
+    if not prefix:  # a fit config without a model section, or a bare transformer config
+        section = {key: value for key, value in section.items() if key not in FIT_SECTIONS}
+    for key in unknown_keys(section, fields):
+        raise unknown_key_error(source, prefix + key, [prefix + field for field in fields])
+    return section
+
+
+FIT_SECTIONS = (
+    "seed_everything",
+    "trainer",
+    "data",
+    "evaluation",
+    "progress",
+    "throughput",
+    "optimizer",
+    "lr_scheduler",
+    "ckpt_path",
+    "torch_threads",
+)
+"""The top-level keys of a fit config other than `model`: a file of only these (an override of the training
+length, say) leaves the model of the files before it."""
+
+
+def merged(earlier: dict[str, Any], later: dict[str, Any], schema: type) -> dict[str, Any]:
+    """Settings of several config files as `attnx fit --config A --config B` merges them (jsonargparse):
+    a later file's keys win, a settings group (a component's `name` and `args`) merges key by key, and any
+    other value, a mapping of `args` included, is replaced whole."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(schema)
+    out = dict(earlier)
+    for key, value in later.items():
+        kind = hints.get(key)
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind) and isinstance(value, dict):
+            out[key] = merged(out.get(key) if isinstance(out.get(key), dict) else {}, value, kind)
+        else:
+            out[key] = value
+    return out
+
+
+def corpus_of(values: Any, path: Path) -> tuple[Any, Path] | None:
+    """The `data.data_dir` a fit config file sets, with the folder of that file, or None."""
     data = values.get("data") if isinstance(values, dict) else None
     data = data.get("init_args", data) if isinstance(data, dict) else None
     if not isinstance(data, dict) or "data_dir" not in data:
         return None
+    return data["data_dir"], path.parent
+
+
+def data_vocab_size(data_dir: Any, base: Path) -> int | None:
+    """The vocabulary size of the prepared corpus at `data_dir` (from here, else from `base`, the folder of
+    the config that names it), if that corpus exists."""
+    from attnx.data.corpus import META, PreparedCorpus
+    from attnx.data.errors import DataError
+
     for root in (Path.cwd(), base):
-        directory = root / str(data["data_dir"])
+        directory = root / str(data_dir)
         if (directory / META).is_file():
             try:
                 return int(PreparedCorpus(directory).vocab_size)
@@ -109,7 +169,7 @@ def data_vocab_size(values: Any, base: Path) -> int | None:
 
 
 def describe(
-    config: str | None = None,
+    config: str | list[str] | None = None,
     preset: Literal["base", "big"] | None = None,
     vocab_size: int | None = None,
     seq_len: int = 25,
@@ -121,10 +181,14 @@ def describe(
 
     Args:
         config: A fit config (its model.transformer section) or a transformer YAML: a path or a packaged name.
+            Given several times (--config base --config mine.yaml), the files merge as attnx fit merges them:
+            a later file's keys win, the others stay.
         preset: The paper's base or big model (Table 3).
         vocab_size: Shared vocabulary size.
         seq_len: Source and target length for the FLOPs count.
     """
+    import dataclasses
+
     import yaml
 
     from attnx.model import TransformerConfig, build_transformer
@@ -140,14 +204,21 @@ def describe(
     else:
         from attnx.configs import resolve
 
-        path = resolve(config)
-        values = yaml.safe_load(path.read_text(encoding="utf-8"))
-        section = dict(transformer_section(values, str(path)) or {})
+        paths = [resolve(name) for name in ([config] if isinstance(config, str) else config)]
+        section = dataclasses.asdict(TransformerConfig())  # what fit starts from, before its files
+        data_dir: tuple[Any, Path] | None = None
+        vocab_set = False
+        for path in paths:
+            values = yaml.safe_load(path.read_text(encoding="utf-8"))
+            settings = checked_section(values, str(path))
+            section = merged(section, settings, TransformerConfig)
+            vocab_set = vocab_set or "vocab_size" in settings
+            data_dir = corpus_of(values, path) or data_dir
         model_config = TransformerConfig.from_dict(section)
-        label = str(path)
-        if "vocab_size" in section:
+        label = " + ".join(map(str, paths))
+        if vocab_set:
             vocab_source = "the config's"
-        elif (found := data_vocab_size(values, path.parent)) is not None:
+        elif data_dir and (found := data_vocab_size(*data_dir)) is not None:
             model_config.vocab_size, vocab_source = found, "the prepared corpus's"
         else:
             vocab_source = "the paper's; no prepared corpus found, --vocab_size sets another"

@@ -1,17 +1,19 @@
 """Command-line plumbing shared by `attnx` (`attnx.cli`) and its LightningCLI commands
-(`attnx.training.cli`): the usage error, one-line messages, "did you mean" hints, bare boolean flags, and
-how option help is parsed and shown.
+(`attnx.training.cli`): the usage error, one-line messages, "did you mean" hints (for options and for the
+keys of `--config` files), bare boolean flags, repeated list options, and how option help is parsed and shown.
 
 Only the command layer imports this module; the library below it raises its own errors.
 """
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import difflib
 import functools
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +82,168 @@ def option_names(target: Any, prefix: str = "") -> list[str]:
             if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
                 names += option_names(candidate, key)
     return names
+
+
+def unknown_keys(values: Any, options: Iterable[str]) -> list[str]:
+    """The dotted paths in a config mapping that are neither an option in `options` (`model.lr_factor`) nor a
+    group above one (`model`, `model.transformer`). The value of an option is looked into only where
+    `options` names its fields (`search.beam` of an optional `search` group), not otherwise (a logger's
+    `init_args`, a component's `args`)."""
+    options = set(options)
+    groups = parents(options)
+    found: list[str] = []
+
+    def walk(mapping: dict[Any, Any], prefix: str) -> None:
+        for key, value in mapping.items():
+            path = f"{prefix}{key}"
+            if path in groups and isinstance(value, dict):
+                walk(value, f"{path}.")
+            elif path not in options and path not in groups:
+                found.append(path)
+
+    if isinstance(values, dict):
+        walk(values, "")
+    return found
+
+
+def parents(keys: Iterable[str]) -> set[str]:
+    """Every group above a dotted key: `model` and `model.transformer` for `model.transformer.d_model`."""
+    return {key.rsplit(".", depth)[0] for key in keys for depth in range(1, key.count(".") + 1)}
+
+
+def close_key(key: str, options: Iterable[str]) -> str | None:
+    """The known key (or keys) a misspelt config key most likely meant: a close name beside it
+    (`model.transformer.d_modle` → `model.transformer.d_model`), else the same or a close name in another
+    section (`model.max_steps` → `trainer.max_steps`, `beem` → `search.beam`)."""
+    options = set(options)
+    parent, _, name = key.rpartition(".")
+    siblings = {k.rpartition(".")[2]: k for k in options | parents(options) if k.rpartition(".")[0] == parent}
+    close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.7)
+    if close:
+        return siblings[close[0]]
+    names = {k.rpartition(".")[2] for k in options}
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    if not close:
+        return None
+    meant = sorted(k for k in options if k.rpartition(".")[2] == close[0])
+    return " or ".join(meant[:3])
+
+
+def unknown_key_error(source: str, key: str, options: Iterable[str]) -> UsageError:
+    """`my.yaml: unknown key trainr (did you mean trainer?)`: the file, the full dotted key and a hint."""
+    close = close_key(key, options)
+    hint = f" (did you mean {close}?)" if close else ""
+    return UsageError(f"{source}: unknown key {key}{hint}")
+
+
+@functools.cache
+def config_file_action(fields: tuple[str, ...] = ()) -> type:
+    """`--config FILE` (jsonargparse's `ActionConfigFile`) that checks the keys of each file as it reads it.
+
+    A file that does not exist is said in the words of [attnx.configs.not_found][]. jsonargparse merges every
+    config file unchecked and reports an unknown key once all are merged, without the file or a hint; here a key that names no option is a [UsageError][attnx.commands.usage.UsageError]
+    naming the file, its full dotted path and the option it most likely meant. The parser's own options are
+    known to it; `fields` adds the fields of options it sees as one value (`search.beam` of an optional
+    `search`). Only a key the parser itself refuses is reported: one it accepts (a linked
+    `model.transformer.vocab_size`) is left to it, as are bad values.
+    """
+    from jsonargparse import ActionConfigFile
+
+    class ConfigFile(ActionConfigFile):
+        def __call__(self, parser: Any, cfg: Any, values: Any, option_string: str | None = None) -> None:
+            check_config_keys(parser, values, fields)  # before jsonargparse reads a value of the file
+            super().__call__(parser, cfg, values, option_string)
+
+    return ConfigFile
+
+
+def check_config_keys(parser: Any, value: str, fields: Iterable[str] = ()) -> None:
+    """Raise a [UsageError][attnx.commands.usage.UsageError] for a config file that does not exist, and for
+    the first key of config file (or string) `value` that `parser` refuses as unknown."""
+    import yaml
+
+    from attnx.configs import not_found
+
+    path = Path(value)
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8") if path.is_file() else value)
+    except (OSError, ValueError, yaml.YAMLError):  # what jsonargparse read, it reads its own way
+        return
+    if not path.is_file() and not isinstance(values, dict):  # neither a file nor a config written inline
+        raise UsageError(not_found(str(value)))
+    defaults = parser.get_defaults()
+    options = [key for key in defaults.keys() if key != "__path__"]  # noqa: SIM118 (a Namespace: nested keys)
+    known = [*options, *fields]
+    source = str(value) if path.is_file() else "--config"
+    for key in unknown_keys(values, known):
+        if refused(parser, defaults, options, key, values):
+            raise unknown_key_error(source, key, known)
+
+
+def refused(parser: Any, defaults: Any, options: list[str], key: str, values: dict[str, Any]) -> bool:
+    """Whether `parser` refuses `key` of config `values`: as an unknown key (a `KeyError` of its own
+    validation), or, for a key inside an option's value (`search.bem`), by refusing that value with the key
+    and accepting it without."""
+    owner = next((option for option in options if key.startswith(f"{option}.")), None)
+    if owner is None:
+        probe = defaults.clone()
+        probe[key] = lookup(values, key)
+        try:
+            validate(parser, probe)
+        except KeyError:
+            return True
+        except Exception:  # a bad value: jsonargparse says it in its own words
+            return False
+        return False
+    given = copy.deepcopy(lookup(values, owner))
+    inner, _, last = key.removeprefix(f"{owner}.").rpartition(".")
+    without = copy.deepcopy(given)
+    container = lookup(without, inner) if inner else without
+    if not isinstance(container, dict):
+        return False
+    container.pop(last, None)
+    return not accepts(parser, defaults, owner, given) and accepts(parser, defaults, owner, without)
+
+
+def validate(parser: Any, config: Any) -> None:
+    """jsonargparse's own check of `config`, as outside a parse: a config file is read in a lenient
+    context that skips checking values, which a fresh `contextvars.Context` leaves behind."""
+    contextvars.Context().run(parser.validate, config, skip_required=True)
+
+
+def lookup(values: Any, key: str) -> Any:
+    """The value at dotted `key` of nested mappings (None where there is none)."""
+    for part in key.split("."):
+        values = values.get(part) if isinstance(values, dict) else None
+    return values
+
+
+def accepts(parser: Any, defaults: Any, option: str, value: Any) -> bool:
+    probe = defaults.clone()
+    probe[option] = value
+    try:
+        validate(parser, probe)
+    except Exception:  # any refusal: only the comparison with and without a key matters
+        return False
+    return True
+
+
+def repeated_options(function: Callable[..., Any], argv: list[str]) -> list[str]:
+    """An option whose type is a list, given several times, collects every value (`--config a --config b`
+    is `[a, b]`, as jsonargparse's `--config+ b` appends), rather than keeping the last one."""
+    import typing
+
+    lists = {
+        f"--{name}"
+        for name, kind in typing.get_type_hints(function).items()
+        if any(typing.get_origin(t) is list for t in (kind, *typing.get_args(kind)))
+    }
+    given = [arg.split("=", 1)[0] for arg in argv]
+    repeated = {option for option in lists if given.count(option) > 1}
+    return [
+        (arg.replace(option, f"{option}+", 1) if (option := arg.split("=", 1)[0]) in repeated else arg)
+        for arg in argv
+    ]
 
 
 def bare_flags(function: Callable[..., Any], argv: list[str]) -> list[str]:

@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch
 import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.plugins import CheckpointIO
@@ -32,6 +33,7 @@ from attnx.checkpoint import CheckpointError, read_checkpoint, remove_stale_temp
 from attnx.training.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint, TrainingInterrupted
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
+from attnx.training.optimizers import SCHEDULER_NEEDS_OPTIMIZER, choice_line, configure_optimizers
 from attnx.training.precision import resolve_cpu_precision
 from attnx.training.progress import ProgressLog, TrainingProgressBar
 from attnx.training.throughput import TokenThroughput
@@ -114,6 +116,20 @@ def checkpoint_override(argv: list[str]) -> list[str]:
 class AttnxCLI(LightningCLI):
     """LightningCLI with attnx's links, checks, callbacks and checkpoint handling."""
 
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """LightningCLI's parser, with a `--config` that names the file and the meant key of a misspelt one."""
+        from attnx.commands.usage import config_file_action
+
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.pytorch.__version__}"])
+        parser = self.parser_class(**kwargs)
+        parser.add_argument(
+            "-c",
+            "--config",
+            action=config_file_action(),
+            help="Path to a configuration file in json or yaml format.",
+        )
+        return parser
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.vocab_size", "model.transformer.vocab_size", apply_on="instantiate")
         parser.add_lightning_class_args(TranslationEvaluator, "evaluation")
@@ -149,10 +165,19 @@ class AttnxCLI(LightningCLI):
         check_devices(trainer)
         if subcommand == "fit" and (choice := resolve_cpu_precision(trainer)):
             print(choice.line(), flush=True)  # trainer.precision unset: chosen from the CPU's bf16 units
+        if subcommand == "fit" and config.get("lr_scheduler") and not config.get("optimizer"):
+            raise ConfigError(SCHEDULER_NEEDS_OPTIMIZER)  # LightningCLI would drop it without a word
+        if subcommand == "fit" and config.get("optimizer"):
+            print(choice_line(config["optimizer"], config.get("lr_scheduler"), config["model"]), flush=True)
         pin_log_versions(trainer)
         threads = config.get("torch_threads")
         if threads:
             torch.set_num_threads(threads)
+
+    @staticmethod
+    def configure_optimizers(module: Any, optimizer: Any, lr_scheduler: Any = None) -> Any:
+        """`--optimizer` keeps Eq. 3 unless `--lr_scheduler` replaces it (see `attnx.training.optimizers`)."""
+        return configure_optimizers(module, optimizer, lr_scheduler)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         subcommand = self.config.get("subcommand")
@@ -317,6 +342,7 @@ def quiet_third_parties() -> None:
         ".*is not resumable.*",  # the DataModule restores its sampler itself
         ".*Consider setting `persistent_workers=True`.*",
         ".*`isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
+        ".*configure_optimizers` will be overridden by.*",  # --optimizer: attnx says what runs instead
     ):
         warnings.filterwarnings("ignore", message=message)
 

@@ -177,13 +177,15 @@ class TranslationTask(pl.LightningModule):
             weight_decay=self.weight_decay,
             fused=self.device.type in ("cpu", "cuda"),
         )
-        schedule = torch.optim.lr_scheduler.LambdaLR(
+        return {"optimizer": optimizer, "lr_scheduler": self.schedule(optimizer)}
+
+    def schedule(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """§5.3 Eq. 3 as a multiple of `optimizer`'s learning rate (1.0 for the paper's Adam, so the schedule
+        is the rate), stepped after every update: Lightning's `lr_scheduler` entry."""
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(self.config.d_model, self.warmup_steps, self.lr_factor)
         )
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1},
-        }
+        return {"scheduler": scheduler, "interval": "step", "frequency": 1}
 
     # ------------------------------------------------------------------------ validation and test: loss
 
