@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
@@ -322,6 +323,20 @@ def test_nbest_texts_and_scores_match_the_eager_engine(
     )
     assert best >= 0.9 * len(sources)
     assert shared >= 3 * len(sources)
+
+
+def test_without_scores_the_same_hypotheses_come_without_the_scoring_pass(
+    translator: CTranslate2Translator, test_set: Pairs
+) -> None:
+    """`translate` asks for tokens only: CTranslate2's own scores, no `score_batch` pass, the same outputs."""
+    nbest = translator.with_search(nbest=2)
+    sources = test_set.sources[:20]
+    scored, unscored = nbest.generate_ids(sources), nbest.generate_ids(sources, scores=False)
+    assert [[h.tokens for h in a] for a in scored] == [[h.tokens for h in b] for b in unscored]
+    assert all(math.isnan(h.log_prob) and h.token_log_probs is None for hyps in unscored for h in hyps)
+    for a, b in zip(scored, unscored, strict=True):  # CTranslate2 renormalizes after banning <pad>, <s>
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=0.05)
+    assert nbest.translate_ids(sources) == [hyps[0].tokens for hyps in scored]
 
 
 def test_sampling_top_k_1_is_greedy_and_a_seed_repeats_the_samples(
