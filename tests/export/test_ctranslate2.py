@@ -359,15 +359,25 @@ def test_prefix_and_constraints_as_the_eager_engine(
 ) -> None:
     """Greedy with a forced prefix, `min_length` and `no_repeat_ngram`: the same outputs as attnx's."""
     sources = test_set.sources[:30]
-    prefixes = [y[:2] for y in test_set.references[:30]]
+    prefixes = [y[:2] if i % 3 else [] for i, y in enumerate(test_set.references[:30])]  # some without
     search = dict(beam=1, min_length=8, no_repeat_ngram=2, max_positions=128)
     ours = translator.with_search(**search).generate_ids(sources, prefixes)
     eager = EagerTranslator.from_checkpoint(trained, search=SearchConfig(**search))
     reference = eager.generate_ids(sources, prefixes)
     for a, b, prefix in zip(ours, reference, prefixes, strict=True):
-        assert a[0].tokens[:2] == prefix and len(a[0].tokens) >= 8
+        assert a[0].tokens[: len(prefix)] == prefix and len(a[0].tokens) >= 8
         assert a[0].tokens == b[0].tokens
         assert a[0].log_prob == pytest.approx(b[0].log_prob, abs=1e-4)
+
+
+def test_blank_pairs_are_scored_as_the_eager_engine_scores_them(
+    translator: CTranslate2Translator, trained: Path
+) -> None:
+    sources, targets = ["A dog runs.", "", "Two men."], ["", "Ein Hund.", "Zwei Männer."]
+    ours = translator.score(sources, targets)
+    reference = EagerTranslator.from_checkpoint(trained, search=translator.search).score(sources, targets)
+    assert [h.log_prob for h in ours] == pytest.approx([h.log_prob for h in reference], abs=1e-4)
+    assert [h.text for h in ours] == ["", "Ein Hund.", "Zwei Männer."]
 
 
 def test_alignment_or_an_ensemble_of_exports_is_one_line_saying_what_to_use(exported: Path, trained: Path):
