@@ -133,6 +133,7 @@ def check_changes(changes: list[tuple[str, Any, Any]], checkpoint: Path) -> list
 
 def model_changes(checkpoint_model: dict[str, Any], model: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """Changes of the `model` section only, for a checkpoint that does not record its whole config."""
+    checkpoint_model = {k: v for k, v in checkpoint_model.items() if not k.startswith("_")}  # Lightning's own
     return config_changes({"model": checkpoint_model}, {"model": model})
 
 
