@@ -3,6 +3,7 @@ static and c10d rendezvous, a resume on one node; and the paper's shape, 8 ranks
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -176,7 +177,7 @@ def test_eight_ranks_with_the_big_configs_ddp_settings(corpus: Path, tmp_path: P
 
 
 def start_nodes(commands: list[str], cwd: Path, extras: list[str]) -> list[subprocess.Popen]:
-    """Start one command per node, each in a session of its own (a node's processes can be signalled together)."""
+    """Start one command per node, at once."""
     env = {**environment(), "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return [
         subprocess.Popen(
@@ -186,15 +187,37 @@ def start_nodes(commands: list[str], cwd: Path, extras: list[str]) -> list[subpr
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            start_new_session=True,
         )
         for command in commands
     ]
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants: torchrun starts its workers in sessions of their own."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def kill_tree(pid: int, signum: int) -> None:
+    for member in reversed(process_tree(pid)):  # the workers first
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signum)
+
+
 def signal_nodes_at(processes: list[subprocess.Popen], step: int, signum: int, nodes: int) -> list[str]:
-    """Once node 0 prints its progress line of ``step``, send ``signum`` to every process of the first
-    ``nodes`` nodes; wait for all of them to end and return what each printed after that line."""
+    """Once node 0 prints its progress line of ``step``, send ``signum`` to the first ``nodes`` nodes (SIGKILL to
+    every process of the node, another signal to torchrun, which passes it on to its workers); wait for all of them
+    to end and return what each printed after that line."""
     try:
         for line in processes[0].stdout:
             if line.startswith(f"step {step}/"):
@@ -202,13 +225,16 @@ def signal_nodes_at(processes: list[subprocess.Popen], step: int, signum: int, n
         else:
             pytest.fail(f"node 0 ended before step {step}")
         for process in processes[:nodes]:
-            os.killpg(process.pid, signum)
+            if signum == signal.SIGKILL:
+                kill_tree(process.pid, signum)
+            else:
+                process.send_signal(signum)
         return [process.communicate(timeout=300)[0] for process in processes]
     finally:
         for process in processes:
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                kill_tree(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 @pytest.mark.slow

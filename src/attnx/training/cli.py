@@ -394,14 +394,15 @@ def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
 
 
 def resume_command(argv: list[str], checkpoint: Path) -> str:
-    """The command line that resumes an interrupted `attnx fit` from `checkpoint`."""
+    """The command line that resumes an interrupted `attnx fit` from `checkpoint` (without the `--init_from` that
+    started the run: the checkpoint holds its weights now)."""
     args, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--ckpt_path":
+        elif arg in ("--ckpt_path", "--init_from"):
             skip = True
-        elif not arg.startswith("--ckpt_path="):
+        elif not arg.startswith(("--ckpt_path=", "--init_from=")):
             args.append(arg)
     try:
         checkpoint = checkpoint.resolve().relative_to(Path.cwd())
