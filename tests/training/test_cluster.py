@@ -244,10 +244,10 @@ def test_two_nodes_killed_and_resumed_end_as_the_uninterrupted_run(corpus: Path,
     from tests.training.test_runs import checkpoint_files, every_two_steps
 
     config = every_two_steps(tmp_path)
-    extras = [
-        *probe_args(corpus, tmp_path / "probe", 8)[:6],
+    extras = [  # the config first: what follows it overrides it (corpus, steps, no BLEU)
         "--config",
         str(config),
+        *probe_args(corpus, tmp_path / "probe", 8)[:6],
         "--progress.every_n_steps",
         "1",
     ]
