@@ -6,6 +6,9 @@ CSV and TensorBoard logs continue without the steps after the checkpoint (the ki
 resumed run logs again), and the step checkpoints keep accumulating under one `keep` rule, so
 `AverageCheckpoints` averages the last k of the whole run.
 
+A validation due at the very step where a stop signal saved is not run (stopping comes first, and Lightning's
+loop does not go back to it on resume): the logs lack that one validation row.
+
 Resuming from an older checkpoint than the run's newest abandons what came after it: its step checkpoints
 are moved into `checkpoints/abandoned_after_step=N/` (never averaged) and said in one line.
 
