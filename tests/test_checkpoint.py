@@ -128,3 +128,57 @@ def test_a_full_disk_during_fit_is_one_line_naming_the_file_and_the_space(
     assert lines[-1].startswith("attnx fit: error: cannot write checkpoint "), lines[-1]
     assert str(checkpoints) in lines[-1] and "the disk is full" in lines[-1], lines[-1]
     assert "MiB free in" in lines[-1] and "the checkpoint needs about 1.0 MiB" in lines[-1], lines[-1]
+
+
+FILL = """
+import os, resource, signal, subprocess, sys, torch
+from attnx.checkpoint import CheckpointError, atomic_save
+directory, how = sys.argv[1], sys.argv[2]
+checkpoint = {"state_dict": {f"w{i}": torch.randn(64, 256) for i in range(12)}, "attnx": {"n": 1}}  # 0.8 MiB
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over RLIMIT_FSIZE, write() fails with EFBIG instead
+for kib in [4, 8, 12, 60, 64, 68, 100, 200, 333, 400, 500, 512, 600, 700, 768, 777, 800, 812, 820, 824]:
+    if how == "tmpfs":
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", directory], check=True)
+    else:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (kib * 1024, resource.RLIM_INFINITY))
+    try:
+        atomic_save(checkpoint, os.path.join(directory, "step=1.ckpt"))
+        print(kib, "saved")
+    except CheckpointError as err:
+        print(kib, "one line:", str(err).replace(chr(10), " / "))
+    except BaseException as err:
+        print(kib, "escaped:", type(err).__name__, str(err).replace(chr(10), " / "))
+    print(kib, "left:", sorted(os.listdir(directory)), flush=True)
+    if how == "tmpfs":
+        subprocess.run(["umount", directory], check=True)
+    else:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+"""
+
+
+def test_a_full_disk_is_one_line_at_every_free_space(tmp_path: Path) -> None:
+    """A full disk at 20 sizes between 4 KiB and the checkpoint's own: torch.save fails in several ways (its
+    writer's "file write failed", or an "unexpected pos" of an archive closed after a partial write), each one
+    line naming the file. A tmpfs of that size where `unshare -rm` may mount one, else a file size limit
+    (RLIMIT_FSIZE: the write fails with EFBIG at that size, as it does with ENOSPC on a full disk)."""
+    tmpfs = shutil.which("unshare") is not None and subprocess.run(["unshare", "-rm", "true"]).returncode == 0
+    command = [sys.executable, "-c", FILL, str(tmp_path), "tmpfs" if tmpfs else "rlimit"]
+    done = subprocess.run(
+        ["unshare", "-rm", *command] if tmpfs else command, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [line.split(" ", 1) for line in done.stdout.splitlines()]
+    outcomes = [rest for _, rest in results if not rest.startswith("left:")]
+    assert len(outcomes) == 20 and not [o for o in outcomes if o.startswith("escaped")], done.stdout
+    failed = [o for o in outcomes if o.startswith("one line")]
+    assert len(failed) >= 15, done.stdout  # the last sizes may hold the whole checkpoint
+    for outcome in failed:
+        assert f"cannot write checkpoint {tmp_path}/step=1.ckpt: " in outcome, outcome
+        assert "the previous file is kept" in outcome, outcome
+        if tmpfs:
+            assert "the disk is full" in outcome and "the checkpoint needs about 0.8 MiB" in outcome, outcome
+    for kib, rest in results:  # no temporary is ever left behind; a failed write leaves no file at all
+        if rest.startswith("left:"):
+            assert rest in ("left: []", "left: ['step=1.ckpt']"), (kib, rest)

@@ -170,8 +170,9 @@ def atomic_write(path: str | Path, needed: int = 0, what: str = "checkpoint") ->
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError) or _is_write_failure(err):
-            raise CheckpointError(_write_failure(path, err, needed, what)) from err
+        cause = _write_failure_of(err)
+        if cause is not None:
+            raise CheckpointError(_write_failure(path, cause, needed, what)) from err
         raise
 
 
@@ -181,9 +182,24 @@ def _umask() -> int:
     return mask
 
 
-def _is_write_failure(err: BaseException) -> bool:
-    """torch.save reports a failed write as `RuntimeError: [enforce fail ...] ... file write failed`."""
-    return isinstance(err, RuntimeError) and "write failed" in str(err)
+def _write_failure_of(err: BaseException) -> BaseException | None:
+    """The failed write behind `err`, or None when `err` is not one.
+
+    An `OSError` is one. torch.save reports a failed write in two ways: `RuntimeError: [enforce fail ...] file
+    write failed` from its own writer, or, when the `OSError` of the Python file it writes to (ENOSPC after part
+    of a record went out) makes it close the archive at the wrong offset, `RuntimeError: [enforce fail ...]
+    unexpected pos N vs M` with that `OSError` as its context: the `OSError` is then what failed.
+    """
+    seen: set[int] = set()
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        if isinstance(link, OSError):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    if isinstance(err, RuntimeError) and "write failed" in str(err):
+        return err
+    return None
 
 
 def _write_failure(path: Path, err: BaseException, needed: int, what: str) -> str:
