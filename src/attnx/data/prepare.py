@@ -655,7 +655,8 @@ def check_output(out: Path, inputs: Inputs, meta: dict[str, Any] | None) -> set[
     if not out.is_dir():
         return set()
     owned = owned_files(out, meta)
-    unknown = sorted(p.name + "/" * p.is_dir() for p in out.iterdir() if p.name not in owned)
+    # a report of an earlier run (`--report OUT/report.md`) is prepare's too, and stays
+    unknown = sorted(p.name + "/" * p.is_dir() for p in out.iterdir() if p.name not in owned and not is_report(p))
     if unknown:
         shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
         raise DataError(
@@ -754,15 +755,21 @@ def report_markdown(meta: dict[str, Any], output: str | Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def is_report(path: Path) -> bool:
+    """Whether `path` is a `--report` file attnx prepare wrote (a regular file that starts with its header)."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.readline().rstrip(b"\n") == REPORT_HEADER.encode()
+    except OSError:
+        return False
+
+
 def write_report(path: Path, meta: dict[str, Any], output: str | Path) -> None:
     """Write the `--report` file; a file of that name is replaced only if an earlier report wrote it."""
     if path.exists():
-        try:
-            with open(path, encoding="utf-8") as f:
-                ours = f.readline().rstrip("\n") == REPORT_HEADER
-        except (OSError, UnicodeDecodeError):
-            ours = False
-        if not ours:
+        if not is_report(path):
             raise DataError(
                 f"--report {path} exists and is not a report attnx wrote; pass a new file name (the corpus in "
                 f"{output} is ready)"
