@@ -1,9 +1,11 @@
 """Checkpoint format shared by training, averaging and decoding.
 
 A checkpoint is a Lightning checkpoint (a dict) that also carries everything needed to decode without the
-training config: `checkpoint["attnx"] = {"format_version", "transformer", "tokenizer"}`, where
-`transformer` is [`TransformerConfig.to_dict`][attnx.model.builders.TransformerConfig.to_dict]
-(component *names* and numbers, never classes) and `tokenizer` is the serialized SentencePiece model.
+training config: `checkpoint["attnx"] = {"format_version", "transformer", "tokenizer", "tokenizer_sha256"}`,
+where `transformer` is [`TransformerConfig.to_dict`][attnx.model.builders.TransformerConfig.to_dict]
+(component *names* and numbers, never classes), `tokenizer` is the serialized SentencePiece model and
+`tokenizer_sha256` its SHA-256 (what `sha256sum spm.model` prints; checkpoints written before it was recorded
+are checked against the hash of the bytes they carry).
 Model weights live in `checkpoint["state_dict"]` under the `model.` prefix. Everything loads with
 `torch.load(weights_only=True)`.
 """
@@ -27,7 +29,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from attnx.data.tokenizer import Tokenizer
+from attnx.data.tokenizer import Tokenizer, sha256_hex
 from attnx.model import Transformer, TransformerConfig, build_transformer
 
 FORMAT_VERSION = 1
@@ -97,7 +99,33 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint {path} has attnx format {version!r}; this attnx reads {FORMAT_VERSION}"
         )
+    recorded = meta.get("tokenizer_sha256")
+    if recorded is not None and recorded != tokenizer_sha256(checkpoint):
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: the SentencePiece model it carries does not match the SHA-256 "
+            "recorded with it. Use another checkpoint (e.g. an earlier one from the same run directory)."
+        )
     return checkpoint
+
+
+def tokenizer_sha256(checkpoint: dict[str, Any]) -> str:
+    """SHA-256 of the SentencePiece model a checkpoint carries (the hash of its bytes, for every checkpoint)."""
+    return sha256_hex(bytes(checkpoint["attnx"]["tokenizer"]))
+
+
+def check_tokenizer(checkpoint: dict[str, Any], path: str | Path | None, tokenizer: Tokenizer) -> None:
+    """Refuse, in one line naming both files, to pair a checkpoint with another SentencePiece model than the
+    one it was trained with (`attnx fit --ckpt_path`, `attnx test` on a config's data): its ids would
+    silently mean other pieces."""
+    theirs = tokenizer_sha256(checkpoint)
+    if theirs == tokenizer.sha256:
+        return
+    where = tokenizer.path or "the data's SentencePiece model"
+    raise CheckpointError(
+        f"checkpoint {path or '(given)'} was trained with another SentencePiece model than {where} (SHA-256 "
+        f"{theirs[:12]}… vs {tokenizer.sha256[:12]}…): use the prepared corpus the checkpoint was trained on "
+        "(its data_dir), or a checkpoint trained on this one"
+    )
 
 
 def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -132,6 +160,7 @@ def make_metadata(config: TransformerConfig, tokenizer: Tokenizer) -> dict[str, 
         "format_version": FORMAT_VERSION,
         "transformer": config.to_dict(),
         "tokenizer": tokenizer.to_bytes(),
+        "tokenizer_sha256": tokenizer.sha256,
     }
 
 

@@ -656,7 +656,9 @@ def check_output(out: Path, inputs: Inputs, meta: dict[str, Any] | None) -> set[
         return set()
     owned = owned_files(out, meta)
     # a report of an earlier run (`--report OUT/report.md`) is prepare's too, and stays
-    unknown = sorted(p.name + "/" * p.is_dir() for p in out.iterdir() if p.name not in owned and not is_report(p))
+    unknown = sorted(
+        p.name + "/" * p.is_dir() for p in out.iterdir() if p.name not in owned and not is_report(p)
+    )
     if unknown:
         shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
         raise DataError(
@@ -768,12 +770,11 @@ def is_report(path: Path) -> bool:
 
 def write_report(path: Path, meta: dict[str, Any], output: str | Path) -> None:
     """Write the `--report` file; a file of that name is replaced only if an earlier report wrote it."""
-    if path.exists():
-        if not is_report(path):
-            raise DataError(
-                f"--report {path} exists and is not a report attnx wrote; pass a new file name (the corpus in "
-                f"{output} is ready)"
-            )
+    if path.exists() and not is_report(path):
+        raise DataError(
+            f"--report {path} exists and is not a report attnx wrote; pass a new file name (the corpus in "
+            f"{output} is ready)"
+        )
     try:
         path.write_text(report_markdown(meta, output), encoding="utf-8")
     except OSError as e:
