@@ -407,15 +407,27 @@ def test_damaged_bin_is_named_when_the_corpus_is_opened(toy: Path, tmp_path: Pat
     assert recorded == ids.max() < 60
     if damage == "out-of-vocabulary":
         ids[len(ids) // 2] = 60_000
-        message = r"train\.de\.bin holds token id 60000, outside the vocabulary of 60 pieces"
+        unchecked = r"train\.de\.bin holds token id 60000, outside the vocabulary of 60 pieces"
     elif damage == "changed":
         ids[ids == recorded] = 4  # still inside the vocabulary, but not what was written
-        message = r"train\.de\.bin changed after it was prepared"
+        unchecked = r"train\.de\.bin changed after it was prepared \(largest id"
     else:
         ids = ids[:-5]
-        message = r"train\.de\.bin holds .* ids but its index train\.de\.idx\.npy covers"
+        unchecked = r"train\.de\.bin holds .* ids but its index train\.de\.idx\.npy covers"
+    message = {  # the size, else the SHA-256 that meta.json records, names it first
+        "truncated": r"train\.de\.bin has [\d,]+ bytes, meta\.json records [\d,]+"
+    }.get(
+        damage,
+        r"train\.de\.bin is not the file prepare wrote \(its SHA-256 is not the one meta\.json records\)",
+    )
     path.write_bytes(ids.tobytes())
     with pytest.raises(DataError, match=message):
         PreparedCorpus(out).dataset("train")
     with pytest.raises(DataError, match=rf"{message}.*run `attnx prepare` again into"):
         TranslationDataModule(str(out)).train_dataloader()
+    # without the checksums (a corpus of an earlier attnx) the ids themselves are still checked
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["checksums"]
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=unchecked):
+        PreparedCorpus(out).dataset("train")

@@ -52,7 +52,7 @@ from attnx.data.cleaning import (
     start_worker,
     wrong_language,
 )
-from attnx.data.corpus import FORMAT_VERSION, META, SPM_MODEL, ids_dtype
+from attnx.data.corpus import FORMAT_VERSION, META, SPM_MODEL, checksums, ids_dtype
 from attnx.data.errors import DataError
 from attnx.data.text import read_aligned, read_chunks, read_pairs, resolve
 from attnx.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
@@ -524,8 +524,11 @@ def prepare(
     owned = check_output(out, inputs, old)
     corpus_fp, spm_fp = fingerprints(inputs, settings)
     if old and old.get("fingerprint") == corpus_fp and not old.get("incomplete") and _complete(out, old):
-        old["reused"] = True
-        return old
+        damage = _damage(out, old)
+        if damage is None:
+            old["reused"] = True
+            return old
+        print(f"{damage}: preparing the corpus again")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -565,6 +568,7 @@ def prepare(
             and old.get("spm_fingerprint") == spm_fp
             and not old.get("incomplete")
             and (out / SPM_MODEL).is_file()
+            and _damage(out, old, [SPM_MODEL, Path(SPM_MODEL).with_suffix(".vocab").name]) is None
         )
         if not reuse_spm:
             train_sentencepiece(list(texts[TRAIN]), work, settings, workers)
@@ -600,6 +604,9 @@ def prepare(
             "seconds": {step: round(t, 2) for step, t in seconds.items()},
         }
         meta["files"] = _expected_files(meta)
+        meta["spm_sha256"] = tokenizer.sha256
+        sums = checksums(work, [f for f in meta["files"] if (work / f).is_file()])
+        meta["checksums"] = {f: sums[f] if f in sums else old["checksums"][f] for f in meta["files"]}  # type: ignore[index]
         _publish(out, work, meta, owned, fresh=[f for f in meta["files"] if (work / f).is_file()])
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -617,6 +624,23 @@ def _expected_files(meta: dict[str, Any]) -> list[str]:
             if name != TRAIN:
                 files.append(f"{name}.{lang}")
     return files
+
+
+def _damage(out: Path, meta: dict[str, Any], names: list[str] | None = None) -> str | None:
+    """Why the files `names` (default: all) of the corpus in `out` cannot be reused, or None when each has the
+    size and SHA-256 `meta` records. A corpus prepared before checksums were kept cannot be checked, so it is
+    not reused either: preparing it again records them."""
+    recorded = meta.get("checksums")
+    if not isinstance(recorded, dict):
+        return f"{out} was prepared before attnx recorded checksums"
+    for name in list(recorded) if names is None else names:
+        path = out / name
+        entry = recorded.get(name)
+        if not isinstance(entry, dict) or not path.is_file() or path.stat().st_size != entry.get("bytes"):
+            return f"{path} changed after it was prepared"
+    sums = checksums(out, list(recorded) if names is None else names)
+    changed = next((name for name, entry in sums.items() if entry != recorded[name]), None)
+    return None if changed is None else f"{out / changed} changed after it was prepared"
 
 
 def _complete(out: Path, meta: dict[str, Any]) -> bool:
