@@ -88,12 +88,15 @@ def translate(
     """
     import logging
 
-    from attnx.commands.usage import refuse_to_replace
+    from attnx.commands.usage import refuse_to_replace, require_extra
+    from attnx.inference.ctranslate2 import is_ctranslate2_model
     from attnx.inference.load import load
 
     if output != "-":
         refuse_to_replace(output, force)
     check_device(device)
+    if is_ctranslate2_model(model):
+        require_extra("ct2", f"attnx translate --model {model} (a CTranslate2 model)")
     lines = read_segments(input)
     translator = load(model, device=device, search=search, max_tokens=max_tokens)
     warnings = logging.StreamHandler(sys.stderr)  # warnings reach the user whatever logging is set up
