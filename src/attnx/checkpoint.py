@@ -20,6 +20,7 @@ import pickle
 import re
 import shutil
 import tempfile
+import time
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -183,14 +184,17 @@ def atomic_write(path: str | Path, needed: int = 0, what: str = "checkpoint") ->
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+        # the temporary file appears and is locked under a shared lock of its directory, which the cleaner
+        # takes exclusively: it never sees a file whose writer has not locked it yet (remove_stale_temporaries).
+        # A filesystem without locks (Lustre mounted without flock) refuses them; the write goes on, and the
+        # cleaner, refused as well, keeps what it cannot tell apart.
+        with _directory_lock(path.parent, fcntl.LOCK_SH):
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as err:
         raise CheckpointError(f"cannot write {what} {path}: {err.strerror or err}") from err
     try:
-        # before the first byte: see remove_stale_temporaries. A filesystem without locks (Lustre mounted
-        # without flock) refuses it; the write goes on, and the cleaner, refused as well, keeps the file.
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -203,6 +207,35 @@ def atomic_write(path: str | Path, needed: int = 0, what: str = "checkpoint") ->
         if cause is not None:
             raise CheckpointError(_write_failure(path, cause, needed, what)) from err
         raise
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: Path, kind: int, wait: float | None = None) -> Iterator[bool]:
+    """Hold a `flock` of `kind` on `directory`; yields whether it is held (False: no locks on this
+    filesystem, or, with `wait` seconds, not granted in time)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield False
+        return
+    try:
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, kind | (0 if deadline is None else fcntl.LOCK_NB))
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:  # type: ignore[operator]
+                    held = False
+                    break
+                time.sleep(0.01)
+            except OSError:
+                held = False
+                break
+        yield held
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _umask() -> int:
@@ -279,32 +312,41 @@ def atomic_copy(source: str | Path, target: str | Path) -> None:
         shutil.copyfileobj(src, f, 1 << 20)
 
 
+CLEANER_WAIT = 10.0
+"""Seconds the cleaner waits for writers to lock the temporary files they are creating (a writer holds the
+directory's lock for the microseconds between creating and locking its file)."""
+
+
 def remove_stale_temporaries(directory: str | Path) -> list[Path]:
     """Remove the temporary files that writes through [`atomic_write`][attnx.checkpoint.atomic_write] left when
     their process was killed; returns them.
 
     Only files named as `atomic_write` names them are considered, and only those no process holds a lock on
-    (a live writer keeps its lock until it renames the file). An empty one is left alone: its writer may not
-    have taken the lock yet.
+    (a live writer keeps its lock until it renames the file). Writers create and lock their file under a shared
+    lock of the directory, which this takes exclusively, so an unlocked file is a dead writer's even when it is
+    empty (killed as the file appeared). Where the directory cannot be locked (a filesystem without locks, or
+    writers still creating files after `CLEANER_WAIT` seconds) empty files are left alone: their writer may not
+    have locked them yet.
     """
     directory = Path(directory)
     removed: list[Path] = []
     if not directory.is_dir():
         return removed
-    for path in sorted(directory.iterdir()):
-        if not _TEMPORARY.match(path.name) or not path.is_file() or path.is_symlink():
-            continue
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError:  # removed meanwhile, or not ours to open
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.fstat(fd).st_size > 0:
-                path.unlink()
-                removed.append(path)
-        except OSError:  # locked: a writer is still at work
-            pass
-        finally:
-            os.close(fd)
+    with _directory_lock(directory, fcntl.LOCK_EX, wait=CLEANER_WAIT) as no_writer_between_create_and_lock:
+        for path in sorted(directory.iterdir()):
+            if not _TEMPORARY.match(path.name) or not path.is_file() or path.is_symlink():
+                continue
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError:  # removed meanwhile, or not ours to open
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if no_writer_between_create_and_lock or os.fstat(fd).st_size > 0:
+                    path.unlink()
+                    removed.append(path)
+            except OSError:  # locked: a writer is still at work
+                pass
+            finally:
+                os.close(fd)
     return removed
