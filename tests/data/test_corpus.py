@@ -123,3 +123,13 @@ def test_a_corpus_without_checksums_opens_with_one_line(
     said = [r.getMessage() for r in caplog.records]
     assert said == [f"attnx: {prepared} was prepared before attnx recorded checksums, so damage to its files "
                     "cannot be detected; run `attnx prepare` again to record them"]  # fmt: skip
+
+
+def test_a_damaged_checksums_entry_is_one_error(prepared: Path) -> None:
+    meta = json.loads((prepared / "meta.json").read_text())
+    meta["checksums"]["train.de.bin"] = "0123"
+    (prepared / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(
+        DataError, match=r"meta\.json has a damaged 'checksums' entry: run `attnx prepare` again"
+    ):
+        PreparedCorpus(prepared)

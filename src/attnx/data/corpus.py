@@ -152,7 +152,17 @@ class PreparedCorpus:
     def checksums(self) -> dict[str, dict[str, Any]] | None:
         """Size and SHA-256 of each file prepare wrote, or None for a corpus prepared before they were kept."""
         recorded = self.meta.get("checksums")
-        return recorded if isinstance(recorded, dict) else None
+        if recorded is None:
+            return None
+        if not isinstance(recorded, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
+            for e in recorded.values()
+        ):
+            raise DataError(
+                f"{self.data_dir / META} has a damaged 'checksums' entry: run `attnx prepare` again into "
+                f"{self.data_dir}"
+            )
+        return recorded
 
     def _damaged(self, name: str, what: str) -> DataError:
         return DataError(
