@@ -908,6 +908,8 @@ def _ignore_stop_signals() -> None:
 
 def _stopped(stop: Interrupted, output: str | Path, replaced: bool, report_file: str | Path | None) -> int:
     """Say what an interrupted prepare left (one line on standard error); return the exit status."""
+    for signum in STOP_SIGNALS:  # a second signal does not cut the line (`_stop_signals` restores them)
+        signal.signal(signum, signal.SIG_IGN)
     how = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
     if replaced:
         left = (
