@@ -2,12 +2,16 @@
 
     python bench/bench_data.py [--data DIR] [--tmp DIR] [--pairs 1000000] [--big_pairs 4500000] [--only NAME ...]
     python bench/bench_data.py --only wmt [--wmt_pairs 4500000] [--workers 2]   # cleaning at WMT14 scale
+    python bench/bench_data.py --only checksums [--big_pairs 4500000]            # the corpus checksums' cost
 
 ``wmt`` builds a WMT14-sized training corpus of real sentences: every pair of the corpora in ``--data``
 (Multi30k, the OpenNMT WMT sample, newstest 2008-2020, about 85k pairs) repeated with the copy number appended
 to the source side, so deduplication keeps each copy and language identification sees real text. It is split
 into three corpora like Europarl, Common Crawl and News Commentary, prepared with every cleaning filter on, and
 each cleaning step is also timed alone on 100k pairs (``stages``): where the time goes.
+
+``checksums`` times what the per-file SHA-256 of a prepared corpus costs on the synthetic WMT14-sized binarized
+corpus (and on Multi30k): prepare recording them, and opening the corpus for training verifying them.
 
 Each measurement runs in its own child process so that peak RSS (``ru_maxrss``) is that measurement's alone.
 Results go to stdout as a Markdown table; docs/benchmarks.md records them with the machine they ran on.
@@ -208,7 +212,7 @@ def synthetic_text(prefix: Path, pairs: int, seed: int = 0) -> None:
 
 def synthetic_binarized(out: Path, pairs: int, spm_model: Path, seed: int = 0) -> None:
     """A prepared-corpus directory of ``pairs`` random training pairs (WMT14-like lengths), written directly."""
-    from attnx.data.corpus import FORMAT_VERSION
+    from attnx.data.corpus import BINARY, FORMAT_VERSION, checksums
 
     rng = np.random.default_rng(seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -234,6 +238,8 @@ def synthetic_binarized(out: Path, pairs: int, spm_model: Path, seed: int = 0) -
     }
     meta = {"format_version": FORMAT_VERSION, "src_lang": "en", "tgt_lang": "de", "vocab_size": 8000}
     meta |= {"dtype": "uint16", "splits": {"train": split | {"inputs": {}}}}
+    meta["files"] = ["spm.model"] + [f"train.{lang}{end}" for lang in ("en", "de") for end in BINARY]
+    meta["checksums"] = checksums(out, meta["files"])
     (out / "meta.json").write_text(json.dumps(meta))
 
 
@@ -295,6 +301,34 @@ def child_datamodule(data_dir: str, max_tokens: int, batches: int) -> dict[str, 
     }
 
 
+def child_checksums(data_dir: str) -> dict[str, float]:
+    """What the corpus checksums cost on a corpus in the page cache: prepare hashing every file it wrote, and
+    `attnx fit` opening the corpus (sizes, then the SHA-256 of the training split's files, in threads)."""
+    from attnx.data.corpus import PreparedCorpus, checksums
+
+    directory = Path(data_dir)
+    files = json.loads((directory / "meta.json").read_text())["files"]
+    megabytes = sum((directory / name).stat().st_size for name in files) / 2**20
+    checksums(directory, files)  # read once: the page cache holds the corpus, as after prepare wrote it
+    start = time.perf_counter()
+    checksums(directory, files)
+    record = time.perf_counter() - start
+    start = time.perf_counter()
+    corpus = PreparedCorpus(directory)
+    opened = time.perf_counter() - start
+    corpus.verify_split("train")
+    corpus.tokenizer  # noqa: B018  (its SHA-256 is checked as it loads)
+    verified = time.perf_counter() - start
+    return {
+        "megabytes": megabytes,
+        "prepare_record_seconds": record,
+        "open_sizes_seconds": opened,
+        "open_and_verify_seconds": verified,
+        "verify_mb_per_second": megabytes / verified,
+        "threads": min(len(files), os.cpu_count() or 1),
+    }
+
+
 def rounded(value: object) -> object:
     if isinstance(value, float):
         return round(value, 3)
@@ -311,7 +345,11 @@ def in_child(name: str, *args: object) -> dict[str, float]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-CHILDREN = {"fill": (child_fill, (str, int)), "datamodule": (child_datamodule, (str, int, int))}
+CHILDREN = {
+    "fill": (child_fill, (str, int)),
+    "datamodule": (child_datamodule, (str, int, int)),
+    "checksums": (child_checksums, (str,)),
+}
 
 
 def main() -> None:
@@ -358,7 +396,7 @@ def main() -> None:
         result["dropped"] = train_meta["dropped"]
         results[f"prepare wmt-sized {args.wmt_pairs:,} real pairs, cleaning on"] = result
         shutil.rmtree(tmp / "wmt_raw"), shutil.rmtree(tmp / "wmt")
-    if {"multi30k", "fill", "datamodule"} & set(args.only):
+    if {"multi30k", "fill", "datamodule", "checksums"} & set(args.only):
         splits = ["--train", m30k / "train", "--valid", m30k / "val", "--test", m30k / "test_2016_flickr"]
         shutil.rmtree(prepared, ignore_errors=True)
         results["prepare multi30k"] = run_prepare([*langs, *map(str, splits), "--output", str(prepared)])
@@ -374,13 +412,17 @@ def main() -> None:
     if "fill" in args.only:
         for max_tokens in (4096, 25_000 // 8, 1024):
             results[f"fill multi30k max_tokens {max_tokens}"] = in_child("fill", prepared, max_tokens)
-    if "datamodule" in args.only:
+    if {"datamodule", "checksums"} & set(args.only):
         big = tmp / "big"
         start = time.perf_counter()
         synthetic_binarized(big, args.big_pairs, prepared / "spm.model")
         print(f"wrote a {args.big_pairs:,}-pair binarized corpus in {time.perf_counter() - start:.0f} s")
+    if "datamodule" in args.only:
         results[f"datamodule {args.big_pairs:,} pairs"] = in_child("datamodule", big, 4096, 200)
         results["datamodule multi30k"] = in_child("datamodule", prepared, 4096, 100)
+    if "checksums" in args.only:
+        results[f"checksums {args.big_pairs:,} pairs"] = in_child("checksums", big)
+        results["checksums multi30k"] = in_child("checksums", prepared)
     for name, r in results.items():
         print(f"{name}: {json.dumps(rounded(r))}")
     shutil.rmtree(tmp, ignore_errors=True)

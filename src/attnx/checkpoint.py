@@ -1,9 +1,11 @@
 """Checkpoint format shared by training, averaging and decoding.
 
 A checkpoint is a Lightning checkpoint (a dict) that also carries everything needed to decode without the
-training config: `checkpoint["attnx"] = {"format_version", "transformer", "tokenizer"}`, where
-`transformer` is [`TransformerConfig.to_dict`][attnx.model.builders.TransformerConfig.to_dict]
-(component *names* and numbers, never classes) and `tokenizer` is the serialized SentencePiece model.
+training config: `checkpoint["attnx"] = {"format_version", "transformer", "tokenizer", "tokenizer_sha256"}`,
+where `transformer` is [`TransformerConfig.to_dict`][attnx.model.builders.TransformerConfig.to_dict]
+(component *names* and numbers, never classes), `tokenizer` is the serialized SentencePiece model and
+`tokenizer_sha256` its SHA-256 (what `sha256sum spm.model` prints; checkpoints written before it was recorded
+are checked against the hash of the bytes they carry).
 Model weights live in `checkpoint["state_dict"]` under the `model.` prefix. Everything loads with
 `torch.load(weights_only=True)`.
 """
@@ -18,6 +20,7 @@ import pickle
 import re
 import shutil
 import tempfile
+import time
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -27,7 +30,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from attnx.data.tokenizer import Tokenizer
+from attnx.data.tokenizer import Tokenizer, sha256_hex
 from attnx.model import Transformer, TransformerConfig, build_transformer
 
 FORMAT_VERSION = 1
@@ -97,7 +100,33 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint {path} has attnx format {version!r}; this attnx reads {FORMAT_VERSION}"
         )
+    recorded = meta.get("tokenizer_sha256")
+    if recorded is not None and recorded != tokenizer_sha256(checkpoint):
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: the SentencePiece model it carries does not match the SHA-256 "
+            "recorded with it. Use another checkpoint (e.g. an earlier one from the same run directory)."
+        )
     return checkpoint
+
+
+def tokenizer_sha256(checkpoint: dict[str, Any]) -> str:
+    """SHA-256 of the SentencePiece model a checkpoint carries (the hash of its bytes, for every checkpoint)."""
+    return sha256_hex(bytes(checkpoint["attnx"]["tokenizer"]))
+
+
+def check_tokenizer(checkpoint: dict[str, Any], path: str | Path | None, tokenizer: Tokenizer) -> None:
+    """Refuse, in one line naming both files, to pair a checkpoint with another SentencePiece model than the
+    one it was trained with (`attnx fit --ckpt_path`, `attnx test` on a config's data): its ids would
+    silently mean other pieces."""
+    theirs = tokenizer_sha256(checkpoint)
+    if theirs == tokenizer.sha256:
+        return
+    where = tokenizer.path or "the data's SentencePiece model"
+    raise CheckpointError(
+        f"checkpoint {path or '(given)'} was trained with another SentencePiece model than {where} (SHA-256 "
+        f"{theirs[:12]}… vs {tokenizer.sha256[:12]}…): use the prepared corpus the checkpoint was trained on "
+        "(its data_dir), or a checkpoint trained on this one"
+    )
 
 
 def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -132,6 +161,7 @@ def make_metadata(config: TransformerConfig, tokenizer: Tokenizer) -> dict[str, 
         "format_version": FORMAT_VERSION,
         "transformer": config.to_dict(),
         "tokenizer": tokenizer.to_bytes(),
+        "tokenizer_sha256": tokenizer.sha256,
     }
 
 
@@ -154,14 +184,17 @@ def atomic_write(path: str | Path, needed: int = 0, what: str = "checkpoint") ->
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+        # the temporary file appears and is locked under a shared lock of its directory, which the cleaner
+        # takes exclusively: it never sees a file whose writer has not locked it yet (remove_stale_temporaries).
+        # A filesystem without locks (Lustre mounted without flock) refuses them; the write goes on, and the
+        # cleaner, refused as well, keeps what it cannot tell apart.
+        with _directory_lock(path.parent, fcntl.LOCK_SH):
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as err:
         raise CheckpointError(f"cannot write {what} {path}: {err.strerror or err}") from err
     try:
-        # before the first byte: see remove_stale_temporaries. A filesystem without locks (Lustre mounted
-        # without flock) refuses it; the write goes on, and the cleaner, refused as well, keeps the file.
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -170,9 +203,39 @@ def atomic_write(path: str | Path, needed: int = 0, what: str = "checkpoint") ->
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError) or _is_write_failure(err):
-            raise CheckpointError(_write_failure(path, err, needed, what)) from err
+        cause = _write_failure_of(err)
+        if cause is not None:
+            raise CheckpointError(_write_failure(path, cause, needed, what)) from err
         raise
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: Path, kind: int, wait: float | None = None) -> Iterator[bool]:
+    """Hold a `flock` of `kind` on `directory`; yields whether it is held (False: no locks on this
+    filesystem, or, with `wait` seconds, not granted in time)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield False
+        return
+    try:
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, kind | (0 if deadline is None else fcntl.LOCK_NB))
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:  # type: ignore[operator]
+                    held = False
+                    break
+                time.sleep(0.01)
+            except OSError:
+                held = False
+                break
+        yield held
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _umask() -> int:
@@ -181,9 +244,24 @@ def _umask() -> int:
     return mask
 
 
-def _is_write_failure(err: BaseException) -> bool:
-    """torch.save reports a failed write as `RuntimeError: [enforce fail ...] ... file write failed`."""
-    return isinstance(err, RuntimeError) and "write failed" in str(err)
+def _write_failure_of(err: BaseException) -> BaseException | None:
+    """The failed write behind `err`, or None when `err` is not one.
+
+    An `OSError` is one. torch.save reports a failed write in two ways: `RuntimeError: [enforce fail ...] file
+    write failed` from its own writer, or, when the `OSError` of the Python file it writes to (ENOSPC after part
+    of a record went out) makes it close the archive at the wrong offset, `RuntimeError: [enforce fail ...]
+    unexpected pos N vs M` with that `OSError` as its context: the `OSError` is then what failed.
+    """
+    seen: set[int] = set()
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        if isinstance(link, OSError):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    if isinstance(err, RuntimeError) and "write failed" in str(err):
+        return err
+    return None
 
 
 def _write_failure(path: Path, err: BaseException, needed: int, what: str) -> str:
@@ -234,32 +312,41 @@ def atomic_copy(source: str | Path, target: str | Path) -> None:
         shutil.copyfileobj(src, f, 1 << 20)
 
 
+CLEANER_WAIT = 10.0
+"""Seconds the cleaner waits for writers to lock the temporary files they are creating (a writer holds the
+directory's lock for the microseconds between creating and locking its file)."""
+
+
 def remove_stale_temporaries(directory: str | Path) -> list[Path]:
     """Remove the temporary files that writes through [`atomic_write`][attnx.checkpoint.atomic_write] left when
     their process was killed; returns them.
 
     Only files named as `atomic_write` names them are considered, and only those no process holds a lock on
-    (a live writer keeps its lock until it renames the file). An empty one is left alone: its writer may not
-    have taken the lock yet.
+    (a live writer keeps its lock until it renames the file). Writers create and lock their file under a shared
+    lock of the directory, which this takes exclusively, so an unlocked file is a dead writer's even when it is
+    empty (killed as the file appeared). Where the directory cannot be locked (a filesystem without locks, or
+    writers still creating files after `CLEANER_WAIT` seconds) empty files are left alone: their writer may not
+    have locked them yet.
     """
     directory = Path(directory)
     removed: list[Path] = []
     if not directory.is_dir():
         return removed
-    for path in sorted(directory.iterdir()):
-        if not _TEMPORARY.match(path.name) or not path.is_file() or path.is_symlink():
-            continue
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError:  # removed meanwhile, or not ours to open
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.fstat(fd).st_size > 0:
-                path.unlink()
-                removed.append(path)
-        except OSError:  # locked: a writer is still at work
-            pass
-        finally:
-            os.close(fd)
+    with _directory_lock(directory, fcntl.LOCK_EX, wait=CLEANER_WAIT) as no_writer_between_create_and_lock:
+        for path in sorted(directory.iterdir()):
+            if not _TEMPORARY.match(path.name) or not path.is_file() or path.is_symlink():
+                continue
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError:  # removed meanwhile, or not ours to open
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if no_writer_between_create_and_lock or os.fstat(fd).st_size > 0:
+                    path.unlink()
+                    removed.append(path)
+            except OSError:  # locked: a writer is still at work
+                pass
+            finally:
+                os.close(fd)
     return removed

@@ -113,3 +113,46 @@ def test_without_litserve_the_error_says_what_to_install(checkpoint, monkeypatch
     monkeypatch.setitem(sys.modules, "litserve", None)  # import litserve raises ImportError
     assert attnx_main(["serve", "--model", str(checkpoint)]) == 2
     assert 'pip install "attnx[serve]"' in capsys.readouterr().err
+
+
+HIDDEN = "import sys; sys.modules.update(dict.fromkeys(sys.argv[1].split(','), None)); sys.argv[1:2] = []; " \
+    "from attnx.cli import main; sys.exit(main())"  # fmt: skip
+"""`attnx ARGS` in a subprocess where the modules named first cannot be imported (an extra not installed)."""
+
+
+def without(modules: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", HIDDEN, modules, *argv], capture_output=True, text=True)
+
+
+def test_a_missing_extra_is_one_line_naming_it_in_every_command(checkpoint, tmp_path):
+    """export to either format, and translate or serve a CTranslate2 model, without the extra they need: one
+    line naming the extra, exit 2, as `serve` without LitServe (it was a 29-line ImportError traceback)."""
+    exported = tmp_path / "ct2"
+    assert (
+        attnx_main(
+            ["export", "--ckpt_path", str(checkpoint), "--format", "ctranslate2", "--output", str(exported)]
+        )
+        == 0
+    )
+    cases = [
+        ("ctranslate2", ["export", "--ckpt_path", str(checkpoint), "--format", "ctranslate2", "--output", str(tmp_path / "a")],
+         'attnx export: error: attnx export --format ctranslate2 needs ctranslate2, which is not installed: pip install "attnx[ct2]"'),
+        ("transformers", ["export", "--ckpt_path", str(checkpoint), "--format", "huggingface", "--output", str(tmp_path / "b")],
+         'attnx export: error: attnx export --format huggingface needs transformers, which is not installed: pip install "attnx[hf]"'),
+        ("ctranslate2", ["translate", "--model", str(exported), "--input", str(checkpoint)],
+         f'attnx translate: error: attnx translate --model {exported} (a CTranslate2 model) needs ctranslate2, which is not installed: pip install "attnx[ct2]"'),
+        ("ctranslate2", ["serve", "--model", str(exported)],
+         f'attnx serve: error: attnx serve --model {exported} (a CTranslate2 model) needs ctranslate2, which is not installed: pip install "attnx[ct2]"'),
+    ]  # fmt: skip
+    for hidden, argv, line in cases:
+        done = without(hidden, *argv)
+        assert (done.returncode, done.stderr, done.stdout) == (2, line + "\n", ""), (
+            argv,
+            done.stderr[-2000:],
+        )
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # the checkpoint itself needs no extra
+    done = without(
+        "ctranslate2,transformers", "translate", "--model", str(checkpoint), "--search.max_len_b", "3"
+    )
+    assert done.returncode == 0, done.stderr

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -106,8 +108,13 @@ def test_resume_with_another_plan_warns_and_restarts_the_epoch() -> None:
 
 def test_oversized_pair_is_rejected_in_training_alone_in_evaluation() -> None:
     src, tgt = np.array([5, 5000, 7, 6]), np.array([5, 20, 7, 6])
-    with pytest.raises(DataError, match="1 pair.* longer than max_tokens=100.*5001"):
+    with pytest.raises(DataError, match="1 pair.* longer than max_tokens=100.*5001") as refused:
         TokenBatchSampler(src, tgt, 100)
+    # the advice names an option `attnx prepare` has, with a value that fits the budget (length + EOS)
+    assert str(refused.value).endswith("prepare the corpus with --max_sentence_tokens 99 or less")
+    from attnx.commands.data import prepare
+
+    assert "max_sentence_tokens" in inspect.signature(prepare).parameters
     batches = [b.tolist() for b in TokenBatchSampler(src, tgt, 100, shuffle=False, allow_oversized=True)]
     assert [1] in batches and sorted(sum(batches, [])) == [0, 1, 2, 3]
 

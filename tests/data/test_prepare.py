@@ -374,6 +374,24 @@ def run_in_process(raw: Path, out: Path) -> None:
     prepare(Inputs.from_prefixes({"train": [raw / "train"]}, "en", "de"), out, settings)
 
 
+def test_a_report_inside_the_output_is_prepares_own(toy: Path, tmp_path: Path) -> None:
+    """`--report OUT/report.md`, then the same command: the corpus is reused and the report rewritten (it was
+    refused as a file prepare did not write); a rebuild keeps it too, and a user's file beside it is refused."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "attnx", "prepare", "--src_lang", "en", "--tgt_lang", "de", "--train",
+               str(toy / "train"), "--vocab_size", "60", "--drop_wrong_language", "false", "--output", str(out),
+               "--report", str(out / "report.md")]  # fmt: skip
+    for word in ("prepared", "reused"):
+        result = subprocess.run(command, capture_output=True, text=True)
+        assert result.returncode == 0 and word in result.stdout, result.stderr
+        assert (out / "report.md").read_text().startswith("# attnx prepare: what cleaning dropped")
+    rebuilt = subprocess.run([*command[:-2], "--vocab_size", "61"], capture_output=True, text=True)
+    assert rebuilt.returncode == 0 and (out / "report.md").is_file(), rebuilt.stderr
+    (out / "notes.md").write_text("# my notes\n")
+    refused = subprocess.run(command, capture_output=True, text=True)
+    assert refused.returncode == 1 and "did not write (notes.md)" in refused.stderr
+
+
 # --- a damaged corpus is one error when it is opened ----------------------------------------------------
 
 
@@ -389,15 +407,91 @@ def test_damaged_bin_is_named_when_the_corpus_is_opened(toy: Path, tmp_path: Pat
     assert recorded == ids.max() < 60
     if damage == "out-of-vocabulary":
         ids[len(ids) // 2] = 60_000
-        message = r"train\.de\.bin holds token id 60000, outside the vocabulary of 60 pieces"
+        unchecked = r"train\.de\.bin holds token id 60000, outside the vocabulary of 60 pieces"
     elif damage == "changed":
         ids[ids == recorded] = 4  # still inside the vocabulary, but not what was written
-        message = r"train\.de\.bin changed after it was prepared"
+        unchecked = r"train\.de\.bin changed after it was prepared \(largest id"
     else:
         ids = ids[:-5]
-        message = r"train\.de\.bin holds .* ids but its index train\.de\.idx\.npy covers"
+        unchecked = r"train\.de\.bin holds .* ids but its index train\.de\.idx\.npy covers"
+    message = {  # the size, else the SHA-256 that meta.json records, names it first
+        "truncated": r"train\.de\.bin has [\d,]+ bytes, meta\.json records [\d,]+"
+    }.get(
+        damage,
+        r"train\.de\.bin is not the file prepare wrote \(its SHA-256 is not the one meta\.json records\)",
+    )
     path.write_bytes(ids.tobytes())
     with pytest.raises(DataError, match=message):
         PreparedCorpus(out).dataset("train")
     with pytest.raises(DataError, match=rf"{message}.*run `attnx prepare` again into"):
         TranslationDataModule(str(out)).train_dataloader()
+    # without the checksums (a corpus of an earlier attnx) the ids themselves are still checked
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["checksums"]
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=unchecked):
+        PreparedCorpus(out).dataset("train")
+
+
+@pytest.mark.slow
+def test_sigterm_at_every_moment_is_one_line_and_a_consistent_corpus(tmp_path: Path) -> None:
+    """SIGTERM at 16 moments from the start of the build to the end of the process, the last moments included
+    (the corpus already moved into place, the report being printed, Python shutting down; there it killed
+    prepare with 143 and no message): each ends with the previous corpus kept and one line saying so, or the
+    new corpus complete and one line saying so (status 143), or the whole report and status 0."""
+    import signal
+    import time
+
+    src = sentences(3000, 7)
+    write_pair(tmp_path / "raw" / "train", src, translate(src))
+    out = tmp_path / "out"
+    assert run(tmp_path / "raw", out) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    command = [sys.executable, "-m", "attnx", "prepare", "--src_lang", "en", "--tgt_lang", "de", "--train",
+               str(tmp_path / "raw" / "train"), "--vocab_size", "61", "--drop_wrong_language", "false",
+               "--workers", "1", "--output", str(out)]  # fmt: skip
+
+    def attempt(delay: float | None) -> tuple[subprocess.Popen[str], float, str, str]:
+        shutil.rmtree(out)
+        out.mkdir()
+        for name, data in before.items():
+            (out / name).write_bytes(data)
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while not list(out.glob(".attnx-prepare-*")) and child.poll() is None:
+            time.sleep(0.002)  # the build has started: prepare's handlers are installed
+        started = time.monotonic()
+        if delay is not None:
+            time.sleep(delay)
+            child.send_signal(signal.SIGTERM)
+        stdout, stderr = child.communicate(timeout=120)
+        return child, time.monotonic() - started, stdout, stderr
+
+    import shutil
+
+    durations = []
+    for _ in range(3):  # from the start of the build to the end of the process, undisturbed
+        child, duration, stdout, _ = attempt(None)
+        assert child.returncode == 0 and stdout.endswith(f"corpus: {out}\n")
+        durations.append(duration)
+    outcomes = set()
+    for k in range(16):
+        child, _, stdout, stderr = attempt(sorted(durations)[1] * 1.15 * k / 15)
+        lines = stderr.strip().splitlines()
+        assert "Traceback" not in stderr, stderr
+        if child.returncode == 0 or child.returncode == -signal.SIGTERM:  # after the last line was printed
+            assert stdout.endswith(f"corpus: {out}\n") and stderr == "", (child.returncode, stdout, stderr)
+            outcome = "new"
+        else:
+            assert child.returncode == 143 and len(lines) == 1, (child.returncode, stderr)
+            assert lines[0].startswith("attnx prepare: interrupted by SIGTERM; "), lines
+            outcome = "new" if "holds the complete corpus" in lines[0] else "kept"
+            assert outcome == "new" or "keeps what it held before" in lines[0], lines
+        if outcome == "kept":
+            assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+        else:
+            assert PreparedCorpus(out).vocab_size == 61 and {p.name for p in out.iterdir()} == set(
+                PreparedCorpus(out).meta["files"]
+            ) | {"meta.json"}
+            PreparedCorpus(out).verify_split("train")
+        outcomes.add((child.returncode, outcome))
+    assert (143, "kept") in outcomes and any(outcome == "new" for _, outcome in outcomes), outcomes

@@ -387,3 +387,53 @@ def test_alignment_or_an_ensemble_of_exports_is_one_line_saying_what_to_use(expo
         CTranslate2Translator.load(exported, alignment=True)
     with pytest.raises(ValueError, match="CTranslate2 exports cannot be ensembled"):
         attnx.load([exported, trained])
+
+
+def test_a_swapped_sentencepiece_model_is_refused_in_one_line(
+    exported: Path, loaded: LoadedModel, shared_data: Path, tmp_path: Path
+) -> None:
+    """`attnx translate --model CT2_DIR` whose sentencepiece.model was replaced by another of the same size:
+    one line naming both files (it translated with rc 0). An export of an earlier attnx (no hash in attnx.json)
+    is checked against the vocabulary CTranslate2 saved with the model."""
+    import gzip
+    import shutil
+    import subprocess
+    import sys
+
+    from attnx.data.prepare import Settings, train_sentencepiece
+    from attnx.data.tokenizer import Tokenizer
+
+    meta = json.loads((exported / METADATA).read_text())
+    assert meta["tokenizer_sha256"] == loaded.tokenizer.sha256
+    text = tmp_path / "other.txt"
+    with gzip.open(shared_data / "multi30k" / "train.de.gz", "rt", encoding="utf-8") as f:
+        text.write_text("".join(f.readlines()[20_000:24_000]), encoding="utf-8")
+    train_sentencepiece([text], tmp_path, Settings("en", "de", vocab_size=1000), workers=1)
+    other = Tokenizer.load(tmp_path / "spm.model")
+    assert other.vocab_size == loaded.tokenizer.vocab_size and other.sha256 != loaded.tokenizer.sha256
+
+    swapped = tmp_path / "swapped"
+    shutil.copytree(exported, swapped)
+    shutil.copy(tmp_path / "spm.model", swapped / "sentencepiece.model")
+
+    def translate(model: Path) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "attnx", "translate", "--model", str(model)]
+        return subprocess.run(command, input="A dog runs.\n", capture_output=True, text=True)
+
+    done = translate(swapped)
+    assert done.returncode == 1 and done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(
+        f"attnx translate: error: {swapped / 'sentencepiece.model'} is not the SentencePiece model "
+        f"{swapped / 'model.bin'} was exported with (SHA-256 {other.sha256[:12]}…, attnx.json records "
+        f"{loaded.tokenizer.sha256[:12]}…)"
+    ), done.stderr
+
+    del meta["tokenizer_sha256"]  # as an earlier attnx wrote it
+    (swapped / METADATA).write_text(json.dumps(meta))
+    done = translate(swapped)
+    assert done.returncode == 1 and "its pieces differ from shared_vocabulary.json" in done.stderr, (
+        done.stderr
+    )
+    shutil.copy(exported / "sentencepiece.model", swapped / "sentencepiece.model")
+    done = translate(swapped)
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1 and done.stderr == "", done.stderr

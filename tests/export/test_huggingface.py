@@ -3,6 +3,7 @@ logits and greedy translations; its tokenizer gives attnx's ids."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -57,6 +58,11 @@ def test_files_and_config(exported: Path, marian, loaded: LoadedModel) -> None:
     assert json.loads((exported / "config.json").read_text())["normalize_before"] is False
     assert not marian.final_logits_bias.any()
     assert marian.lm_head.weight.data_ptr() == marian.model.shared.weight.data_ptr()
+    # the SentencePiece model's identity travels with the export: sha256sum source.spm gives what attnx.json says
+    recorded = json.loads((exported / "attnx.json").read_text())["tokenizer_sha256"]
+    assert recorded == loaded.tokenizer.sha256
+    for name in ("source.spm", "target.spm"):
+        assert hashlib.sha256((exported / name).read_bytes()).hexdigest() == recorded
 
 
 def test_positions_are_attnx_sinusoids_in_marian_order(marian, loaded: LoadedModel) -> None:

@@ -73,6 +73,32 @@ def test_checkpoints_of_another_model_are_refused_by_name(tmp_path: Path, tokeni
         average_checkpoints([*ours, *odd])
 
 
+def test_checkpoints_of_another_sentencepiece_model_are_refused_by_name(
+    tmp_path: Path, tokenizer: Tokenizer, shared_data: Path
+) -> None:
+    """The same model config with another tokenizer of the same size: the ids of one are not the other's."""
+    import gzip
+    import io
+
+    import sentencepiece as spm
+
+    with gzip.open(shared_data / "multi30k" / "train.de.gz", "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()[5000:7000]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=tokenizer.vocab_size, model_type="bpe",
+        pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
+    )  # fmt: skip
+    other = Tokenizer.from_bytes(model.getvalue())
+    assert other.vocab_size == tokenizer.vocab_size and other.sha256 != tokenizer.sha256
+    ours = write_checkpoints(tmp_path, tokenizer, steps=(1, 2))
+    odd = write_checkpoints(tmp_path / "other", other, steps=(3,))
+    with pytest.raises(
+        CheckpointError, match=r"other/step=3\.ckpt.*another SentencePiece model than .*step=1"
+    ):
+        average_checkpoints([*ours, *odd])
+
+
 def test_truncated_and_foreign_files_are_clear_errors(tmp_path: Path, tokenizer: Tokenizer, capsys) -> None:
     (good,) = write_checkpoints(tmp_path, tokenizer, steps=(1,))
     truncated = tmp_path / "truncated.ckpt"

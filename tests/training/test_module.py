@@ -169,3 +169,85 @@ def test_a_checkpoint_differing_only_in_dropout_loads() -> None:
     theirs = tiny_config(vocab_size=300, dropout=0.1).to_dict()
     ours.on_load_checkpoint({"attnx": {"transformer": theirs}, "state_dict": {}})
     assert ours.config.dropout == 0.3  # the run's new value stays
+
+
+# --- the tokenizer is part of the model -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def other_corpus(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another slice of Multi30k with its own 300-piece SentencePiece model: the same size as the `corpus`
+    fixture's, other pieces."""
+    import gzip
+
+    root = tmp_path_factory.mktemp("other_slice")
+    for split, lang in [(s, lang) for s in ("train", "val", "test_2016_flickr") for lang in ("en", "de")]:
+        with gzip.open(shared_data / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines = f.read().splitlines()[1000:1400] if split == "train" else f.read().splitlines()[:50]
+        (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = root / "prepared"
+    argv = ["prepare", "--src_lang", "en", "--tgt_lang", "de", "--vocab_size", "300", "--workers", "1"]
+    argv += [
+        "--train",
+        str(root / "train"),
+        "--valid",
+        str(root / "val"),
+        "--test",
+        str(root / "test_2016_flickr"),
+    ]
+    assert attnx([*argv, "--output", str(out)]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_a_checkpoint_refuses_another_sentencepiece_model(
+    corpus: Path, other_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`attnx test` and `attnx fit --ckpt_path` on a corpus whose SentencePiece model is not the checkpoint's
+    (same size, other pieces): one line naming both files. A checkpoint written before the hash was recorded
+    is checked by the hash of the model it carries."""
+    import subprocess
+    import sys
+
+    from attnx.checkpoint import read_checkpoint
+    from attnx.data.tokenizer import Tokenizer
+
+    ours, theirs = Tokenizer.load(corpus / "spm.model"), Tokenizer.load(other_corpus / "spm.model")
+    assert ours.vocab_size == theirs.vocab_size and ours.sha256 != theirs.sha256
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        assert attnx(fit_args(corpus, "--trainer.max_steps", "2", "--evaluation.bleu_samples", "0")) == 0
+    run = tmp_path / "runs" / "tiny" / "version_0"
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    assert read_checkpoint(checkpoint)["attnx"]["tokenizer_sha256"] == ours.sha256
+
+    command = [
+        sys.executable,
+        "-m",
+        "attnx",
+        *fit_args(other_corpus, "--ckpt_path", str(checkpoint), subcommand="test"),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"attnx test: error: checkpoint {checkpoint} was trained with another SentencePiece "
+                           f"model than {other_corpus / 'spm.model'}"), line  # fmt: skip
+    assert f"{ours.sha256[:12]}… vs {theirs.sha256[:12]}…" in line, line
+
+    older = tmp_path / "older.ckpt"  # as attnx wrote it before recording the hash
+    state = torch.load(checkpoint, weights_only=True)
+    del state["attnx"]["tokenizer_sha256"]
+    torch.save(state, older)
+    extra = ("--trainer.max_steps", "3", "--trainer.callbacks", "null", "--evaluation.bleu_samples", "0")
+    for ckpt in (checkpoint, older):
+        capsys.readouterr()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(tmp_path)
+            assert attnx(fit_args(other_corpus, "--ckpt_path", str(ckpt), *extra)) == 1
+        err = capsys.readouterr().err
+        assert (
+            f"attnx fit: error: checkpoint {ckpt} was trained with another SentencePiece model than" in err
+        ), err
+    with pytest.MonkeyPatch.context() as mp:  # its own corpus: resumes
+        mp.chdir(tmp_path)
+        assert attnx(fit_args(corpus, "--ckpt_path", str(older), *extra)) == 0

@@ -65,17 +65,20 @@ def serve(
     import os
 
     from attnx.commands.translate import check_device
-    from attnx.commands.usage import UsageError
+    from attnx.commands.usage import UsageError, require_extra
 
     try:
         import litserve  # noqa: F401
     except ImportError:
         raise UsageError('attnx serve needs LitServe: pip install "attnx[serve]"') from None
+    from attnx.inference.ctranslate2 import is_ctranslate2_model
     from attnx.serving.server import serve as run_server
 
     check_device(device)
     if not os.path.exists(model):
         raise FileNotFoundError(f"--model {model} does not exist")
+    if is_ctranslate2_model(model):
+        require_extra("ct2", f"attnx serve --model {model} (a CTranslate2 model)")
     if threads == 0 and workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
     settings = ServeSettings(
@@ -130,8 +133,10 @@ def export(
             penalty, so the default is beam 4, α 0.6 with length_penalty fairseq).
         force: Replace an existing output directory.
     """
+    from attnx.commands.usage import require_extra
     from attnx.export.common import ExportError
 
+    require_extra("hf" if format == "huggingface" else "ct2", f"attnx export --format {format}")
     weights = None if quantization == "none" else quantization
     if format == "huggingface":
         if weights is not None or search is not None:

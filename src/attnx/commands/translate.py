@@ -91,7 +91,8 @@ def translate(
         run_translation,
         stop_on_sigterm,
     )
-    from attnx.commands.usage import refuse_to_replace
+    from attnx.commands.usage import refuse_to_replace, require_extra
+    from attnx.inference.ctranslate2 import is_ctranslate2_model
 
     if buffer_size < 1:
         raise ValueError(f"--buffer_size must be at least 1, got {buffer_size}")
@@ -99,6 +100,9 @@ def translate(
     if output != "-":
         refuse_to_replace(output, force)
     check_device(device)
+    for path in model if isinstance(model, list) else [model]:
+        if is_ctranslate2_model(path):
+            require_extra("ct2", f"attnx translate --model {path} (a CTranslate2 model)")
     with stop_on_sigterm():
         try:
             with PairedInputs(input, target=target, prefix=prefix) as inputs:

@@ -311,3 +311,21 @@ def refuse_to_replace(path: str | Path, force: bool, option: str = "--output") -
             f"{option} {path} already exists and is left as it is; choose another {option}, or pass --force "
             "to replace it"
         )
+
+
+EXTRAS = {"ct2": ("ctranslate2",), "hf": ("transformers", "safetensors"), "serve": ("litserve",)}
+"""Each optional extra of attnx (`pip install "attnx[NAME]"`) and the modules it installs."""
+
+
+def require_extra(extra: str, what: str) -> None:
+    """A usage error (exit status 2, one line naming the extra to install) when `what` (e.g. `attnx export
+    --format ctranslate2`) needs an optional extra that is not installed: never the ImportError's traceback."""
+    import importlib
+
+    for module in EXTRAS[extra]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise UsageError(
+                f'{what} needs {module}, which is not installed: pip install "attnx[{extra}]"'
+            ) from None

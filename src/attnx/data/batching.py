@@ -158,7 +158,8 @@ class TokenBatchSampler(DistributedSampler):
                 )
                 raise DataError(
                     f"{over} pair(s) are longer than max_tokens={max_tokens} (the longest needs {longest} with "
-                    f"EOS); raise max_tokens to at least {longest} or prepare the corpus with --max_len below {max_tokens}"
+                    f"EOS); raise max_tokens to at least {longest} or prepare the corpus with --max_sentence_tokens "
+                    f"{max_tokens - 1} or less"
                 )
         self.max_tokens = max_tokens
         self.order, self.bounds = plan_batches(

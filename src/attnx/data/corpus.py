@@ -3,8 +3,9 @@
 `attnx prepare` writes one directory:
 
     meta.json                  languages, vocabulary, splits with their counts, what was dropped and why,
-                               the largest id of each .bin, the settings, the fingerprint of the inputs and
-                               the list of files prepare wrote (the only ones it ever deletes)
+                               the largest id of each .bin, the settings, the fingerprint of the inputs, the
+                               list of files prepare wrote (the only ones it ever deletes), each file's size and
+                               SHA-256 (`checksums`) and the SentencePiece model's SHA-256 (`spm_sha256`)
     spm.model, spm.vocab       the joint SentencePiece BPE model (§5.1: shared source-target vocabulary)
     {split}.{lang}.bin         every token id of the split, one flat array (uint16, or int32 for ≥ 65,536 pieces)
     {split}.{lang}.idx.npy     int64 offsets: sentence i is ids[idx[i]:idx[i + 1]]   (n + 1 entries)
@@ -13,11 +14,20 @@
 
 Everything numeric is opened with `np.memmap`: loading a 4.5M-pair corpus reads a few kilobytes, creates
 no Python object per sentence, and DDP ranks share the page cache instead of each holding a copy.
+
+A corpus is checked when it is opened: every file's size at once, and each file's SHA-256 the first time it is
+used (a split's ids, offsets and lengths when the split is opened, its text when it is scored, the SentencePiece
+model when it is loaded). A file changed in place — ids overwritten, an index reordered, a reference line
+deleted — is one error naming it, before training starts. docs/benchmarks.md has the cost.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -30,6 +40,29 @@ from attnx.data.tokenizer import Tokenizer
 FORMAT_VERSION = 1
 META = "meta.json"
 SPM_MODEL = "spm.model"
+BINARY = (".bin", ".idx.npy", ".len.npy")
+"""What each language of a split is stored in: `{split}.{lang}` + each of these."""
+
+
+log = logging.getLogger(__name__)
+_UNVERIFIABLE: set[Path] = set()  # corpora already said to have no checksums, once each per process
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes (hashlib releases the GIL: files hash in parallel in threads)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def checksums(data_dir: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """`{name: {"bytes": size, "sha256": digest}}` of files in `data_dir`, what `meta.json` records."""
+    paths = [data_dir / name for name in names]
+    with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
+        digests = list(pool.map(file_sha256, paths))
+    return {
+        name: {"bytes": path.stat().st_size, "sha256": digest}
+        for name, path, digest in zip(names, paths, digests, strict=True)
+    }
 
 
 def ids_dtype(vocab_size: int) -> np.dtype:
@@ -112,6 +145,68 @@ class PreparedCorpus:
                 f"{self.data_dir} was prepared in format {self.meta.get('format_version')}, this attnx reads "
                 f"format {FORMAT_VERSION}: run `attnx prepare` again"
             )
+        self._verified: set[str] = set()
+        self._check_sizes()
+
+    @property
+    def checksums(self) -> dict[str, dict[str, Any]] | None:
+        """Size and SHA-256 of each file prepare wrote, or None for a corpus prepared before they were kept."""
+        recorded = self.meta.get("checksums")
+        if recorded is None:
+            return None
+        if not isinstance(recorded, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
+            for e in recorded.values()
+        ):
+            raise DataError(
+                f"{self.data_dir / META} has a damaged 'checksums' entry: run `attnx prepare` again into "
+                f"{self.data_dir}"
+            )
+        return recorded
+
+    def _damaged(self, name: str, what: str) -> DataError:
+        return DataError(
+            f"{self.data_dir / name} {what}: the corpus changed after it was prepared; run `attnx prepare` again "
+            f"into {self.data_dir} (the same command rebuilds it)"
+        )
+
+    def _check_sizes(self) -> None:
+        """Every recorded file is there with its size (a stat each); without checksums, say once that the
+        corpus cannot be verified."""
+        if self.checksums is None:
+            if self.data_dir.resolve() not in _UNVERIFIABLE:
+                _UNVERIFIABLE.add(self.data_dir.resolve())
+                log.warning(
+                    f"attnx: {self.data_dir} was prepared before attnx recorded checksums, so damage to its files "
+                    "cannot be detected; run `attnx prepare` again to record them"
+                )
+            return
+        for name, entry in self.checksums.items():
+            path = self.data_dir / name
+            if not path.is_file():
+                raise self._damaged(name, "is missing")
+            size = path.stat().st_size
+            if size != entry["bytes"]:
+                raise self._damaged(name, f"has {size:,} bytes, {META} records {entry['bytes']:,}")
+
+    def verify_split(self, split: str) -> None:
+        """Check every file of `split` (ids, offsets, lengths and text) against its recorded SHA-256 now."""
+        if split in self.meta["splits"]:
+            langs = (self.src_lang, self.tgt_lang)
+            self.verify([f"{split}.{lang}{end}" for lang in langs for end in (*BINARY, "")])
+
+    def verify(self, names: list[str]) -> None:
+        """Check files against the SHA-256 that `meta.json` records, each once (in parallel threads)."""
+        recorded = self.checksums
+        todo = [n for n in names if recorded is not None and n in recorded and n not in self._verified]
+        if not todo:
+            return
+        for name, entry in checksums(self.data_dir, todo).items():
+            if entry != recorded[name]:
+                raise self._damaged(
+                    name, f"is not the file prepare wrote (its SHA-256 is not the one {META} records)"
+                )
+            self._verified.add(name)
 
     @property
     def src_lang(self) -> str:
@@ -132,6 +227,7 @@ class PreparedCorpus:
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
+        self.verify([SPM_MODEL])
         return Tokenizer.load(self.data_dir / SPM_MODEL)
 
     def _check(self, split: str) -> None:
@@ -141,18 +237,20 @@ class PreparedCorpus:
     def dataset(self, split: str) -> ParallelDataset:
         """The memory-mapped `(src_ids, tgt_ids)` pairs of `split`.
 
-        The first time a split is opened its files are checked against `meta.json`: the index must cover the
-        `.bin` exactly and every id must be below the vocabulary size (and equal, at most, the largest id
-        prepare recorded), so a corrupt file is one error naming it rather than an index error mid-training.
+        The first time a split is opened its files are checked against `meta.json`: their SHA-256 (for a corpus
+        prepared before checksums were kept, only what follows), then the index must cover the `.bin` exactly
+        and every id must be below the vocabulary size (and equal, at most, the largest id prepare recorded),
+        so a corrupt file is one error naming it rather than an index error mid-training.
         """
         self._check(split)
+        self.verify([f"{split}.{lang}{end}" for lang in (self.src_lang, self.tgt_lang) for end in BINARY])
         dataset = ParallelDataset(self.data_dir, split, self.src_lang, self.tgt_lang, self.meta["dtype"])
         if split not in self._checked:
-            self._verify(split, dataset)
+            self._check_ids(split, dataset)
             self._checked.add(split)
         return dataset
 
-    def _verify(self, split: str, dataset: ParallelDataset) -> None:
+    def _check_ids(self, split: str, dataset: ParallelDataset) -> None:
         recorded = self.meta["splits"][split].get("max_id") or {}
         sides = [
             (self.src_lang, dataset.src_ids, dataset.src_offsets, dataset.src_lengths),
@@ -189,6 +287,7 @@ class PreparedCorpus:
                 f"{self.data_dir} keeps no text of split {split!r} (the training text is not kept; "
                 "only validation and test text is, to score against)"
             )
+        self.verify([path.name])
         lines = path.read_text(encoding="utf-8").split("\n")
         return lines[:-1] if lines[-1] == "" else lines
 

@@ -84,6 +84,16 @@ class TranslationDataModule(L.LightningDataModule):
     def vocab_size(self) -> int:
         return self._corpus.vocab_size
 
+    def setup(self, stage: str) -> None:
+        """Check the files of the splits this stage reads against the SHA-256 `meta.json` records, so a damaged
+        corpus stops the command before its first step (the validation references included)."""
+        splits = {
+            "fit": [self.train_split, self.valid_split],
+            "validate": [self.valid_split],
+        }.get(stage, [self.test_split])
+        for split in splits:
+            self._corpus.verify_split(split)
+
     def _world(self) -> tuple[int, int]:
         """(world size, rank) from the trainer, else from `torch.distributed`, else a single process."""
         if self.trainer is not None:

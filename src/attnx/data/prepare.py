@@ -22,6 +22,8 @@ truncates or overwrites a file it did not write; an interrupted run leaves the p
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import itertools
 import json
@@ -52,7 +54,7 @@ from attnx.data.cleaning import (
     start_worker,
     wrong_language,
 )
-from attnx.data.corpus import FORMAT_VERSION, META, SPM_MODEL, ids_dtype
+from attnx.data.corpus import FORMAT_VERSION, META, SPM_MODEL, checksums, ids_dtype
 from attnx.data.errors import DataError
 from attnx.data.text import read_aligned, read_chunks, read_pairs, resolve
 from attnx.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
@@ -524,86 +526,106 @@ def prepare(
     owned = check_output(out, inputs, old)
     corpus_fp, spm_fp = fingerprints(inputs, settings)
     if old and old.get("fingerprint") == corpus_fp and not old.get("incomplete") and _complete(out, old):
-        old["reused"] = True
-        return old
+        damage = _damage(out, old)
+        if damage is None:
+            old["reused"] = True
+            return old
+        print(f"{damage}: preparing the corpus again")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create --output {out}: {e.strerror or e}") from e
-    for name in owned:  # scratch directories of a run that was killed before it could remove them
-        if name.startswith(SCRATCH_PREFIX):
-            shutil.rmtree(out / name, ignore_errors=True)
-    # Ctrl-C or SIGTERM between creating the scratch directory and marking it as prepare's would leave a
-    # directory that no run owns: they wait until both are done and the cleanup below is armed
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    work = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=out))
-    start = time.perf_counter()
+    # Ctrl-C and SIGTERM wait while a directory is half removed (its mark may go first, and the next run would
+    # take it for the user's), between creating the scratch directory and marking it as prepare's, and while
+    # the new corpus replaces the old one: each of those ends in a state the next run understands
+    work: Path | None = None
+    replaced = False
     try:
-        (work / SCRATCH_MARK).write_text(
-            "attnx prepare writes here and moves its files into place when done\n"
-        )
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        stats: dict[str, SplitStats] = {}
-        texts: dict[str, tuple[Path, Path]] = {}
-        corpora: list[CorpusStats] = []
-        for name, (srcs, tgts) in inputs.splits.items():
-            texts[name] = (work / f"{name}.{settings.src_lang}", work / f"{name}.{settings.tgt_lang}")
-            files = {"src": list(map(str, srcs)), "tgt": list(map(str, tgts))}
-            if name == TRAIN:
-                corpora, language_id = clean_training_split(
-                    srcs, tgts, *texts[name], work / LINES, settings, workers
+        try:
+            with uninterrupted():
+                for name in owned:  # scratch directories of a run that was killed before it could remove them
+                    if name.startswith(SCRATCH_PREFIX):
+                        shutil.rmtree(out / name, ignore_errors=True)
+                work = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=out))
+                (work / SCRATCH_MARK).write_text(
+                    "attnx prepare writes here and moves its files into place when done\n"
                 )
-                stats[name] = SplitStats(0, 0, 0, sum(c.read for c in corpora), {}, files)
-                stats[name].language_id = language_id or "on"
-            else:
-                read, _ = normalize_split(name, srcs, tgts, *texts[name])
-                stats[name] = SplitStats(0, 0, 0, read, {}, files)
+            start = time.perf_counter()
+            stats: dict[str, SplitStats] = {}
+            texts: dict[str, tuple[Path, Path]] = {}
+            corpora: list[CorpusStats] = []
+            for name, (srcs, tgts) in inputs.splits.items():
+                texts[name] = (work / f"{name}.{settings.src_lang}", work / f"{name}.{settings.tgt_lang}")
+                files = {"src": list(map(str, srcs)), "tgt": list(map(str, tgts))}
+                if name == TRAIN:
+                    corpora, language_id = clean_training_split(
+                        srcs, tgts, *texts[name], work / LINES, settings, workers
+                    )
+                    stats[name] = SplitStats(0, 0, 0, sum(c.read for c in corpora), {}, files)
+                    stats[name].language_id = language_id or "on"
+                else:
+                    read, _ = normalize_split(name, srcs, tgts, *texts[name])
+                    stats[name] = SplitStats(0, 0, 0, read, {}, files)
 
-        seconds = {"read": time.perf_counter() - start}
-        reuse_spm = (
-            old is not None
-            and old.get("spm_fingerprint") == spm_fp
-            and not old.get("incomplete")
-            and (out / SPM_MODEL).is_file()
-        )
-        if not reuse_spm:
-            train_sentencepiece(list(texts[TRAIN]), work, settings, workers)
-        model_file = (out if reuse_spm else work) / SPM_MODEL
-        tokenizer = Tokenizer.load(model_file)
-        seconds["sentencepiece"] = time.perf_counter() - start - sum(seconds.values())
+            seconds = {"read": time.perf_counter() - start}
+            reuse_spm = (
+                old is not None
+                and old.get("spm_fingerprint") == spm_fp
+                and not old.get("incomplete")
+                and (out / SPM_MODEL).is_file()
+                and _damage(out, old, [SPM_MODEL, Path(SPM_MODEL).with_suffix(".vocab").name]) is None
+            )
+            if not reuse_spm:
+                train_sentencepiece(list(texts[TRAIN]), work, settings, workers)
+            model_file = (out if reuse_spm else work) / SPM_MODEL
+            tokenizer = Tokenizer.load(model_file)
+            seconds["sentencepiece"] = time.perf_counter() - start - sum(seconds.values())
 
-        for name, (src_text, tgt_text) in texts.items():
-            train = name == TRAIN
-            pairs, src_tokens, tgt_tokens, max_id = encode_split(
-                name, src_text, tgt_text, work, tokenizer, settings, workers,
-                corpora if train else None, work / LINES if train else None,
-            )  # fmt: skip
-            stats[name].pairs, stats[name].src_tokens, stats[name].tgt_tokens = pairs, src_tokens, tgt_tokens
-            stats[name].max_id = max_id
-            if train:
-                dropped = sum((c.dropped for c in corpora), Counter())
-                stats[name].dropped = {k: v for k, v in dropped.items() if v}
-                names = [corpus_name(p, settings.src_lang) for p in inputs.splits[TRAIN][0]]
-                stats[name].corpora = {n: c.as_dict() for n, c in zip(names, corpora, strict=True)}
-        seconds["encode"] = time.perf_counter() - start - sum(seconds.values())
+            for name, (src_text, tgt_text) in texts.items():
+                train = name == TRAIN
+                pairs, src_tokens, tgt_tokens, max_id = encode_split(
+                    name, src_text, tgt_text, work, tokenizer, settings, workers,
+                    corpora if train else None, work / LINES if train else None,
+                )  # fmt: skip
+                stats[name].pairs, stats[name].src_tokens, stats[name].tgt_tokens = (
+                    pairs,
+                    src_tokens,
+                    tgt_tokens,
+                )
+                stats[name].max_id = max_id
+                if train:
+                    dropped = sum((c.dropped for c in corpora), Counter())
+                    stats[name].dropped = {k: v for k, v in dropped.items() if v}
+                    names = [corpus_name(p, settings.src_lang) for p in inputs.splits[TRAIN][0]]
+                    stats[name].corpora = {n: c.as_dict() for n, c in zip(names, corpora, strict=True)}
+            seconds["encode"] = time.perf_counter() - start - sum(seconds.values())
 
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "src_lang": settings.src_lang,
-            "tgt_lang": settings.tgt_lang,
-            "vocab_size": tokenizer.vocab_size,
-            "dtype": ids_dtype(tokenizer.vocab_size).name,
-            "splits": {name: asdict(s) for name, s in stats.items()},
-            "settings": asdict(settings),
-            "fingerprint": corpus_fp,
-            "spm_fingerprint": spm_fp,
-            "seconds": {step: round(t, 2) for step, t in seconds.items()},
-        }
-        meta["files"] = _expected_files(meta)
-        _publish(out, work, meta, owned, fresh=[f for f in meta["files"] if (work / f).is_file()])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            meta = {
+                "format_version": FORMAT_VERSION,
+                "src_lang": settings.src_lang,
+                "tgt_lang": settings.tgt_lang,
+                "vocab_size": tokenizer.vocab_size,
+                "dtype": ids_dtype(tokenizer.vocab_size).name,
+                "splits": {name: asdict(s) for name, s in stats.items()},
+                "settings": asdict(settings),
+                "fingerprint": corpus_fp,
+                "spm_fingerprint": spm_fp,
+                "seconds": {step: round(t, 2) for step, t in seconds.items()},
+            }
+            meta["files"] = _expected_files(meta)
+            meta["spm_sha256"] = tokenizer.sha256
+            sums = checksums(work, [f for f in meta["files"] if (work / f).is_file()])
+            meta["checksums"] = {f: sums[f] if f in sums else old["checksums"][f] for f in meta["files"]}  # type: ignore[index]
+            with uninterrupted():
+                _publish(out, work, meta, owned, fresh=[f for f in meta["files"] if (work / f).is_file()])
+                replaced = True
+        finally:
+            if work is not None:
+                with uninterrupted():
+                    shutil.rmtree(work, ignore_errors=True)
+    except Interrupted as stop:
+        stop.corpus_replaced = replaced
+        raise
     meta["reused"] = False
     return meta
 
@@ -617,6 +639,23 @@ def _expected_files(meta: dict[str, Any]) -> list[str]:
             if name != TRAIN:
                 files.append(f"{name}.{lang}")
     return files
+
+
+def _damage(out: Path, meta: dict[str, Any], names: list[str] | None = None) -> str | None:
+    """Why the files `names` (default: all) of the corpus in `out` cannot be reused, or None when each has the
+    size and SHA-256 `meta` records. A corpus prepared before checksums were kept cannot be checked, so it is
+    not reused either: preparing it again records them."""
+    recorded = meta.get("checksums")
+    if not isinstance(recorded, dict):
+        return f"{out} was prepared before attnx recorded checksums"
+    for name in list(recorded) if names is None else names:
+        path = out / name
+        entry = recorded.get(name)
+        if not isinstance(entry, dict) or not path.is_file() or path.stat().st_size != entry.get("bytes"):
+            return f"{path} changed after it was prepared"
+    sums = checksums(out, list(recorded) if names is None else names)
+    changed = next((name for name, entry in sums.items() if entry != recorded[name]), None)
+    return None if changed is None else f"{out / changed} changed after it was prepared"
 
 
 def _complete(out: Path, meta: dict[str, Any]) -> bool:
@@ -655,7 +694,10 @@ def check_output(out: Path, inputs: Inputs, meta: dict[str, Any] | None) -> set[
     if not out.is_dir():
         return set()
     owned = owned_files(out, meta)
-    unknown = sorted(p.name + "/" * p.is_dir() for p in out.iterdir() if p.name not in owned)
+    # a report of an earlier run (`--report OUT/report.md`) is prepare's too, and stays
+    unknown = sorted(
+        p.name + "/" * p.is_dir() for p in out.iterdir() if p.name not in owned and not is_report(p)
+    )
     if unknown:
         shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
         raise DataError(
@@ -754,19 +796,24 @@ def report_markdown(meta: dict[str, Any], output: str | Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def is_report(path: Path) -> bool:
+    """Whether `path` is a `--report` file attnx prepare wrote (a regular file that starts with its header)."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.readline().rstrip(b"\n") == REPORT_HEADER.encode()
+    except OSError:
+        return False
+
+
 def write_report(path: Path, meta: dict[str, Any], output: str | Path) -> None:
     """Write the `--report` file; a file of that name is replaced only if an earlier report wrote it."""
-    if path.exists():
-        try:
-            with open(path, encoding="utf-8") as f:
-                ours = f.readline().rstrip("\n") == REPORT_HEADER
-        except (OSError, UnicodeDecodeError):
-            ours = False
-        if not ours:
-            raise DataError(
-                f"--report {path} exists and is not a report attnx wrote; pass a new file name (the corpus in "
-                f"{output} is ready)"
-            )
+    if path.exists() and not is_report(path):
+        raise DataError(
+            f"--report {path} exists and is not a report attnx wrote; pass a new file name (the corpus in "
+            f"{output} is ready)"
+        )
     try:
         path.write_text(report_markdown(meta, output), encoding="utf-8")
     except OSError as e:
@@ -784,32 +831,97 @@ def _named(value: str, default: str) -> tuple[str, str]:
     return name, prefix
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM (a scheduler, `timeout`, `kill`) during prepare: unwinds like Ctrl-C, so the scratch
-    directory is removed and the previous corpus stays as it was."""
+    """SIGTERM (a scheduler, `timeout`, `kill`) or Ctrl-C during prepare: unwinds like Ctrl-C, so the scratch
+    directory is removed. `corpus_replaced` says whether the new corpus was already in place."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.corpus_replaced = False
 
 
-def _interruptible(run: Any, output: str | Path) -> Any:
-    """Run `run()` with SIGTERM turned into an exception; exit 128 + 15 after saying what was kept."""
+class _Deferred:
+    """Signals that came during [uninterrupted][attnx.data.prepare.uninterrupted] blocks, raised after them."""
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise Interrupted
+    depth = 0
+    pending: int | None = None
 
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block is done, then raise
+    [Interrupted][attnx.data.prepare.Interrupted].
+
+    Both layers: the signals are blocked (so no handler runs), and prepare's own handler defers one whose
+    handler was already on its way when the block began (Python runs a handler some bytecodes after the
+    signal, so blocking alone can still see it raised inside the block).
+    """
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    _Deferred.depth += 1
     try:
-        previous = signal.signal(signal.SIGTERM, on_term)
-    except ValueError:  # not the main thread: leave signals alone
-        return run()
-    try:
-        return run()
-    except Interrupted:
-        print(
-            f"attnx prepare: interrupted by SIGTERM; {output} keeps what it held before (run the same command "
-            "again to finish)",
-            file=sys.stderr,
-        )
-        raise SystemExit(128 + signal.SIGTERM) from None
+        yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        _Deferred.depth -= 1
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if _Deferred.depth == 0 and _Deferred.pending is not None:
+            signum, _Deferred.pending = _Deferred.pending, None
+            raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[None]:
+    """SIGTERM and Ctrl-C raise [Interrupted][attnx.data.prepare.Interrupted] while this is held (after the
+    [uninterrupted][attnx.data.prepare.uninterrupted] block they come in, if any).
+
+    A signal that comes after `attnx prepare` has said everything, while Python shuts down, is ignored: the
+    command has finished, its last line says where the corpus is, and its status stays 0.
+    """
+
+    def stop(signum: int, frame: Any) -> None:
+        if _Deferred.depth:
+            _Deferred.pending = signum
+        else:
+            raise Interrupted(signum)
+
+    try:
+        previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        atexit.unregister(_ignore_stop_signals)  # once, however many times prepare runs in this process
+        atexit.register(_ignore_stop_signals)
+
+
+def _ignore_stop_signals() -> None:
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _stopped(stop: Interrupted, output: str | Path, replaced: bool, report_file: str | Path | None) -> int:
+    """Say what an interrupted prepare left (one line on standard error); return the exit status."""
+    for signum in STOP_SIGNALS:  # a second signal does not cut the line (`_stop_signals` restores them)
+        signal.signal(signum, signal.SIG_IGN)
+    how = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
+    if replaced:
+        left = (
+            f"{output} holds the complete corpus (run the same command again to print its report"
+            f"{' and write --report ' + str(report_file) if report_file is not None else ''}; it reuses the "
+            "corpus)"
+        )
+    else:
+        left = f"{output} keeps what it held before (run the same command again to finish)"
+    sys.stdout.flush()
+    print(f"attnx prepare: interrupted by {how}; {left}", file=sys.stderr, flush=True)
+    return 128 + stop.signum
 
 
 def prepare_command(
@@ -846,10 +958,16 @@ def prepare_command(
             raise DataError(f"split {name!r} is given twice; name extra test sets with --test NAME=PREFIX")
         prefixes[name] = [prefix]
     inputs = Inputs.from_prefixes(prefixes, settings.src_lang, settings.tgt_lang)
-    meta = _interruptible(lambda: prepare(inputs, output, settings, workers), output)
-    print(report(meta))
-    if report_file is not None:
-        write_report(Path(report_file), meta, output)
-        print(f"report of what cleaning dropped: {report_file}")
-    print(f"corpus: {output}")
+    replaced = False
+    with _stop_signals():
+        try:
+            meta = prepare(inputs, output, settings, workers)
+            replaced = True
+            print(report(meta))
+            if report_file is not None:
+                write_report(Path(report_file), meta, output)
+                print(f"report of what cleaning dropped: {report_file}")
+            print(f"corpus: {output}", flush=True)
+        except Interrupted as stop:
+            raise SystemExit(_stopped(stop, output, replaced or stop.corpus_replaced, report_file)) from None
     return 0

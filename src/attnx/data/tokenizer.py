@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from functools import cached_property
 from pathlib import Path
 
 import sentencepiece as spm
@@ -10,11 +12,19 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 """Special ids fixed in every SentencePiece model attnx trains."""
 
 
-class Tokenizer:
-    """Joint SentencePiece BPE model with attnx's fixed special ids (pad 0, unk 1, bos 2, eos 3)."""
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
-    def __init__(self, processor: spm.SentencePieceProcessor) -> None:
+
+class Tokenizer:
+    """Joint SentencePiece BPE model with attnx's fixed special ids (pad 0, unk 1, bos 2, eos 3).
+
+    `path` is the file it was read from (None when rebuilt from a checkpoint's bytes): what a message names.
+    """
+
+    def __init__(self, processor: spm.SentencePieceProcessor, path: Path | None = None) -> None:
         self.sp = processor
+        self.path = path
         ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise ValueError(
@@ -29,7 +39,7 @@ class Tokenizer:
             raise FileNotFoundError(
                 f"SentencePiece model {path} does not exist; create it with `attnx prepare`"
             )
-        return cls(spm.SentencePieceProcessor(model_file=str(path)))
+        return cls(spm.SentencePieceProcessor(model_proto=path.read_bytes()), path)
 
     @classmethod
     def from_bytes(cls, proto: bytes) -> Tokenizer:
@@ -38,8 +48,14 @@ class Tokenizer:
         return cls(spm.SentencePieceProcessor(model_proto=proto))
 
     def to_bytes(self) -> bytes:
-        """The serialized SentencePiece model, as checkpoints store it."""
+        """The serialized SentencePiece model, as checkpoints store it: the bytes of the `.model` file."""
         return self.sp.serialized_model_proto()
+
+    @cached_property
+    def sha256(self) -> str:
+        """SHA-256 of [`to_bytes`][attnx.data.tokenizer.Tokenizer.to_bytes], what `sha256sum spm.model` prints:
+        the identity of the tokenizer that checkpoints, prepared corpora and exports record."""
+        return sha256_hex(self.to_bytes())
 
     @property
     def vocab_size(self) -> int:

@@ -19,7 +19,7 @@ shared weights, quantize) and save it. What needs care:
   LayerNorm. The LayerNorm epsilon is written to the model config.
 
 The directory also holds `sentencepiece.model` (the checkpoint's tokenizer) and `attnx.json` (format
-version, the transformer config, the default search settings), which [`is_ctranslate2_model`][attnx.inference.ctranslate2.is_ctranslate2_model] checks and
+version, the transformer config, the default search settings, the SentencePiece model's SHA-256), which [`is_ctranslate2_model`][attnx.inference.ctranslate2.is_ctranslate2_model] checks and
 [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] reads.
 """
 
@@ -203,6 +203,7 @@ def export_ctranslate2(
             "transformer": loaded.config.to_dict(),
             "search": _search_dict(search),
             "tokenizer": SPM_MODEL,
+            "tokenizer_sha256": loaded.tokenizer.sha256,
             "source_checkpoint": Path(ckpt_path).name,
         }
         (work / METADATA).write_text(json.dumps(meta, indent=2) + "\n")

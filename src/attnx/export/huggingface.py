@@ -15,7 +15,8 @@ do not depend on the order of coordinates, so the permuted model computes the sa
 
 Files written: `config.json`, `generation_config.json` and `model.safetensors` (`save_pretrained`),
 `source.spm` and `target.spm` (both the joint SentencePiece model), `vocab.json` (piece → id, the
-SentencePiece ids themselves), `tokenizer_config.json` and `attnx.json` (where the model came from).
+SentencePiece ids themselves), `tokenizer_config.json` and `attnx.json` (where the model came from, and the SHA-256 of its
+SentencePiece model, that of `source.spm` and `target.spm`).
 `MarianTokenizer` appends `</s>` to the source as attnx does; generation starts from `<s>` (id 2),
 never generates `<pad>` or `<s>` (`bad_words_ids`) and ends with a forced `</s>` at `max_length`,
 as attnx's search does at its maximum length.
@@ -221,6 +222,7 @@ def export_huggingface(ckpt_path: str | Path, output: str | Path, force: bool = 
             "format_version": FORMAT_VERSION,
             "transformer": loaded.config.to_dict(),
             "source_checkpoint": Path(ckpt_path).name,
+            "tokenizer_sha256": loaded.tokenizer.sha256,
             "residual_permutation": "marian[j] = attnx[perm[j]], perm = even coordinates, then odd",
         }
         (work / "attnx.json").write_text(json.dumps(meta, indent=2) + "\n")

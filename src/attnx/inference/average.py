@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from attnx.checkpoint import CheckpointError, config_difference, read_checkpoint
+from attnx.checkpoint import CheckpointError, config_difference, read_checkpoint, tokenizer_sha256
 from attnx.model import architecture
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
@@ -51,6 +51,11 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
                 raise CheckpointError(
                     f"cannot average {path}: its model config differs from that of {first_path} "
                     f"({config_difference(reference['attnx']['transformer'], checkpoint['attnx']['transformer'])}); "
+                    "average only checkpoints of one training run"
+                )
+            if tokenizer_sha256(checkpoint) != tokenizer_sha256(reference):
+                raise CheckpointError(
+                    f"cannot average {path}: it was trained with another SentencePiece model than {first_path}; "
                     "average only checkpoints of one training run"
                 )
             theirs = {k: (v.shape, v.dtype) for k, v in state.items()}

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from attnx.checkpoint import CheckpointError
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
@@ -107,6 +108,35 @@ def check_search(search: SearchConfig) -> None:
         )
 
 
+def check_tokenizer(directory: Path, meta: dict[str, Any], tokenizer: Tokenizer) -> None:
+    """Refuse a `sentencepiece.model` other than the one the model was exported with, in one line naming both
+    files: its ids would silently mean other pieces. An export without the hash (attnx before it recorded it)
+    is checked against the vocabulary CTranslate2 saved beside `model.bin`, piece by piece (CTranslate2 loads
+    no model without it)."""
+    recorded = meta.get("tokenizer_sha256")
+    if recorded is not None:
+        if recorded != tokenizer.sha256:
+            raise CheckpointError(
+                f"{tokenizer.path} is not the SentencePiece model {directory / 'model.bin'} was exported with "
+                f"(SHA-256 {tokenizer.sha256[:12]}…, {METADATA} records {recorded[:12]}…): put the exported "
+                "sentencepiece.model back, or export the checkpoint again"
+            )
+        return
+    pieces = [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    for name in ("shared_vocabulary.json", "source_vocabulary.json"):  # CTranslate2 >= 3 writes one of them
+        path = directory / name
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        except (OSError, ValueError):
+            saved = None  # CTranslate2 refuses it when it loads the model
+        if saved is not None and saved != pieces:
+            raise CheckpointError(
+                f"{tokenizer.path} is not the SentencePiece model {directory / 'model.bin'} was exported with "
+                f"(its pieces differ from {path.name}): put the exported sentencepiece.model back, or export "
+                "the checkpoint again"
+            )
+
+
 def _device(device: str | torch.device) -> tuple[str, int]:
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):
@@ -162,6 +192,7 @@ class CTranslate2Translator(Translator):
         self.config = TransformerConfig.from_dict(meta["transformer"])
         self.max_positions = self.config.max_len
         self.tokenizer = Tokenizer.load(directory / meta.get("tokenizer", SPM_MODEL))
+        check_tokenizer(directory, meta, self.tokenizer)
         self.pieces = [self.tokenizer.sp.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
         self.piece_ids = {piece: i for i, piece in enumerate(self.pieces)}
         if search is None:

@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from attnx.checkpoint import CheckpointError, config_difference, make_metadata
+from attnx.checkpoint import CheckpointError, check_tokenizer, config_difference, make_metadata
 from attnx.data.batch import Batch
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import SearchConfig
@@ -246,10 +246,20 @@ class TranslationTask(pl.LightningModule):
         checkpoint["attnx"] = make_metadata(self.config, self.tokenizer)
         checkpoint["attnx_training"] = {"seed": self.seed}
 
+    def _check_tokenizer(self, checkpoint: dict[str, Any]) -> None:
+        """The data's SentencePiece model must be the checkpoint's (without data, e.g. `load_from_checkpoint`
+        in Python, there is nothing to compare with)."""
+        try:
+            tokenizer, path = self.tokenizer, self.trainer.ckpt_path
+        except RuntimeError:  # no trainer or no datamodule
+            return
+        check_tokenizer(checkpoint, path, tokenizer)
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = checkpoint.get("attnx")
         if meta is None:
             raise CheckpointError("checkpoint has no attnx metadata; it was not written by `attnx fit`")
+        self._check_tokenizer(checkpoint)
         # dropout may change when a run resumes (the CLI says so); the architecture may not
         theirs, ours = architecture(meta["transformer"]), architecture(self.config.to_dict())
         if theirs != ours:
