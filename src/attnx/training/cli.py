@@ -30,6 +30,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from attnx.checkpoint import CheckpointError, read_checkpoint, remove_stale_temporaries
 from attnx.training.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint, TrainingInterrupted
+from attnx.training.estimate import fit_estimate_lines
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
 from attnx.training.precision import resolve_cpu_precision
@@ -153,6 +154,11 @@ class AttnxCLI(LightningCLI):
         threads = config.get("torch_threads")
         if threads:
             torch.set_num_threads(threads)
+
+    def before_fit(self) -> None:
+        if rank_zero_only.rank == 0:  # the plan before the hardware: memory and time, estimated
+            for line in fit_estimate_lines(self.trainer, self.model, self.datamodule):
+                print(line, flush=True)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         subcommand = self.config.get("subcommand")

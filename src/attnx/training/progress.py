@@ -105,7 +105,9 @@ class ProgressLog(Callback):
     @rank_zero_only
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         step = trainer.global_step
-        if not self.every_n_steps or step == self._last_step or (step % self.every_n_steps and step != 1):
+        if not self.every_n_steps or step < 1 or step == self._last_step:
+            return  # step 0: the batches of the first optimizer step are still accumulating
+        if step % self.every_n_steps and step != 1:
             return
         if trainer.progress_bar_callback is not None and sys.stderr.isatty():
             return
