@@ -118,8 +118,9 @@ def describe(
     mfu: float = 0.35,
     devices: int | None = None,
 ) -> int:
-    """Print the parameter count and training FLOPs per token of a model, and with --device an estimate of
-    the memory per device and the time per step and per run; needs no data and no GPU.
+    """Print a model's parameters and training FLOPs per token; with --device, estimated memory and time too.
+
+    With --device: the memory per device and the time per step and per run; needs no data and no GPU.
 
     The vocabulary size is, in this order: --vocab_size, the config's model.transformer.vocab_size, that of
     the prepared corpus the config's data.data_dir names (when it exists here), else the paper's 37,000.
