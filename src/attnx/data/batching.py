@@ -2,10 +2,10 @@
 training batch contained a set of sentence pairs containing approximately 25000 source tokens and 25000
 target tokens").
 
-Pairs are sorted by their longer side (then source length, target length, and a seeded random tie-break), and cut greedily into
-batches whose padded size stays within `max_tokens` on both sides. The batches are fixed for a seed; each epoch
-visits them in a new seeded order (fairseq does the same), so every epoch has the same number of batches, which
-Lightning's progress, resuming and DDP all rely on.
+Pairs are sorted by their longer side (then source length, target length, and a seeded random tie-break), and
+cut greedily into batches whose padded size stays within `max_tokens` on both sides. The batches are fixed for a
+seed; each epoch visits them in a new seeded order (fairseq does the same), so every epoch has the same number
+of batches, which Lightning's progress, resuming and DDP all rely on.
 
 Shape buckets ([`LengthBuckets`][attnx.data.batching.LengthBuckets]) round each batch's source and target
 lengths up to a short ladder (multiples of 8, then 8 steps per doubling) and keep its number of pairs to the full
