@@ -225,7 +225,12 @@ def batch_plan(values: Any, base: Path) -> str | None:
                 if "shape_buckets" not in options:  # what `attnx fit` chooses from its precision and device
                     trainer = _section(values, "trainer")
                     on_gpu = str(trainer.get("accelerator", "auto")) in ("gpu", "cuda")
-                    datamodule.shape_buckets = auto_shape_buckets(str(trainer.get("precision")), on_gpu)
+                    precision = trainer.get("precision")
+                    if precision is None and not on_gpu:  # chosen from this CPU's bf16 units, as fit does
+                        from attnx.training.precision import choose_cpu_precision, cpu_flags
+
+                        precision = choose_cpu_precision(cpu_flags()).precision
+                    datamodule.shape_buckets = auto_shape_buckets(str(precision), on_gpu)
                 return datamodule.train_sampler.summary()
             except (DataError, OSError, KeyError, ValueError) as err:
                 return f"batches: not counted, {directory} cannot be read as a prepared corpus ({err!r})"
