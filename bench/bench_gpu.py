@@ -67,7 +67,7 @@ from attnx.inference.search import translate_batch
 from attnx.model import Transformer, TransformerConfig, build_transformer
 from attnx.model.builders import training_flops_per_token
 from attnx.training.loss import translation_loss
-from attnx.training.throughput import DENSE_BF16_TFLOPS
+from attnx.training.throughput import gpu_peak
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -147,10 +147,9 @@ def peak_flops(device: torch.device, override_tflops: float | None) -> tuple[flo
     if device.type != "cuda":
         rate = matmul_flops(device, torch.float32)
         return rate, f"measured fp32 2048³ matmul on {torch.get_num_threads()} threads"
-    name = torch.cuda.get_device_name(device).lower()
-    for key, tflops in DENSE_BF16_TFLOPS:  # attnx's table, the one train/mfu divides by
-        if key in name:
-            return tflops * 1e12, f"dense bf16 data-sheet figure for '{key}'"
+    peak = gpu_peak(torch.cuda.get_device_name(device))  # attnx's table, the one train/mfu divides by
+    if peak is not None:
+        return peak.bf16_tflops * 1e12, f"dense bf16 data-sheet figure for '{peak.key}' ({peak.source})"
     from lightning.fabric.utilities.throughput import get_available_flops
 
     flops = get_available_flops(device, torch.bfloat16)

@@ -2,6 +2,18 @@
 
     python bench/bench_precision.py [--data data/multi30k] [--config configs/multi30k_cpu.yaml]
         [--steps 10] [--warmup 3] [--repeats 3] [--threads 2] [--curve_steps 100] [--seeds 1 2]
+    python bench/bench_precision.py --whole_run 400 [--window 50] [--precisions 32-true bf16-mixed]
+        [--shape_buckets default 0 8] [--python main=/path/to/main/.venv/bin/python] [--repeats 1]
+
+Whole run (``--whole_run STEPS``): ``attnx fit --config CONFIG`` itself, in a subprocess, for STEPS optimizer
+steps without validation or logger (the config's checkpoints and thread probing kept), as a user runs it; its
+progress lines every ``--window`` steps give the source+target tokens/s of each window (``--throughput.window``
+is set to the same count), and its first line the batches of an epoch, their distinct shapes and padding.
+10-step windows miss what a run shows later (kernels rebuilt as new batch shapes keep coming). Each
+``--precisions`` × ``--shape_buckets`` pair runs once per round (``default`` passes no
+``--data.shape_buckets``: what the config chooses, and what a checkout without the option runs); with
+``--python LABEL=PATH`` the same runs also go through another checkout's interpreter (e.g. main's), alternating
+with this one, and the mean rate after step ``STEPS / 2`` is compared with the first interpreter's.
 
 Speed: the model of ``--config`` (3+3 layers, d_model 256, 4 heads, d_ff 1024, the 8k vocabulary) trains
 ``--steps`` timed batches after ``--warmup`` untimed ones, in fp32 and in bf16-mixed (``torch.autocast`` on
@@ -20,8 +32,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,6 +91,84 @@ def curve(config, model_section, datamodule, steps: int, seed: int, bf16: bool) 
     return statistics.mean(losses[-20:]), total / tokens
 
 
+WINDOW_LINE = re.compile(r"^step (\d+)/\d+ .*\| ([\d,]+) tok/s src\+tgt")
+BATCHES_LINE = re.compile(
+    r"^batches: ([\d,]+) an epoch in ([\d,]+) shapes .*?, ([\d.]+)% of their tokens padding"
+)
+
+
+def fit_run(python: str, args, precision: str, shape_buckets: str) -> dict:
+    """One ``attnx fit`` of ``args.whole_run`` steps: per-window tokens/s, shapes and padding, wall time."""
+    command = [python, "-m", "attnx", "fit", "--config", str(args.config.resolve()), "--data.data_dir"]
+    command += [str(args.data.resolve()), "--trainer.precision", precision, "--trainer.max_time", "null"]
+    command += ["--trainer.max_steps", str(args.whole_run), "--trainer.val_check_interval", "100000"]
+    command += ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+    command += ["--progress.every_n_steps", str(args.window), "--throughput.window", str(args.window)]
+    command += ["--torch_threads", str(args.threads)]
+    if shape_buckets != "default":
+        command += ["--data.shape_buckets", shape_buckets]
+    with tempfile.TemporaryDirectory() as work:
+        start = time.perf_counter()
+        done = subprocess.run(command, cwd=work, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+    if done.returncode:
+        sys.exit(f"attnx fit failed ({done.returncode}): {done.stderr[-2000:]}")
+    windows = {
+        int(m[1]): float(m[2].replace(",", "")) for m in map(WINDOW_LINE.match, done.stdout.splitlines()) if m
+    }
+    plan = next((m for m in map(BATCHES_LINE.match, done.stdout.splitlines()) if m), None)
+    return {
+        "windows": windows,
+        "shapes": plan[2] if plan else "n/a",
+        "padding": f"{plan[3]}%" if plan else "n/a",
+        "wall": wall,
+    }
+
+
+def whole_run(args) -> int:
+    pythons = dict(item.split("=", 1) for item in args.python) or {"this": sys.executable}
+    if args.python and "this" not in pythons:
+        pythons = {"this": sys.executable, **pythons}
+    print(
+        f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.whole_run} steps of attnx fit --config {args.config.name}, "
+        f"windows of {args.window} steps, {args.threads} thread(s); load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    runs: dict[tuple[str, str, str], list[dict]] = {}
+    for _ in range(args.repeats):
+        for precision in args.precisions:
+            for buckets in args.shape_buckets:
+                for label, python in pythons.items():
+                    runs.setdefault((label, precision, buckets), []).append(
+                        fit_run(python, args, precision, buckets)
+                    )
+        print(f"  round done, load {os.getloadavg()[0]:.1f}", flush=True)
+    later = args.whole_run // 2
+    print(
+        "\n| checkout | precision | shape_buckets | shapes an epoch | padding | tok/s per window | mean after step "
+        f"{later} | wall s |"
+    )
+    print("|---|---|---|---:|---:|---|---:|---:|")
+    means: dict[tuple[str, str, str], float] = {}
+    for (label, precision, buckets), results in runs.items():
+        for result in results:
+            rates = [result["windows"][step] for step in sorted(result["windows"])]
+            after = [rate for step, rate in result["windows"].items() if step > later]
+            means.setdefault((label, precision, buckets), statistics.mean(after) if after else float("nan"))
+            print(
+                f"| {label} | {precision} | {buckets} | {result['shapes']} | {result['padding']} | "
+                f"{' · '.join(f'{r:,.0f}' for r in rates)} | {statistics.mean(after) if after else float('nan'):,.0f} | "
+                f"{result['wall']:.0f} |"
+            )
+    first = next(iter(pythons))
+    for (label, precision, buckets), mean in means.items():
+        if label != first and (first, precision, buckets) in means:
+            print(
+                f"{label} / {first}, {precision}, shape_buckets {buckets}: {mean / means[(first, precision, buckets)]:.3f}"
+            )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=REPO / "data" / "multi30k", help="prepared Multi30k")
@@ -86,9 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--curve_steps", type=int, default=100, help="steps of the loss comparison; 0: none")
     parser.add_argument("--seeds", type=int, nargs=2, default=[1, 2], help="the two fp32 seeds")
+    parser.add_argument("--whole_run", type=int, default=0, help="steps of a whole attnx fit run; 0: none")
+    parser.add_argument("--window", type=int, default=50, help="whole run: steps per reported window")
+    parser.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"], help="whole run")
+    parser.add_argument(
+        "--shape_buckets", nargs="+", default=["default"], help="whole run: default, 0, 8, ..."
+    )
+    parser.add_argument(
+        "--python", nargs="*", default=[], help="whole run: LABEL=PATH of other checkouts' python"
+    )
     args = parser.parse_args(argv)
     if not (args.data / "meta.json").is_file():
         sys.exit(f"{args.data} is not a prepared corpus: see bench/bench_train.py")
+    if args.whole_run:
+        return whole_run(args)
     torch.set_num_threads(args.threads)
     section = yaml.safe_load(args.config.read_text())
     max_tokens = section["data"]["max_tokens"]

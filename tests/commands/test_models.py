@@ -78,3 +78,38 @@ def test_describe_merges_several_configs_as_fit_does(tmp_path: Path) -> None:
     config = TransformerConfig.from_dict({**fitted, "vocab_size": 300})
     params = count_parameters(build_transformer(config))
     assert f"parameters: {params:,} " in described  # the very model fit would build
+
+
+def test_describe_estimates_memory_and_time_on_a_device(capsys) -> None:
+    assert main(["describe", "--config", "big", "--device", "h100", "--devices", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(out) if line.startswith("estimate ("))
+    head, memory, time = out[start : start + 3]
+    assert head == (
+        "estimate (h100, bf16-mixed, 8 batches of 3,125 tokens per side a step on 1 device; "
+        "estimates, not measurements):"
+    )
+    assert memory.startswith("  estimated memory per device: ") and memory.endswith("fits in 80 GiB")
+    for part in ("weights 817 MiB", "gradients 817 MiB", "Adam 1.60 GiB", "activations"):
+        assert part in memory  # 214.2M parameters: 4 + 4 + 8 bytes each
+    assert "at 35% MFU of 989 TFLOP/s (bf16-mixed peak of H100: NVIDIA H100 SXM5 data sheet" in time
+    assert time.endswith("for 300,000 steps (max_steps)")
+    assert main(["describe", "--config", "big", "--device", "a100", "--precision", "32-true"]) == 0
+    assert "of 19.5 TFLOP/s (32-true peak of A100" in capsys.readouterr().out
+    assert main(["describe", "--preset", "base"]) == 0
+    assert "add --device h100|h200|a100|cpu for an estimate" in capsys.readouterr().out
+
+
+def test_describe_counts_the_batches_of_the_prepared_corpus(corpus: Path, tmp_path: Path, capsys) -> None:
+    config = tmp_path / "fit.yaml"
+    config.write_text(
+        f"trainer: {{precision: bf16-mixed, max_time: '00:00:10:00'}}\n"
+        f"model: {{transformer: {{d_model: 32, d_ff: 64, n_heads: 4, encoder_layers: 1, decoder_layers: 1}}}}\n"
+        f"data: {{data_dir: {corpus}, max_tokens: 512}}\n"
+    )
+    assert main(["describe", "--config", str(config), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    batches = next(line for line in out.splitlines() if line.startswith("batches: "))
+    assert "shapes" in batches and "shape_buckets 8" in batches  # bf16: what `attnx fit` would choose
+    assert "(cpu, bf16-mixed, 1 batch of 512 tokens per side a step on 1 device" in out
+    assert "bf16-mixed peak of this CPU" in out and "(max_time)" in out

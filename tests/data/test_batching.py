@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnx.data.batch import collate
-from attnx.data.batching import TokenBatchSampler, collate_indices, plan_batches
+from attnx.data.batching import BatchDataset, LengthBuckets, TokenBatchSampler, collate_indices, plan_batches
 from attnx.data.corpus import PreparedCorpus
 from attnx.data.errors import DataError
 
@@ -138,3 +138,75 @@ def test_collate_indices_equals_collate(multi30k) -> None:
         assert torch.equal(getattr(fast, field), getattr(reference, field)), field
     assert (fast.n_src_tokens, fast.n_tgt_tokens) == (reference.n_src_tokens, reference.n_tgt_tokens)
     assert fast.src.dtype == torch.long
+
+
+def test_length_buckets_round_up_to_multiples_then_eight_steps_per_doubling() -> None:
+    buckets = LengthBuckets(8, max_tokens=10_000)
+    ladder = sorted(set(buckets.pad(np.arange(1, 300)).tolist()))
+    assert ladder[:16] == [8 * k for k in range(1, 17)]  # multiples of 8 up to 128
+    assert ladder[16:] == [144, 160, 176, 192, 208, 224, 240, 256, 288, 320]  # then 1/8 of a doubling
+    assert buckets.pad(np.array([1, 8, 9, 129])).tolist() == [8, 8, 16, 144]
+    capped = LengthBuckets(8, max_tokens=100)
+    assert capped.pad(np.array([95, 99, 101])).tolist() == [96, 100, 101]  # never past the budget
+    with pytest.raises(DataError, match="shape_buckets"):
+        LengthBuckets(0, 100)
+
+
+@pytest.mark.parametrize("max_tokens", [500, 4096])
+def test_shape_buckets_bound_the_shapes_of_an_epoch_within_the_budget(max_tokens: int) -> None:
+    src, tgt = lengths(20_000)
+    plain = TokenBatchSampler(src, tgt, max_tokens, seed=3)
+    bucketed = TokenBatchSampler(src, tgt, max_tokens, seed=3, shape_buckets=8)
+    batches = list(bucketed)
+    seen = np.concatenate(batches)
+    assert np.array_equal(np.sort(seen), np.arange(len(src)))
+    ladder = np.unique(bucketed.buckets.pad(np.arange(1, 80)))
+    full_sizes = {max_tokens // int(length) for length in ladder}
+    for batch in batches:
+        s = int(bucketed.buckets.pad(int(src[batch].max()) + 1))
+        t = int(bucketed.buckets.pad(int(tgt[batch].max()) + 1))
+        assert len(batch) * s <= max_tokens and len(batch) * t <= max_tokens
+    sizes = np.diff(bucketed.bounds)
+    assert set(sizes[:-1].tolist()) <= full_sizes  # only the plan's last batch may hold fewer
+    assert bucketed.num_shapes <= len(ladder) ** 2 and bucketed.num_shapes < plain.num_shapes / 4
+    assert plain.padding < bucketed.padding < plain.padding + 0.25
+
+
+def test_batch_shapes_and_padding_are_those_of_the_collated_tensors(multi30k) -> None:
+    dataset = PreparedCorpus(multi30k).dataset("train")
+    for shape_buckets in (0, 8):
+        sampler = TokenBatchSampler(
+            dataset.src_lengths, dataset.tgt_lengths, 3000, seed=1, shape_buckets=shape_buckets
+        )
+        loader = BatchDataset(dataset, sampler.buckets)
+        shapes, real, padded = set(), 0, 0
+        for k, indices in enumerate(sampler):
+            batch = loader[indices]
+            shapes.add((batch.size, batch.src.shape[1], batch.tgt_in.shape[1]))
+            real += batch.n_src_tokens + batch.n_tgt_tokens
+            padded += batch.src.numel() + batch.tgt_in.numel()
+            assert batch.src_mask.sum() == batch.n_src_tokens and batch.tgt_mask.sum() == batch.n_tgt_tokens
+            if k == 40:
+                break
+        assert shapes <= {tuple(shape) for shape in sampler.shapes.tolist()}
+    full = TokenBatchSampler(dataset.src_lengths, dataset.tgt_lengths, 3000, seed=1, shape_buckets=8)
+    loader = BatchDataset(dataset, full.buckets)
+    real = padded = 0
+    for indices in full:
+        batch = loader[indices]
+        real += batch.n_src_tokens + batch.n_tgt_tokens
+        padded += batch.src.numel() + batch.tgt_in.numel()
+        assert batch.src.shape[1] % 8 == 0 and batch.tgt_in.shape[1] % 8 == 0
+    assert full.padding == pytest.approx(1 - real / padded)
+    assert full.summary().startswith(f"batches: {full.num_batches:,} an epoch in {full.num_shapes} shapes")
+
+
+def test_resume_with_other_shape_buckets_warns_and_restarts_the_epoch() -> None:
+    src, tgt = lengths()
+    state = TokenBatchSampler(src, tgt, 500, seed=9).state_dict(consumed=3)
+    other = TokenBatchSampler(src, tgt, 500, seed=9, shape_buckets=8)
+    with pytest.warns(UserWarning, match="shape buckets"):
+        other.load_state_dict(state)
+    same = TokenBatchSampler(src, tgt, 500, seed=9, shape_buckets=8)
+    same.load_state_dict(other.state_dict(consumed=3))
+    assert len(list(same)) == len(same) - 3

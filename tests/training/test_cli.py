@@ -298,3 +298,42 @@ def test_the_resume_hint_of_a_fine_tuning_run_drops_init_from() -> None:
     assert resume_command(argv, Path("runs/tiny/version_0/checkpoints/last.ckpt")) == (
         "attnx fit --config tiny --trainer.max_steps 5 --ckpt_path runs/tiny/version_0/checkpoints/last.ckpt"
     )
+
+
+def test_a_gpu_config_on_cpu_says_its_plan_first_and_prints_after_the_first_step(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """configs/big.yaml with the overrides its device check suggests (a small model here, so that a step takes
+    a second): the estimate of a step and of the run, and of the sanity check, come before anything runs, and
+    the first progress line after step 1 instead of after 100 steps."""
+    import subprocess
+    import sys
+
+    small = [
+        "--model.transformer.d_model",
+        "32",
+        "--model.transformer.d_ff",
+        "64",
+        "--model.transformer.n_heads",
+        "4",
+    ]
+    small += ["--model.transformer.encoder_layers", "1", "--model.transformer.decoder_layers", "1"]
+    cpu = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
+    cpu += ["--trainer.precision", "32-true", "--trainer.accumulate_grad_batches", "8"]
+    argv = ["fit", "--config", "big", "--data.data_dir", str(corpus), "--data.num_workers", "0", *cpu, *small]
+    argv += ["--data.max_tokens", "512", "--data.eval_max_tokens", "512", "--trainer.max_steps", "2"]
+    argv += ["--evaluation.bleu_samples", "0", "--torch_threads", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "attnx", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("estimated memory per device: ") and "activations" in lines[0], lines[:4]
+    assert lines[1].startswith("estimated time: ") and " a step at 35% MFU of " in lines[1]
+    assert (
+        "32-true peak of this CPU (1 thread): measured now" in lines[1]
+        and "for 2 steps (max_steps)" in lines[1]
+    )
+    assert lines[2].startswith("first a sanity check: 2 validation batches of 512 tokens per side")
+    assert lines[3].startswith("batches: ") and "shapes" in lines[3] and "Total FLOPs" not in done.stdout
+    assert next(line for line in lines if line.startswith("step ")).startswith("step 1/2 | train loss")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attnx.training.progress import ProgressLog, epoch_label
+from attnx.training.progress import ProgressLog, TrainingProgressBar, epoch_label
 from tests.training.conftest import fit_args
 
 
@@ -59,6 +60,27 @@ def test_training_lines_every_n_steps_once(capsys) -> None:
     assert "train loss 4.500 | lr 1.00e-03" in lines[0]
 
 
+def test_first_training_line_comes_after_the_first_step(capsys) -> None:
+    """A step of a big model on CPU takes minutes: the first line must not wait `every_n_steps` of them."""
+    log = ProgressLog(every_n_steps=100)
+    log.on_fit_start(None, None)
+    for step in (0, 1, 1, 2, 99, 100):  # 0: accumulating the first step's batches
+        log.on_train_batch_end(trainer(step, max_steps=1000, train__loss=4.5), None)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(" |")[0] for line in lines] == ["step 1/1000", "step 100/1000"]
+
+
+def test_progress_bar_numbers_show_the_learning_rate_and_the_run_eta() -> None:
+    """Lightning's bar showed `lr 0.000` for a whole run (its `.3f`) and counted its time down per epoch."""
+    bar = TrainingProgressBar()
+    bar._start -= 100.0  # 100 s of training so far
+    bar.update_status(
+        trainer(25, max_steps=100, train__loss=4.5, train__lr=0.0018, train__tokens_per_s=7930.4)
+    )
+    assert bar.status.text == "ETA 0:05:00 · loss 4.500 · lr 1.8e-03 · tok/s 7,930"  # 75 steps left at 4 s
+    assert bar.get_metrics(None, None) == {}  # Lightning's own metrics column stays empty
+
+
 def test_progress_bar_label_for_runs_bounded_by_epochs_steps_or_neither() -> None:
     assert epoch_label(3, 10, 120, -1) == "Epoch 3/9"
     assert epoch_label(3, -1, 1200, 100000) == "Epoch 3, step 1200/100000"
@@ -79,6 +101,12 @@ def test_progress_bar_of_a_run_bounded_by_steps_shows_the_steps(corpus: Path, tm
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "COLUMNS": "80"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Epoch 0, step 4/4" in done.stdout and "/-2" not in done.stdout, done.stdout[-2000:]
+    # at 80 columns the bar stays one line (Lightning's metrics column wrapped one word per line)
+    bar = [line for line in done.stdout.splitlines() if line.startswith("Epoch 0, step 4/4")]
+    assert len(bar) == 1 and len(bar[0].rstrip()) <= 80 and "ETA " in bar[0], done.stdout[-2000:]
+    after = done.stdout.split(bar[0], 1)[1].strip()
+    assert after == "", f"the bar wrapped: {after!r}"

@@ -10,7 +10,8 @@ import torch
 
 from attnx.data.batch import collate
 from attnx.model.builders import training_flops_per_token
-from attnx.training.throughput import TokenThroughput, device_peak_flops, measure_matmul_flops
+from attnx.training import throughput
+from attnx.training.throughput import TokenThroughput, device_peak_flops, gpu_peak, measure_matmul_flops
 from tests.conftest import tiny_config
 
 
@@ -60,3 +61,39 @@ def test_cpu_peak_is_measured_and_plausible() -> None:
     peak = measure_matmul_flops(size=256, seconds=0.05)
     assert 1e8 < peak < 1e14
     assert device_peak_flops(torch.device("cpu"), "32-true") > 1e8
+
+
+def test_mfu_divides_by_the_peak_of_the_precision_that_runs(monkeypatch) -> None:
+    """Under bf16-mixed on CPU the fp32 peak made `train/mfu` read 1.58: bf16 has its own units and peak."""
+    measured: list[torch.dtype] = []
+
+    def fake(size=1024, seconds=0.3, device="cpu", dtype=torch.float32):
+        measured.append(dtype)
+        return {torch.float32: 1e11, torch.bfloat16: 7e11}[dtype]
+
+    monkeypatch.setattr(throughput, "measure_matmul_flops", fake)
+    throughput.cpu_peak_flops.cache_clear()
+    try:
+        assert device_peak_flops(torch.device("cpu"), "bf16-mixed") == 7e11
+        assert device_peak_flops(torch.device("cpu"), "32-true") == 1e11
+        assert device_peak_flops(torch.device("cpu"), "bf16-mixed") == 7e11  # measured once per process
+        assert measured == [torch.bfloat16, torch.float32]
+    finally:
+        throughput.cpu_peak_flops.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "bf16", "fp32"),
+    [
+        ("NVIDIA H100 80GB HBM3", "h100", 989.4, 67.0),
+        ("NVIDIA H100 PCIe", "h100 pcie", 756.0, 51.0),
+        ("NVIDIA H200", "h200", 989.4, 67.0),
+        ("NVIDIA H200 NVL", "h200 nvl", 835.5, 60.0),
+        ("NVIDIA A100-SXM4-80GB", "a100", 312.0, 19.5),
+    ],
+)
+def test_gpu_peaks_are_the_dense_data_sheet_figures_by_precision(name, key, bf16, fp32) -> None:
+    peak = gpu_peak(name)
+    assert peak.key == key and peak.tflops(torch.bfloat16) == peak.tflops(torch.float16) == bf16
+    assert peak.tflops(torch.float32) == fp32 and peak.source
+    assert gpu_peak("Tesla P100") is None

@@ -173,11 +173,20 @@ def describe(
     preset: Literal["base", "big"] | None = None,
     vocab_size: int | None = None,
     seq_len: int = 25,
+    device: Literal["h100", "h200", "a100", "cpu"] | None = None,
+    precision: str | None = None,
+    mfu: float = 0.35,
+    devices: int | None = None,
 ) -> int:
-    """Print the parameter count and training FLOPs per token of a model; needs no data and no GPU.
+    """Print a model's parameters and training FLOPs per token; with --device, estimated memory and time too.
+
+    With --device: the memory per device and the time per step and per run; needs no data and no GPU.
 
     The vocabulary size is, in this order: --vocab_size, the config's model.transformer.vocab_size, that of
     the prepared corpus the config's data.data_dir names (when it exists here), else the paper's 37,000.
+    Where that corpus exists, its training batches are counted too: how many an epoch, in how many tensor
+    shapes (data.shape_buckets), and their share of padding. The estimate (attnx.training.estimate) takes the
+    config's data.max_tokens, trainer.accumulate_grad_batches, max_steps and max_time.
 
     Args:
         config: A fit config (its model.transformer section) or a transformer YAML: a path or a packaged name.
@@ -186,6 +195,13 @@ def describe(
         preset: The paper's base or big model (Table 3).
         vocab_size: Shared vocabulary size.
         seq_len: Source and target length for the FLOPs count.
+        device: Estimate memory and time on one such device: an NVIDIA H100 or H200 (SXM) or A100 from their
+            data sheets' dense peaks, or this CPU (its matrix-product rate measured now).
+        precision: The precision of the estimate; default the config's trainer.precision, else bf16-mixed on a
+            GPU and on CPU what `attnx fit` would choose.
+        mfu: Model FLOPs utilization the time estimate assumes (a fraction of the device's peak).
+        devices: Devices the run would use; default the config's trainer.devices. Fewer multiply
+            accumulate_grad_batches to keep the tokens of a step, as the configs' comments advise.
     """
     import dataclasses
 
@@ -197,6 +213,7 @@ def describe(
     if (config is None) == (preset is None):
         raise ValueError("give either --config or --preset")
     vocab_source = "--vocab_size"
+    values: Any = {}
     if preset:
         model_config = getattr(TransformerConfig, preset)()
         label = f"preset {preset}"
@@ -242,4 +259,111 @@ def describe(
         f"training FLOPs per token (source+target, length {seq_len} each): "
         f"{flops['per_token'] / 1e6:.1f} MFLOP; per target token: {flops['per_target_token'] / 1e6:.1f} MFLOP"
     )
+    plan = batch_plan(values, path.parent) if config else None
+    if plan:
+        print(plan)
+    if device is None:
+        print("memory and time: add --device h100|h200|a100|cpu for an estimate")
+        return 0
+    for line in run_estimate(values, model_config, params, device, precision, mfu, seq_len, devices):
+        print(line)
     return 0
+
+
+def _section(values: Any, name: str) -> dict[str, Any]:
+    section = values.get(name) if isinstance(values, dict) else None
+    section = section.get("init_args", section) if isinstance(section, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def batch_plan(values: Any, base: Path) -> str | None:
+    """The training batches of the prepared corpus a fit config names, in one line, when it exists here."""
+    from attnx.data.corpus import META
+    from attnx.data.datamodule import TranslationDataModule, auto_shape_buckets
+    from attnx.data.errors import DataError
+
+    data = _section(values, "data")
+    if "data_dir" not in data:
+        return None
+    for root in (Path.cwd(), base):
+        directory = root / str(data["data_dir"])
+        if (directory / META).is_file():
+            try:
+                options = {
+                    k: data[k] for k in ("max_tokens", "seed", "shape_buckets") if data.get(k) is not None
+                }
+                datamodule = TranslationDataModule(str(directory), **options)
+                if "shape_buckets" not in options:  # what `attnx fit` chooses from its precision and device
+                    trainer = _section(values, "trainer")
+                    on_gpu = str(trainer.get("accelerator", "auto")) in ("gpu", "cuda")
+                    precision = trainer.get("precision")
+                    if precision is None and not on_gpu:  # chosen from this CPU's bf16 units, as fit does
+                        from attnx.training.precision import choose_cpu_precision, cpu_flags
+
+                        precision = choose_cpu_precision(cpu_flags()).precision
+                    datamodule.shape_buckets = auto_shape_buckets(str(precision), on_gpu)
+                return datamodule.train_sampler.summary()
+            except (DataError, OSError, KeyError, ValueError) as err:
+                return f"batches: not counted, {directory} cannot be read as a prepared corpus ({err!r})"
+    return None
+
+
+def run_estimate(
+    values: Any,
+    model_config: Any,
+    parameters: int,
+    device: str,
+    precision: str | None,
+    mfu: float,
+    seq_len: int,
+    devices: int | None = None,
+) -> list[str]:
+    """The estimate lines of `describe --device`, from the config's trainer and data sections."""
+    from attnx.training.estimate import estimate_run
+    from attnx.training.precision import FP32, choose_cpu_precision, cpu_flags
+
+    trainer, data = _section(values, "trainer"), _section(values, "data")
+    precision = precision or trainer.get("precision")
+    if not precision:
+        precision = choose_cpu_precision(cpu_flags()).precision if device == "cpu" else "bf16-mixed"
+    if device != "cpu" and str(precision).startswith("32"):
+        precision = FP32
+    max_tokens = int(data.get("max_tokens") or 4096)
+    accumulate = int(trainer.get("accumulate_grad_batches") or 1)
+    configured = trainer.get("devices")
+    configured = configured if isinstance(configured, int) and configured > 0 else 1
+    devices = devices or configured
+    if devices < 1:
+        raise ValueError(f"--devices must be at least 1, got {devices}")
+    if devices != configured:  # the same tokens a step: accumulate what the missing devices would have done
+        accumulate = max(1, round(accumulate * configured / devices))
+    estimate = estimate_run(
+        model_config,
+        parameters,
+        max_tokens,
+        str(precision),
+        device,
+        accumulate=accumulate,
+        max_steps=trainer.get("max_steps"),
+        max_time_seconds=max_time_seconds(trainer.get("max_time")),
+        mfu=mfu,
+        src_len=seq_len,
+        tgt_len=seq_len,
+    )
+    batch = f"{accumulate} batch{'es' * (accumulate > 1)} of {max_tokens:,} tokens per side a step"
+    where = f" on each of {devices} devices" if devices > 1 else " on 1 device"
+    return [f"estimate ({device}, {precision}, {batch}{where}; estimates, not measurements):"] + [
+        f"  {line}" for line in estimate.lines()
+    ]
+
+
+def max_time_seconds(value: Any) -> float | None:
+    """Lightning's `max_time` (`DD:HH:MM:SS`, or a mapping of timedelta fields) in seconds."""
+    import datetime
+
+    if not value:
+        return None
+    if isinstance(value, dict):
+        return datetime.timedelta(**value).total_seconds()
+    days, hours, minutes, seconds = (int(x) for x in str(value).split(":"))
+    return datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()

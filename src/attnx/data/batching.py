@@ -2,10 +2,16 @@
 training batch contained a set of sentence pairs containing approximately 25000 source tokens and 25000
 target tokens").
 
-Pairs are sorted by their longer side (then source length, then a seeded random tie-break), and cut greedily into
-batches whose padded size stays within `max_tokens` on both sides. The batches are fixed for a seed; each epoch
-visits them in a new seeded order (fairseq does the same), so every epoch has the same number of batches, which
-Lightning's progress, resuming and DDP all rely on.
+Pairs are sorted by their longer side (then source length, target length, and a seeded random tie-break), and
+cut greedily into batches whose padded size stays within `max_tokens` on both sides. The batches are fixed for a
+seed; each epoch visits them in a new seeded order (fairseq does the same), so every epoch has the same number
+of batches, which Lightning's progress, resuming and DDP all rely on.
+
+Shape buckets ([`LengthBuckets`][attnx.data.batching.LengthBuckets]) round each batch's source and target
+lengths up to a short ladder (multiples of 8, then 8 steps per doubling) and keep its number of pairs to the full
+count of its length, so that a whole epoch uses a few dozen tensor shapes instead of one per batch: kernels
+built per shape (oneDNN's bf16 kernels on CPU, `torch.compile`'s graphs) are then built once and reused, and
+GPUs get tensor-core multiples. The padding they add is masked like any other.
 """
 
 from __future__ import annotations
@@ -26,20 +32,53 @@ from attnx.data.corpus import ParallelDataset
 from attnx.data.errors import DataError
 
 
+class LengthBuckets:
+    """The padded lengths a batch may have: a length rounded up to a multiple of `multiple`, and beyond
+    `16 × multiple` to one of 8 steps per doubling (at most 12.5% more), capped at `max_tokens`.
+
+    With `multiple` 8: 8, 16, ..., 128, 144, ..., 256, 288, ..., 512, 576, ... Batch sizes follow: a batch of
+    padded length `L` holds `max_tokens // L` pairs, or the full count of a longer length where it ends
+    before its pairs do (see [`plan_batches`][attnx.data.batching.plan_batches]).
+    """
+
+    def __init__(self, multiple: int, max_tokens: int) -> None:
+        if multiple < 1:
+            raise DataError(f"shape_buckets must be 0 (off) or a positive multiple, not {multiple}")
+        self.multiple = multiple
+        self.max_tokens = max_tokens
+
+    def pad(self, lengths: np.ndarray | int) -> np.ndarray:
+        """The padded length of each of `lengths` (EOS/BOS included)."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        bits = np.frexp(np.maximum(lengths - 1, 1))[1].astype(np.int64)  # (lengths - 1).bit_length()
+        step = np.maximum(self.multiple, np.left_shift(1, np.maximum(bits - 4, 0)))  # 8 steps per doubling
+        padded = -(-lengths // step) * step
+        return np.where(lengths <= self.max_tokens, np.minimum(padded, self.max_tokens), lengths)
+
+
 def plan_batches(
-    src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, seed: int | None = None
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    max_tokens: int,
+    seed: int | None = None,
+    buckets: LengthBuckets | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Group pairs into batches of at most `max_tokens` padded tokens per side (EOS/BOS included).
 
     Returns `(order, bounds)`: batch `k` holds the pairs `order[bounds[k]:bounds[k + 1]]`. Ties between
     equal lengths are broken by a random permutation from `seed`, or by corpus order when `seed` is None.
-    A pair that alone exceeds `max_tokens` gets a batch of its own.
+    A pair that alone exceeds `max_tokens` gets a batch of its own. With `buckets`, lengths are counted
+    padded to their bucket, and a batch cut short by a longer pair that would not fit keeps only as many
+    pairs as that longer length's full batch holds (the rest start the next batch): batch sizes then come
+    from the set `max_tokens // L` over the bucket lengths `L`, and only the epoch's last batch differs.
     """
     src = np.asarray(src_lengths, dtype=np.int64) + 1  # + EOS (source), + BOS/EOS (target in/out)
     tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
+    if buckets is not None:
+        src, tgt = buckets.pad(src), buckets.pad(tgt)
     longer = np.maximum(src, tgt)
     ties = np.arange(len(src)) if seed is None else np.random.default_rng(seed).permutation(len(src))
-    order = np.lexsort((ties, src, longer))
+    order = np.lexsort((ties, tgt, src, longer))
     # Along `order` the longer side never shrinks, so a batch's padded size on its wider side is
     # (pairs) × (longer side of its last pair): the greedy cut needs one binary search per batch.
     key = longer[order].tolist()
@@ -47,14 +86,49 @@ def plan_batches(
     while i < n:
         limit = min(n, i + max(1, max_tokens // key[i]))
         j = bisect.bisect_right(range(i, limit), 0, key=lambda k: int((k - i + 1) * key[k] > max_tokens))
-        i += max(1, j)
+        j = max(1, j)
+        if (
+            buckets is not None
+            and i + j < n
+            and j < max_tokens // key[i + j - 1]
+            and key[i + j] <= max_tokens
+        ):
+            j = max(1, min(j, max_tokens // key[i + j]))  # cut short: the next length's full size
+        i += j
         bounds.append(i)
     return order, np.asarray(bounds, dtype=np.int64)
 
 
-def collate_indices(dataset: ParallelDataset, indices: np.ndarray) -> Batch:
+def batch_shapes(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    order: np.ndarray,
+    bounds: np.ndarray,
+    buckets: LengthBuckets | None = None,
+) -> tuple[np.ndarray, float]:
+    """The `(pairs, source length, target length)` tensor shape of every batch of a plan, as
+    [`collate_indices`][attnx.data.batching.collate_indices] pads it, and the share of padding among the
+    tokens of those tensors (source and target inputs together)."""
+    src = np.asarray(src_lengths, dtype=np.int64)[order] + 1
+    tgt = np.asarray(tgt_lengths, dtype=np.int64)[order] + 1
+    starts = bounds[:-1]
+    sizes = np.diff(bounds)
+    if len(sizes) == 0:
+        return np.zeros((0, 3), dtype=np.int64), 0.0
+    longest_src = np.maximum.reduceat(src, starts)
+    longest_tgt = np.maximum.reduceat(tgt, starts)
+    if buckets is not None:
+        longest_src, longest_tgt = buckets.pad(longest_src), buckets.pad(longest_tgt)
+    shapes = np.stack([sizes, longest_src, longest_tgt], axis=1)
+    tokens = int((sizes * (longest_src + longest_tgt)).sum())
+    return shapes, 1.0 - (int(src.sum()) + int(tgt.sum())) / tokens
+
+
+def collate_indices(
+    dataset: ParallelDataset, indices: np.ndarray, buckets: LengthBuckets | None = None
+) -> Batch:
     """The [`Batch`][attnx.data.batch.Batch] of pairs `indices`, built with array operations (equal to
-    `batch.collate`)."""
+    `batch.collate`); with `buckets`, both sides padded further, to their bucket length."""
     indices = np.asarray(indices, dtype=np.int64)
 
     def side(ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, shift: int) -> tuple[np.ndarray, ...]:
@@ -63,7 +137,10 @@ def collate_indices(dataset: ParallelDataset, indices: np.ndarray) -> Batch:
         rows = np.repeat(np.arange(len(indices)), lens)
         cols = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
         tokens = ids[np.repeat(starts, lens) + cols]
-        out = np.full((len(indices), int(lens.max(initial=0)) + 1), PAD_ID, dtype=np.int64)
+        width = int(lens.max(initial=0)) + 1
+        if buckets is not None:
+            width = int(buckets.pad(width))
+        out = np.full((len(indices), width), PAD_ID, dtype=np.int64)
         out[rows, cols + shift] = tokens
         return out, rows, cols, tokens, lens
 
@@ -94,17 +171,18 @@ class BatchDataset(Dataset):
     indices returns a [`Batch`][attnx.data.batch.Batch].
 
     Used with `DataLoader(..., sampler=TokenBatchSampler, batch_size=None)`: the whole batch is gathered and
-    padded in one call (in a worker process when `num_workers > 0`).
+    padded in one call (in a worker process when `num_workers > 0`), to the sampler's `buckets` if it has them.
     """
 
-    def __init__(self, dataset: ParallelDataset) -> None:
+    def __init__(self, dataset: ParallelDataset, buckets: LengthBuckets | None = None) -> None:
         self.dataset = dataset
+        self.buckets = buckets
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, indices: np.ndarray) -> Batch:
-        return collate_indices(self.dataset, indices)
+        return collate_indices(self.dataset, indices, self.buckets)
 
 
 def no_collate(batch: Batch) -> Batch:
@@ -127,6 +205,9 @@ class TokenBatchSampler(DistributedSampler):
         rank: this process's DDP rank.
         allow_oversized: let a pair longer than `max_tokens` form a batch of its own (evaluation: every
             pair must be scored); when False such a pair is an error (training: the budget is a promise).
+        shape_buckets: 0: each batch is padded to its longest pair; N: to the
+            [`LengthBuckets`][attnx.data.batching.LengthBuckets] of multiple N (the batches' loader must pad
+            them the same way: `BatchDataset(dataset, sampler.buckets)`).
 
     It subclasses `DistributedSampler` so that Lightning, which wraps any other sampler in its own distributed
     sampler under DDP (`use_distributed_sampler`), leaves this one as it is: it shards itself.
@@ -142,6 +223,7 @@ class TokenBatchSampler(DistributedSampler):
         num_replicas: int = 1,
         rank: int = 0,
         allow_oversized: bool = False,
+        shape_buckets: int = 0,
     ) -> None:
         if max_tokens < 2:
             raise DataError(f"max_tokens must be at least 2 (one token and EOS), not {max_tokens}")
@@ -162,8 +244,13 @@ class TokenBatchSampler(DistributedSampler):
                     f"{max_tokens - 1} or less"
                 )
         self.max_tokens = max_tokens
+        self.shape_buckets = shape_buckets
+        self.buckets = LengthBuckets(shape_buckets, max_tokens) if shape_buckets else None
         self.order, self.bounds = plan_batches(
-            src_lengths, tgt_lengths, max_tokens, seed if shuffle else None
+            src_lengths, tgt_lengths, max_tokens, seed if shuffle else None, self.buckets
+        )
+        self.shapes, self.padding = batch_shapes(
+            src_lengths, tgt_lengths, self.order, self.bounds, self.buckets
         )
         self.consumed = 0  # batches yielded so far in this epoch, on this rank
         self._resume: tuple[int, int] | None = None
@@ -172,6 +259,19 @@ class TokenBatchSampler(DistributedSampler):
     def num_batches(self) -> int:
         """Batches in one epoch over all ranks, before padding."""
         return len(self.bounds) - 1
+
+    @property
+    def num_shapes(self) -> int:
+        """Distinct `(pairs, source length, target length)` tensor shapes among the epoch's batches."""
+        return len(np.unique(self.shapes, axis=0))
+
+    def summary(self) -> str:
+        """One line on the epoch's batches: how many, in how many shapes, and their share of padding."""
+        buckets = f"shape_buckets {self.shape_buckets}" if self.shape_buckets else "shape buckets off"
+        return (
+            f"batches: {self.num_batches:,} an epoch in {self.num_shapes:,} shapes (pairs x source x target "
+            f"length; {buckets}), {self.padding:.1%} of their tokens padding"
+        )
 
     def __len__(self) -> int:
         return math.ceil(self.num_batches / self.num_replicas)
@@ -209,22 +309,21 @@ class TokenBatchSampler(DistributedSampler):
             "seed": self.seed,
             "num_batches": self.num_batches,
             "num_replicas": self.num_replicas,
+            "shape_buckets": self.shape_buckets,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state`: the next epoch iterated is `state["epoch"]`, from its next batch."""
-        same_plan = (state.get("seed"), state.get("num_batches"), state.get("num_replicas")) == (
-            self.seed,
-            self.num_batches,
-            self.num_replicas,
-        )
+        keys = ("seed", "num_batches", "num_replicas", "shape_buckets")
+        theirs = tuple(state.get(key, 0 if key == "shape_buckets" else None) for key in keys)
+        ours = (self.seed, self.num_batches, self.num_replicas, self.shape_buckets)
         self.epoch = int(state["epoch"])
-        if not same_plan:
+        if theirs != ours:
             warnings.warn(
-                "the batch plan differs from the checkpoint's (seed/batches/world size "
-                f"{state.get('seed')}/{state.get('num_batches')}/{state.get('num_replicas')} there, "
-                f"{self.seed}/{self.num_batches}/{self.num_replicas} here): epoch {self.epoch} restarts from its "
-                "first batch; resume with the same corpus, max_tokens, seed and number of devices to continue exactly",
+                "the batch plan differs from the checkpoint's (seed/batches/world size/shape buckets "
+                f"{'/'.join(map(str, theirs))} there, {'/'.join(map(str, ours))} here): epoch {self.epoch} "
+                "restarts from its first batch; resume with the same corpus, max_tokens, seed, shape buckets and "
+                "number of devices to continue exactly",
                 stacklevel=2,
             )
             return

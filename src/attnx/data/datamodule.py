@@ -14,6 +14,15 @@ from attnx.data.batching import BatchDataset, TokenBatchSampler, no_collate
 from attnx.data.corpus import PreparedCorpus
 from attnx.data.tokenizer import Tokenizer
 
+AUTO_SHAPE_BUCKETS = 8
+"""The multiple `shape_buckets: null` pads to where fewer shapes pay (bf16/fp16, GPUs)."""
+
+
+def auto_shape_buckets(precision: str, on_gpu: bool) -> int:
+    """`shape_buckets: null` resolved: [`AUTO_SHAPE_BUCKETS`][attnx.data.datamodule.AUTO_SHAPE_BUCKETS] on a GPU
+    or in a 16-bit precision (`bf16-mixed`, `16-mixed`, ...), 0 (off) for fp32 on CPU."""
+    return AUTO_SHAPE_BUCKETS if on_gpu or str(precision).startswith(("bf16", "16")) else 0
+
 
 class TranslationDataModule(L.LightningDataModule):
     """Batches of a corpus written by `attnx prepare`, grouped by length within a token budget (§5.1).
@@ -45,6 +54,13 @@ class TranslationDataModule(L.LightningDataModule):
         train_split: split name used for training.
         valid_split: split name used for validation.
         test_split: split name used for test and predict.
+        shape_buckets: Pad training batches to a few lengths so that an epoch uses a few dozen tensor shapes
+            ([`LengthBuckets`][attnx.data.batching.LengthBuckets]): N rounds lengths up to multiples of N
+            (then 8 steps per doubling), 0 pads each batch to its longest pair only. None (the default): 8
+            where the trainer runs in bf16/fp16 or on a GPU, where kernels are built per shape (oneDNN's bf16
+            kernels, tensor cores, `torch.compile`); 0 for fp32 on CPU, which gains nothing from fewer shapes
+            and would pay for the extra padding (docs/benchmarks.md). The first line of `attnx fit` says how many
+            shapes an epoch has and how much of it is padding.
     """
 
     def __init__(
@@ -58,6 +74,7 @@ class TranslationDataModule(L.LightningDataModule):
         train_split: str = "train",
         valid_split: str = "valid",
         test_split: str = "test",
+        shape_buckets: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -68,6 +85,11 @@ class TranslationDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.train_split, self.valid_split, self.test_split = train_split, valid_split, test_split
+        if shape_buckets is not None and shape_buckets < 0:
+            raise ValueError(
+                f"data.shape_buckets must be None, 0 (off) or a positive multiple, not {shape_buckets}"
+            )
+        self.shape_buckets = shape_buckets
         self._corpus = PreparedCorpus(data_dir)
         self._train_sampler: TokenBatchSampler | None = None
         self._resume: dict[str, Any] | None = None
@@ -102,6 +124,15 @@ class TranslationDataModule(L.LightningDataModule):
             return torch.distributed.get_world_size(), torch.distributed.get_rank()
         return 1, 0
 
+    def resolved_shape_buckets(self) -> int:
+        """`shape_buckets`, or where it is None: 8 for a trainer in bf16/fp16 or on a GPU, else 0."""
+        if self.shape_buckets is not None:
+            return self.shape_buckets
+        if self.trainer is None:
+            return auto_shape_buckets("32-true", torch.cuda.is_available())
+        on_gpu = self.trainer.strategy.root_device.type != "cpu"
+        return auto_shape_buckets(str(self.trainer.precision), on_gpu)
+
     @property
     def train_sampler(self) -> TokenBatchSampler:
         """The training batch sampler (built on first use, then kept: it carries the epoch and position)."""
@@ -116,6 +147,7 @@ class TranslationDataModule(L.LightningDataModule):
                 shuffle=True,
                 num_replicas=world_size,
                 rank=rank,
+                shape_buckets=self.resolved_shape_buckets(),
             )
             if self._resume is not None:
                 self._train_sampler.load_state_dict(self._resume)
@@ -133,7 +165,7 @@ class TranslationDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, sampler: TokenBatchSampler) -> DataLoader:
         return DataLoader(
-            BatchDataset(self._corpus.dataset(split)),
+            BatchDataset(self._corpus.dataset(split), sampler.buckets),
             sampler=sampler,
             batch_size=None,
             collate_fn=no_collate,

@@ -50,6 +50,7 @@ from attnx.training.checkpointing import (
     TrainingInterrupted,
     stop_signals,
 )
+from attnx.training.estimate import fit_estimate_lines
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
 from attnx.training.optimizers import SCHEDULER_NEEDS_OPTIMIZER, choice_line, configure_optimizers
@@ -246,6 +247,11 @@ class AttnxCLI(LightningCLI):
     def configure_optimizers(module: Any, optimizer: Any, lr_scheduler: Any = None) -> Any:
         """`--optimizer` keeps Eq. 3 unless `--lr_scheduler` replaces it (see `attnx.training.optimizers`)."""
         return configure_optimizers(module, optimizer, lr_scheduler)
+
+    def before_fit(self) -> None:
+        if rank_zero_only.rank == 0:  # the plan before the hardware: memory and time, estimated
+            for line in fit_estimate_lines(self.trainer, self.model, self.datamodule):
+                print(line, flush=True)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         subcommand = self.config.get("subcommand")

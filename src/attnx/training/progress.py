@@ -1,12 +1,17 @@
 """What a training run prints: one line per validation, and periodic lines where no progress bar is drawn.
 
-A 12-hour run in a terminal, under `nohup` or in a Slurm log should all say how it is going. The progress
-bar is drawn only when standard error is a terminal; otherwise (a log file) `ProgressLog` prints a plain
-line every `every_n_steps` optimizer steps. Every validation prints one line wherever the output goes:
+A 12-hour run in a terminal, under `nohup` or in a Slurm log should all say how it is going. Training
+starts with one line on its batches (how many an epoch, in how many tensor shapes, their share of padding).
+The progress bar is drawn only when standard error is a terminal; otherwise (a log file) `ProgressLog`
+prints a plain line after the first optimizer step and then every `every_n_steps` steps. Every validation
+prints one line wherever the output goes:
 
 ```text
 step 1500/100000 | val loss 3.412 ppl 22.14 bleu 18.63 | 7,930 tok/s src+tgt, 3,981 tgt | 0:10:02 elapsed, ETA 10:59:30
 ```
+
+The ETA, in these lines and on the bar, is that of the run: by `max_steps` or `max_time`, whichever ends
+training first (not of the epoch).
 """
 
 from __future__ import annotations
@@ -20,9 +25,37 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, RichProgressBar, Timer
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+try:
+    from rich.progress import ProgressColumn, Task
+    from rich.text import Text
+except (
+    ImportError
+):  # Rich is optional: without it Lightning draws its tqdm bar and this module's bar is unused
+    ProgressColumn = object  # type: ignore[assignment,misc]
+
 
 def _clock(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
+
+
+def run_eta(trainer: pl.Trainer, elapsed: float) -> str:
+    """Time left of the run after `elapsed` seconds of it: by steps (`max_steps`) or by `max_time`, whichever
+    ends training first; `?` while neither is known."""
+    left: list[float] = []
+    step = trainer.global_step
+    if trainer.max_steps and trainer.max_steps > 0 and step > 0:
+        left.append(elapsed / step * (trainer.max_steps - step))
+    remaining = time_remaining(trainer)
+    if remaining is not None:
+        left.append(max(0.0, remaining))
+    return _clock(min(left)) if left else "?"
+
+
+def batch_plan_line(trainer: pl.Trainer) -> str | None:
+    """The training batches' summary from the datamodule's sampler, where it has one."""
+    sampler = getattr(getattr(trainer, "datamodule", None), "train_sampler", None)
+    summary = getattr(sampler, "summary", None)
+    return summary() if callable(summary) else None
 
 
 class ProgressLog(Callback):
@@ -46,17 +79,14 @@ class ProgressLog(Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start = time.monotonic()
 
+    @rank_zero_only
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        line = batch_plan_line(trainer)
+        if line:
+            print(line, flush=True)
+
     def _eta(self, trainer: pl.Trainer) -> str:
-        """Time left by steps (`max_steps`) or by `max_time`, whichever ends training first."""
-        elapsed = time.monotonic() - self._start
-        left: list[float] = []
-        step = trainer.global_step
-        if trainer.max_steps and trainer.max_steps > 0 and step > 0:
-            left.append(elapsed / step * (trainer.max_steps - step))
-        remaining = _time_remaining(trainer)
-        if remaining is not None:
-            left.append(max(0.0, remaining))
-        return _clock(min(left)) if left else "?"
+        return run_eta(trainer, time.monotonic() - self._start)
 
     def _line(self, trainer: pl.Trainer, parts: list[str]) -> str:
         steps = f"step {trainer.global_step}"
@@ -75,7 +105,9 @@ class ProgressLog(Callback):
     @rank_zero_only
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         step = trainer.global_step
-        if not self.every_n_steps or step == self._last_step or step % self.every_n_steps:
+        if not self.every_n_steps or step < 1 or step == self._last_step:
+            return  # step 0: the batches of the first optimizer step are still accumulating
+        if step % self.every_n_steps and step != 1:
             return
         if trainer.progress_bar_callback is not None and sys.stderr.isatty():
             return
@@ -113,8 +145,9 @@ class ProgressLog(Callback):
         print(self._line(trainer, ["val " + " ".join(val)]), flush=True)
 
 
-def _time_remaining(trainer: pl.Trainer) -> float | None:
-    """Seconds left of `trainer.max_time`, from the Timer callback Lightning adds for it."""
+def time_remaining(trainer: pl.Trainer) -> float | None:
+    """Seconds left of `trainer.max_time`, from the Timer callback Lightning adds for it (all of it before
+    training starts); None without a `max_time`."""
     for callback in trainer.callbacks:
         if isinstance(callback, Timer):
             return callback.time_remaining("train")
@@ -132,20 +165,77 @@ def epoch_label(epoch: int, max_epochs: int | None, step: int, max_steps: int) -
     return label
 
 
+def status_text(metrics: dict[str, Any], eta: str) -> str:
+    """The bar's one line of numbers: the run's ETA first, then loss, learning rate (`1.8e-03`, where
+    Lightning's `.3f` shows `0.000` for the whole run) and speed."""
+    parts = [f"ETA {eta}"]
+    for key, label, fmt in (
+        ("train/loss", "loss", ".3f"),
+        ("train/lr", "lr", ".1e"),
+        ("train/tokens_per_s", "tok/s", ",.0f"),
+        ("val/loss", "val loss", ".3f"),
+    ):
+        if key in metrics:
+            parts.append(f"{label} {float(metrics[key]):{fmt}}")
+    return " · ".join(parts)
+
+
+class StatusColumn(ProgressColumn):
+    """The training bar's numbers on one line, cut with an ellipsis where the terminal is too narrow (Rich
+    wraps Lightning's metrics column one word per line at 80 columns)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text = ""
+        self.task_id: Any = None
+
+    def render(self, task: Task) -> Text:
+        if task.id != self.task_id:
+            return Text("")
+        return Text(self.text, no_wrap=True, overflow="ellipsis", style="dim")
+
+
 class TrainingProgressBar(RichProgressBar):
-    """Lightning's Rich progress bar, labelled by [epoch_label][attnx.training.progress.epoch_label].
+    """Lightning's Rich progress bar, labelled by [epoch_label][attnx.training.progress.epoch_label], with
+    the run's ETA, the loss, learning rate and speed on one line ([status_text][attnx.training.progress.status_text]).
 
     Lightning's own label reads `Epoch 3/-2` when `max_epochs` is -1 (every config that trains for a number
-    of steps), and says nothing of the steps.
+    of steps), and says nothing of the steps; its time column counts down the epoch, not the run.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.status = StatusColumn()
+        self._start = time.monotonic()
+
+    def configure_columns(self, trainer: pl.Trainer) -> list:
+        description, bar, batches, *_ = super().configure_columns(
+            trainer
+        )  # without the epoch's time and it/s
+        bar.bar_width = 16
+        return [description, bar, batches, self.status]
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        return {}  # the status column shows them, on one line
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._start = time.monotonic()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
         self.relabel(trainer)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        self.update_status(trainer)
         super().on_train_batch_end(trainer, pl_module, *args)
         self.relabel(trainer)
+
+    def update_status(self, trainer: pl.Trainer) -> None:
+        """Snapshot the numbers here, in the training loop: Rich renders from its own thread."""
+        self.status.task_id = self.train_progress_bar_id
+        metrics = {key: value for key, value in trainer.callback_metrics.items()}
+        self.status.text = status_text(metrics, run_eta(trainer, time.monotonic() - self._start))
 
     def relabel(self, trainer: pl.Trainer) -> None:
         if self.progress is None or self.train_progress_bar_id is None:

@@ -3,15 +3,17 @@
 Counted tokens are real (non-padding) tokens. `train/tokens_per_s` counts source + target tokens,
 `train/tgt_tokens_per_s` target tokens only (fairseq's `wps`, what published figures count); both are
 over all devices. `train/mfu` divides the model FLOPs of the real tokens
-([training_flops_per_token][attnx.model.builders.training_flops_per_token]) by the peak of the device at hand:
-on GPUs Lightning's table for the precision trained in, on CPU a matmul rate measured once per run on this
-machine with the threads PyTorch uses.
+([training_flops_per_token][attnx.model.builders.training_flops_per_token]) by the peak of the device at hand
+in the precision that runs (bf16-mixed: the bf16 peak, 32-true: the fp32 one): on GPUs the data-sheet figure,
+on CPU a matmul rate in that precision measured once per run on this machine with the threads PyTorch uses.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import lightning.pytorch as pl
 import torch
@@ -20,33 +22,69 @@ from lightning.pytorch.callbacks import Callback
 
 from attnx.data.batch import Batch
 from attnx.model.builders import training_flops_per_token
+from attnx.training.precision import AMX_FLAGS, AVX512_BF16_FLAG, cpu_flags
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16, "64": torch.float64}
 
-DENSE_BF16_TFLOPS = [  # (substring of the lower-cased device name, dense bf16 tensor-core TFLOP/s)
-    ("h200 nvl", 835.5),
-    ("h200", 989.4),
-    ("gh200", 989.4),
-    ("h100 nvl", 835.5),
-    ("h100 pcie", 756.0),
-    ("h100", 989.4),  # SXM5 ("NVIDIA H100 80GB HBM3")
-    ("a100", 312.0),
-    ("l40s", 362.1),
-    ("a10g", 70.0),
-    ("a10", 125.0),
-    ("l4", 121.0),
-]
-"""NVIDIA data-sheet figures without the 2:4-sparsity doubling (fp16 runs at the same rate). Lightning's own
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The dtype a Lightning precision runs its matrix products in: `bf16-mixed` → bfloat16, `16-mixed` →
+    float16, `32-true` (and anything else) → float32."""
+    return PRECISION_DTYPES.get(str(precision).split("-")[0], torch.float32)
+
+
+@dataclass(frozen=True)
+class GpuPeak:
+    """One GPU's data-sheet figures: dense peaks without the 2:4-sparsity doubling, and its memory."""
+
+    key: str  # substring of the lower-cased `torch.cuda.get_device_name`
+    bf16_tflops: float  # tensor cores, dense; fp16 runs at the same rate on every GPU listed
+    fp32_tflops: (
+        float | None
+    )  # without tensor cores: Lightning's 32-true (PyTorch leaves TF32 off for matmuls)
+    memory_gib: float
+    source: str
+
+    def tflops(self, dtype: torch.dtype) -> float | None:
+        return self.bf16_tflops if dtype in (torch.bfloat16, torch.float16) else self.fp32_tflops
+
+
+GPU_PEAKS = (  # the first key found in the device name wins: specific variants before their family
+    GpuPeak("h200 nvl", 835.5, 60.0, 141, "NVIDIA H200 NVL data sheet"),
+    GpuPeak("gh200", 989.4, 67.0, 96, "NVIDIA GH200 Grace Hopper data sheet"),
+    GpuPeak("h200", 989.4, 67.0, 141, "NVIDIA H200 SXM data sheet (1,979 TFLOPS bf16 with sparsity)"),
+    GpuPeak("h100 nvl", 835.5, 60.0, 94, "NVIDIA H100 NVL data sheet"),
+    GpuPeak("h100 pcie", 756.0, 51.0, 80, "NVIDIA H100 PCIe data sheet"),
+    GpuPeak("h100", 989.4, 67.0, 80, "NVIDIA H100 SXM5 data sheet (1,979 TFLOPS bf16 with sparsity)"),
+    GpuPeak("a100", 312.0, 19.5, 80, "NVIDIA A100 data sheet (80 GB; the 40 GB part computes alike)"),
+    GpuPeak("l40s", 362.1, 91.6, 48, "NVIDIA L40S data sheet"),
+    GpuPeak("a10g", 70.0, None, 24, "AWS G5 (A10G) specification"),
+    GpuPeak("a10", 125.0, 31.2, 24, "NVIDIA A10 data sheet"),
+    GpuPeak("l4", 121.0, 30.3, 24, "NVIDIA L4 data sheet"),
+)
+"""Data-sheet peaks that `train/mfu`, `attnx describe --device` and bench/bench_gpu.py divide by. Lightning's own
 table mixes dense and sparse figures (H200: 2.0e15, twice the dense rate) and lacks some names, so it is only
 the fallback for devices not listed here."""
 
 
-def measure_matmul_flops(size: int = 1024, seconds: float = 0.3, device: str | torch.device = "cpu") -> float:
-    """fp32 matrix-multiply FLOP/s of `device` now, with the threads PyTorch uses: the CPU's practical peak."""
+def gpu_peak(name: str) -> GpuPeak | None:
+    """The [`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS] entry of a device name (`NVIDIA H100 80GB HBM3`)."""
+    name = name.lower()
+    return next((peak for peak in GPU_PEAKS if peak.key in name), None)
+
+
+def measure_matmul_flops(
+    size: int = 1024,
+    seconds: float = 0.3,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> float:
+    """Matrix-multiply FLOP/s of `device` in `dtype` now, with the threads PyTorch uses: the CPU's practical
+    peak for that precision."""
     generator = torch.Generator(device).manual_seed(0)  # leaves the global random state alone
-    a = torch.randn(size, size, device=device, generator=generator)
-    b = torch.randn(size, size, device=device, generator=generator)
-    a @ b  # warm-up: thread pool start, page faults
+    a = torch.randn(size, size, device=device, generator=generator).to(dtype)
+    b = torch.randn(size, size, device=device, generator=generator).to(dtype)
+    a @ b  # warm-up: thread pool start, page faults, kernel selection
     runs, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds or runs < 2:
         a @ b
@@ -54,18 +92,33 @@ def measure_matmul_flops(size: int = 1024, seconds: float = 0.3, device: str | t
     return 2 * size**3 * runs / elapsed
 
 
+@functools.lru_cache(maxsize=8)
+def cpu_peak_flops(dtype: torch.dtype = torch.float32, threads: int | None = None) -> float:
+    """This CPU's matrix-product peak in `dtype` with the threads PyTorch uses (pass their count as `threads`:
+    it keys the cache), measured once per process and thread count: bf16 runs on other units than fp32 (AMX, AVX512-BF16), or emulated ~90× slower without them,
+    so each precision has its own peak. Without bf16 units a smaller product keeps the measurement short."""
+    size = 1024 if dtype == torch.float32 or bf16_units() else 256
+    return measure_matmul_flops(size, dtype=dtype)
+
+
+def bf16_units() -> bool:
+    """Whether the CPU has bf16 matrix units (AMX or AVX512-BF16)."""
+    flags = cpu_flags()
+    return flags >= AMX_FLAGS or AVX512_BF16_FLAG in flags
+
+
 def device_peak_flops(device: torch.device, precision: str) -> float | None:
-    """Peak FLOP/s of one `device` for `precision`: measured on CPU; on GPUs the dense data-sheet figure
-    for bf16/fp16 ([`DENSE_BF16_TFLOPS`][attnx.training.throughput.DENSE_BF16_TFLOPS]), else Lightning's table, else a matmul measured now."""
+    """Peak FLOP/s of one `device` in the precision that runs (`precision`'s matrix-product dtype): measured
+    on CPU ([`cpu_peak_flops`][attnx.training.throughput.cpu_peak_flops]); on GPUs the dense data-sheet figure
+    ([`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS]), else Lightning's table, else a matmul measured now."""
+    dtype = precision_dtype(precision)
     if device.type == "cpu":
-        return measure_matmul_flops()
-    dtype = PRECISION_DTYPES.get(precision.split("-")[0], torch.float32)
-    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
-        name = torch.cuda.get_device_name(device).lower()
-        for key, tflops in DENSE_BF16_TFLOPS:
-            if key in name:
-                return tflops * 1e12
-    return get_available_flops(device, dtype) or measure_matmul_flops(4096, device=device)
+        return cpu_peak_flops(dtype, torch.get_num_threads())
+    if device.type == "cuda":
+        peak = gpu_peak(torch.cuda.get_device_name(device))
+        if peak is not None and peak.tflops(dtype):
+            return peak.tflops(dtype) * 1e12
+    return get_available_flops(device, dtype) or measure_matmul_flops(4096, device=device, dtype=dtype)
 
 
 class TokenThroughput(Callback):

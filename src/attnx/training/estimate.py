@@ -1,0 +1,280 @@
+"""What a run will need before it runs: memory per device and time per step and per run, estimated.
+
+`attnx describe --config X --device h100` prints it for a device one does not have; `attnx fit` prints it in
+its first lines for the device it runs on. Every figure is an estimate, said as one:
+
+* memory per device: fp32 weights (4 bytes a parameter; Lightning's bf16-mixed keeps them in fp32 as well),
+  their gradients (4), Adam's two moments (8), and the activations a training batch of `max_tokens` source and
+  `max_tokens` target tokens keeps for the backward pass
+  ([`activation_bytes`][attnx.training.estimate.activation_bytes]);
+* time: the batch's training FLOPs ([training_flops_per_token][attnx.model.builders.training_flops_per_token],
+  padding included) over the device's peak in the precision that runs times a stated MFU (model FLOPs
+  utilization). Peaks: [`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS] (data sheets) for GPUs, this CPU's
+  matrix-product rate measured now for `cpu`.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+from attnx.model import TransformerConfig
+from attnx.model.builders import training_flops_per_token
+from attnx.training.throughput import GPU_PEAKS, cpu_peak_flops, gpu_peak, precision_dtype
+
+DEFAULT_MFU = 0.35
+"""The MFU estimates assume unless told otherwise: about what published Transformer training reaches on GPUs
+(fairseq's big model on one A100: ≈ 33%), and what attnx's CPU runs measure (docs/benchmarks.md)."""
+
+DEVICES = {"h100": "h100", "h200": "h200", "a100": "a100"}
+"""`--device` names → their [`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS] key (the SXM parts); `cpu` is this CPU."""
+
+# Bytes the backward pass keeps per token, per layer, counted from the tensors attnx's own layers save for it
+# (torch.autograd.graph.saved_tensors_hooks over an encoder and a decoder layer, torch 2.13, dropout on) in
+# fp32; under bf16/fp16 autocast about 0.7 of it (matrix products save 2-byte copies; norms, softmax
+# statistics and residuals stay fp32).
+ENCODER_BYTES = (40, 4)  # (per d_model, per d_ff) for each source token and encoder layer
+DECODER_BYTES = (60, 4)  # the same for each target token and decoder layer
+CROSS_BYTES = 8  # per d_model for each source token and decoder layer: cross-attention keys and values
+EMBEDDING_BYTES = 12  # per d_model for each token: embedding, positions, dropout, the encoder's output
+HALF_PRECISION_SHARE = 0.7
+CPU_BF16_ATTENTION_BYTES = 6  # per head, query and key: bf16 on CPU computes attention explicitly (fp32
+# softmax + bf16 copy), where the fused kernels of fp32 and of GPUs keep only a per-row statistic
+
+
+def activation_bytes(
+    config: TransformerConfig,
+    src_tokens: int,
+    tgt_tokens: int,
+    precision: str = "32-true",
+    device: str = "cuda",
+    src_len: float = 25.0,
+    tgt_len: float = 25.0,
+) -> int:
+    """Bytes of the activations one training batch keeps for its backward pass, plus the loss's share.
+
+    `src_tokens`/`tgt_tokens`: the batch's padded tokens per side; `src_len`/`tgt_len`: its padded lengths
+    (they only matter where attention weights are kept). The loss projects the target positions onto the
+    vocabulary and takes its gradients in the forward pass: the features' gradient is kept, and on GPUs the
+    whole batch's logits exist at once for a moment (CPUs take them in chunks).
+    """
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
+    layers = src_tokens * config.encoder_layers * (ENCODER_BYTES[0] * d + ENCODER_BYTES[1] * f)
+    layers += tgt_tokens * config.decoder_layers * (DECODER_BYTES[0] * d + DECODER_BYTES[1] * f)
+    layers += src_tokens * config.decoder_layers * CROSS_BYTES * d
+    layers += (src_tokens + tgt_tokens) * EMBEDDING_BYTES * d
+    half = precision_dtype(precision) in (torch.bfloat16, torch.float16)
+    if half:
+        layers *= HALF_PRECISION_SHARE
+        # autocast keeps a 2-byte copy of every matrix it multiplies by until the backward pass
+        matrices = config.encoder_layers * (4 * d * d + 2 * d * f) + config.decoder_layers * (
+            8 * d * d + 2 * d * f
+        )
+        layers += 2 * (matrices + v * d)
+        if device == "cpu":
+            heads = config.n_heads
+            queries_keys = src_tokens * src_len * config.encoder_layers
+            queries_keys += tgt_tokens * (tgt_len + src_len) * config.decoder_layers
+            layers += CPU_BF16_ATTENTION_BYTES * heads * queries_keys
+    loss = 4 * tgt_tokens * d + 4 * v * d  # the features' and the projection's gradients, fp32
+    if device != "cpu":
+        loss += 2 * 4 * tgt_tokens * v  # logits and their gradient, fp32, for a moment
+    return int(layers + loss)
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """Memory per device and time per step and per run of one config on one device (estimates)."""
+
+    device: str  # as printed: "NVIDIA H100 SXM5", "this CPU (16 threads)"
+    precision: str
+    peak_flops: float  # of one device, in the precision that runs
+    peak_source: str
+    mfu: float
+    parameters: int
+    activation_bytes: int
+    device_memory_gib: float | None
+    step_seconds: float
+    steps: int | None
+    run_seconds: float | None
+    bounded_by: str  # "max_steps", "max_time" or "" (neither: no end)
+
+    @property
+    def weight_bytes(self) -> int:
+        return 4 * self.parameters
+
+    @property
+    def gradient_bytes(self) -> int:
+        return 4 * self.parameters
+
+    @property
+    def optimizer_bytes(self) -> int:
+        return 8 * self.parameters
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.weight_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
+
+    def lines(self) -> list[str]:
+        """The estimate in a few lines, each saying it is one."""
+        memory = (
+            f"estimated memory per device: {_size(self.memory_bytes)} (weights {_size(self.weight_bytes)}, "
+            f"gradients {_size(self.gradient_bytes)}, Adam {_size(self.optimizer_bytes)}, activations "
+            f"{_size(self.activation_bytes)})"
+        )
+        if self.device_memory_gib:
+            fits = "fits" if self.memory_bytes / 2**30 < 0.9 * self.device_memory_gib else "does NOT fit"
+            memory += f"; {fits} in {self.device_memory_gib:g} GiB"
+        time = (
+            f"estimated time: {_duration(self.step_seconds)} a step at {self.mfu:.0%} MFU of "
+            f"{self.peak_flops / 1e12:,.3g} TFLOP/s ({self.precision} peak of {self.device}: {self.peak_source})"
+        )
+        if self.run_seconds is not None and self.steps is not None:
+            time += f", {_duration(self.run_seconds)} for {self.steps:,} steps ({self.bounded_by})"
+        return [memory, time]
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:,.0f} MiB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    text = str(datetime.timedelta(seconds=round(seconds)))
+    return text.replace(" days, ", " days ").replace(" day, ", " day ")
+
+
+def device_peak(
+    device: str, precision: str, threads: int | None = None
+) -> tuple[float, str, str, float | None]:
+    """(peak FLOP/s, where it comes from, device label, memory GiB) of a `--device` name in `precision`: a
+    data-sheet figure for the GPUs of [`DEVICES`][attnx.training.estimate.DEVICES] (or any name
+    [`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS] knows), the rate measured now for `cpu`."""
+    dtype = precision_dtype(precision)
+    if device == "cpu":
+        threads = threads or torch.get_num_threads()
+        return (
+            cpu_peak_flops(dtype, threads),
+            "measured now",
+            f"this CPU ({threads} thread{'s' * (threads > 1)})",
+            None,
+        )
+    peak = gpu_peak(DEVICES.get(device, device))
+    if peak is None:
+        names = ", ".join(["cpu", *DEVICES, *(p.key for p in GPU_PEAKS if p.key not in DEVICES)])
+        raise ValueError(f"--device {device}: no peak known for it; one of {names}")
+    tflops = peak.tflops(dtype)
+    if tflops is None:
+        raise ValueError(f"--device {device}: its data sheet gives no {dtype} figure; pick a bf16 precision")
+    return tflops * 1e12, peak.source, peak.key.upper(), peak.memory_gib
+
+
+def estimate_run(
+    config: TransformerConfig,
+    parameters: int,
+    max_tokens: int,
+    precision: str,
+    device: str,
+    accumulate: int = 1,
+    max_steps: int | None = None,
+    max_time_seconds: float | None = None,
+    mfu: float = DEFAULT_MFU,
+    src_len: float = 25.0,
+    tgt_len: float = 25.0,
+    peak: tuple[float, str, str, float | None] | None = None,
+) -> RunEstimate:
+    """Memory and time of training `config` (`parameters` of them) in batches of `max_tokens` per side and
+    device, `accumulate` batches a step, on `device` (`cpu`, `h100`, `h200`, `a100`, or a name from
+    [`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS]) in `precision`, at `mfu`.
+
+    Time per step is that of one device: devices train side by side on their own batches. The run ends at
+    `max_steps` or after `max_time_seconds`, whichever comes first (neither given: no run time).
+    """
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu must be in (0, 1], got {mfu}")
+    peak_flops, source, label, memory = peak or device_peak(device, precision)
+    kind = "cpu" if device == "cpu" else "cuda"
+    activations = activation_bytes(config, max_tokens, max_tokens, precision, kind, src_len, tgt_len)
+    per_token = training_flops_per_token(config, src_len, tgt_len)["per_token"]
+    step = per_token * 2 * max_tokens * accumulate / (peak_flops * mfu)
+    steps, run, bounded_by = None, None, ""
+    if max_steps and max_steps > 0:
+        steps, run, bounded_by = max_steps, max_steps * step, "max_steps"
+    if max_time_seconds and (run is None or max_time_seconds < run):
+        steps, run, bounded_by = int(max_time_seconds / step), max_time_seconds, "max_time"
+    return RunEstimate(
+        device=label,
+        precision=precision,
+        peak_flops=peak_flops,
+        peak_source=source,
+        mfu=mfu,
+        parameters=parameters,
+        activation_bytes=activations,
+        device_memory_gib=memory,
+        step_seconds=step,
+        steps=steps,
+        run_seconds=run,
+        bounded_by=bounded_by,
+    )
+
+
+def fit_estimate_lines(
+    trainer: pl.Trainer, module: Any, datamodule: Any, mfu: float = DEFAULT_MFU
+) -> list[str]:
+    """What `attnx fit` prints before training: the estimate for the device it runs on, and how long the
+    sanity check that Lightning runs before the first step will take (it shows nothing until it ends)."""
+    from attnx.model.builders import count_parameters
+    from attnx.training.progress import time_remaining
+
+    device = trainer.strategy.root_device
+    precision = str(trainer.precision)
+    dtype = precision_dtype(precision)
+    if device.type == "cuda":
+        found = gpu_peak(torch.cuda.get_device_name(device))
+        if found is None or found.tflops(dtype) is None:
+            return []  # no data-sheet figure: the first progress lines will say how fast it runs
+        peak = (found.tflops(dtype) * 1e12, found.source, found.key.upper(), found.memory_gib)
+    else:
+        threads = torch.get_num_threads()
+        peak = (
+            cpu_peak_flops(dtype, threads),
+            "measured now",
+            f"this CPU ({threads} thread{'s' * (threads > 1)})",
+            None,
+        )
+    train = datamodule.corpus.dataset(datamodule.train_split)
+    src_len = float(np.mean(train.src_lengths)) + 1 if len(train) else 25.0
+    tgt_len = float(np.mean(train.tgt_lengths)) + 1 if len(train) else 25.0
+    config = module.config
+    estimate = estimate_run(
+        config,
+        count_parameters(module.model),
+        datamodule.max_tokens,
+        precision,
+        "cpu" if device.type == "cpu" else "cuda",
+        accumulate=trainer.accumulate_grad_batches,
+        max_steps=trainer.max_steps,
+        max_time_seconds=time_remaining(trainer),
+        mfu=mfu,
+        src_len=src_len,
+        tgt_len=tgt_len,
+        peak=peak,
+    )
+    lines = estimate.lines()
+    sanity = trainer.num_sanity_val_steps
+    if sanity and sanity > 0:
+        forward = training_flops_per_token(config, src_len, tgt_len)["per_token"] / 3  # no backward pass
+        seconds = sanity * forward * 2 * datamodule.eval_max_tokens / (estimate.peak_flops * mfu)
+        lines.append(
+            f"first a sanity check: {sanity} validation batches of {datamodule.eval_max_tokens:,} tokens per side "
+            f"before the first step, estimated {_duration(seconds)} (--trainer.num_sanity_val_steps 0 skips it)"
+        )
+    return lines

@@ -1,0 +1,157 @@
+"""Estimates before a run: activation memory against what a real step uses, and the time arithmetic."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnx.model.builders import training_flops_per_token
+from attnx.training.estimate import activation_bytes, estimate_run
+from tests.conftest import REPO, tiny_config
+
+RSS_TOLERANCE = 0.2
+"""The measured peak of a CPU step may differ from the estimate by this share (measured: 3-7% over it)."""
+
+CUDA_TOLERANCE = 0.35
+"""The same for `torch.cuda.max_memory_allocated` under bf16 autocast, whose kernels save other tensors."""
+
+RSS_STEP = textwrap.dedent(
+    """
+    import json, sys, torch
+    from attnx.data.batch import collate
+    from attnx.model import TransformerConfig, build_transformer
+    from attnx.training.loss import translation_loss
+
+    def status(key):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+    torch.set_num_threads(1)
+    config = TransformerConfig.from_dict(json.loads(sys.argv[1]))
+    batch_size, length = int(sys.argv[2]), int(sys.argv[3])
+    model = build_transformer(config).train()
+    generator = torch.Generator().manual_seed(0)
+    words = lambda: torch.randint(4, config.vocab_size, (length - 1,), generator=generator).tolist()
+    pairs = [(words(), words()) for _ in range(batch_size)]
+    translation_loss(model, collate(pairs[:2]), 0.1).loss.backward()  # kernels and allocator warmed up
+    model.zero_grad(set_to_none=True)
+    batch = collate(pairs)
+    before = status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak resident size, to the present one
+    translation_loss(model, batch, 0.1).loss.backward()
+    print(status("VmHWM") - before)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc peak-RSS reset")
+def test_activation_estimate_matches_the_peak_rss_of_a_cpu_training_step() -> None:
+    """The forward and backward pass of a 2,000-token batch (a 3+3-layer, d_model 256 model), in a process of
+    its own whose allocator returns freed blocks to the system at once (so its resident size follows what is
+    live): the peak over the step's start is the activations, the loss's gradients and the weight gradients
+    that appear as the backward pass frees the activations."""
+    config = tiny_config(
+        d_model=256, d_ff=1024, n_heads=4, encoder_layers=3, decoder_layers=3, vocab_size=8000
+    )
+    batch_size, length = 80, 25
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", RSS_STEP, _json(config), str(batch_size), str(length)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = int(done.stdout.split()[-1])
+    tokens = batch_size * length
+    estimated = activation_bytes(config, tokens, tokens, "32-true", "cpu", length, length)
+    assert abs(measured / estimated - 1) < RSS_TOLERANCE, (measured, estimated)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_activation_estimate_matches_cuda_max_memory_allocated() -> None:
+    """The same step on a GPU in bf16 autocast, against the allocator's own peak."""
+    from attnx.data.batch import collate
+    from attnx.model import build_transformer
+    from attnx.training.loss import translation_loss
+
+    config = tiny_config(
+        d_model=512, d_ff=2048, n_heads=8, encoder_layers=6, decoder_layers=6, vocab_size=8000
+    )
+    batch_size, length = 125, 25
+    model = build_transformer(config).cuda().train()
+    generator = torch.Generator().manual_seed(0)
+    pairs = [
+        tuple(
+            torch.randint(4, config.vocab_size, (length - 1,), generator=generator).tolist() for _ in range(2)
+        )
+        for _ in range(batch_size)
+    ]
+    batch = collate(pairs).to("cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        sums = translation_loss(model, batch, 0.1)
+    sums.loss.backward()
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - before
+    tokens = batch_size * length
+    estimated = activation_bytes(config, tokens, tokens, "bf16-mixed", "cuda", length, length)
+    assert abs(measured / estimated - 1) < CUDA_TOLERANCE, (measured, estimated)
+
+
+def test_time_and_memory_follow_from_the_peak_the_mfu_and_the_run_length() -> None:
+    config = tiny_config(vocab_size=1000)
+    per_token = training_flops_per_token(config, 20.0, 30.0)["per_token"]
+    peak = (2e12, "a data sheet", "GPU X", 80.0)
+    estimate = estimate_run(
+        config, 1_000_000, 1000, "bf16-mixed", "h100", 4, 100, None, 0.5, 20.0, 30.0, peak
+    )
+    step = per_token * 2 * 1000 * 4 / (2e12 * 0.5)  # 4 batches of 1,000 tokens a side, at half the peak
+    assert estimate.step_seconds == pytest.approx(step)
+    assert (estimate.steps, estimate.bounded_by) == (100, "max_steps")
+    assert estimate.run_seconds == pytest.approx(100 * step)
+    activations = activation_bytes(config, 1000, 1000, "bf16-mixed", "cuda", 20.0, 30.0)
+    assert (
+        estimate.memory_bytes == 16 * 1_000_000 + activations
+    )  # fp32 weights, gradients, Adam's two moments
+    timed = estimate_run(config, 1_000_000, 1000, "bf16-mixed", "h100", 4, 100, 10 * step, 0.5, 20, 30, peak)
+    assert (timed.steps, timed.bounded_by, timed.run_seconds) == (10, "max_time", pytest.approx(10 * step))
+    memory, time = estimate.lines()
+    assert memory.startswith("estimated memory per device: ") and "fits in 80 GiB" in memory
+    assert (
+        time.startswith("estimated time: ") and "at 50% MFU" in time and "for 100 steps (max_steps)" in time
+    )
+
+
+def test_half_precision_keeps_less_and_cpu_bf16_keeps_the_attention_weights() -> None:
+    config = tiny_config(vocab_size=1000)
+    fp32 = activation_bytes(config, 2000, 2000, "32-true", "cuda")
+    bf16 = activation_bytes(config, 2000, 2000, "bf16-mixed", "cuda")
+    assert bf16 < fp32
+    heads = tiny_config(vocab_size=1000, n_heads=8)  # attention weights: kept by bf16 on CPU alone
+    assert activation_bytes(heads, 2000, 2000, "bf16-mixed", "cuda") == bf16
+    assert activation_bytes(heads, 2000, 2000, "bf16-mixed", "cpu") > activation_bytes(
+        config, 2000, 2000, "bf16-mixed", "cpu"
+    )
+    assert activation_bytes(config, 4000, 4000, "32-true", "cpu") > 1.8 * activation_bytes(
+        config, 2000, 2000, "32-true", "cpu"
+    )
+
+
+def _json(config) -> str:
+    import json
+
+    return json.dumps(config.to_dict())
