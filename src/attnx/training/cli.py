@@ -248,11 +248,6 @@ class AttnxCLI(LightningCLI):
         """`--optimizer` keeps Eq. 3 unless `--lr_scheduler` replaces it (see `attnx.training.optimizers`)."""
         return configure_optimizers(module, optimizer, lr_scheduler)
 
-    def before_fit(self) -> None:
-        if rank_zero_only.rank == 0:  # the plan before the hardware: memory and time, estimated
-            for line in fit_estimate_lines(self.trainer, self.model, self.datamodule):
-                print(line, flush=True)
-
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         subcommand = self.config.get("subcommand")
         init = self.config_init.get(subcommand, self.config_init) if subcommand else self.config_init
@@ -311,6 +306,9 @@ class AttnxCLI(LightningCLI):
         return True
 
     def before_fit(self) -> None:
+        if rank_zero_only.rank == 0:  # the plan before the hardware: memory and time, estimated
+            for line in fit_estimate_lines(self.trainer, self.model, self.datamodule):
+                print(line, flush=True)
         for callback in self.trainer.callbacks:
             if isinstance(callback, RunFolder):
                 callback.before_fit(self.trainer)
