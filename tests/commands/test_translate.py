@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
+import select
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import matplotlib.image
+import pytest
 
 import attnx
 from attnx.cli import main as attnx_main
+from attnx.commands.streaming import run_options
 from attnx.inference.config import SearchConfig
 from tests.inference.test_translator import LINES
 
@@ -127,3 +136,424 @@ def test_an_existing_output_is_kept_unless_force(checkpoint, tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".attnx.tmp")]
     assert attnx_main([*attention, "--force"]) == 0
     assert mine.read_bytes().startswith(b"\x89PNG")
+
+
+# ------------------------------------------------------------------------------ output formats and scores
+
+SHORT = ["--search.max_len_a", "0", "--search.max_len_b", "4"]
+SOURCES = ["A dog runs.", "", "Two men sit on a bench.", "A girl in a red coat."]
+
+
+def run_translate(*argv: str, stdin: bytes | None = None, cwd: Path | None = None, check: bool = True):
+    """`attnx translate ARGV` in a subprocess (one thread), with stdout and stderr as text."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "attnx", "translate", *argv],
+        input=stdin,
+        capture_output=True,
+        env=env,
+        cwd=cwd,
+    )
+    if check:
+        assert result.returncode == 0, result.stderr.decode()
+    return result
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_jsonl_holds_every_hypothesis_best_first_with_its_scores(checkpoint, tmp_path):
+    src, out = write_lines(tmp_path / "in.txt", SOURCES), tmp_path / "out.jsonl"
+    search = ["--search.beam", "3", "--search.nbest", "3", "--search.alignment", "true", *SHORT]
+    argv = ["--model", str(checkpoint), "--input", str(src), "--output", str(out), *search]
+    run_translate(*argv, "--format", "jsonl", "--token_scores", "true")
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(records) == len(SOURCES)
+    translator = attnx.load(
+        checkpoint, search=SearchConfig(beam=3, nbest=3, alignment=True, max_len_a=0, max_len_b=4)
+    )
+    expected = translator.generate(SOURCES)
+    for record, hyps, line in zip(records, expected, SOURCES, strict=True):
+        got = record["hypotheses"]
+        assert [h["text"] for h in got] == [h.text for h in hyps]  # the command is the Python API
+        assert [h["score"] for h in got] == sorted((h["score"] for h in got), reverse=True)  # best first
+        if not line:
+            assert got == [{"text": "", "score": 0.0, "log_prob": 0.0, "tokens": 0, "alignment": []}]
+            continue
+        assert len(got) == 3
+        for h, hyp in zip(got, hyps, strict=True):
+            assert h["score"] == pytest.approx(hyp.score) and h["log_prob"] == pytest.approx(hyp.log_prob)
+            assert h["tokens"] == len(hyp.tokens) and h["log_prob"] <= h["score"] < 0  # lp >= 1
+            assert len(h["pieces"]) == len(h["token_log_probs"]) == h["tokens"] + 1
+            assert h["pieces"][-1] == "</s>"
+            assert sum(h["token_log_probs"]) == pytest.approx(h["log_prob"], abs=1e-4)
+            assert all(0 <= j < h["tokens"] and i >= 0 for i, j in h["alignment"])
+
+
+MOSES = re.compile(r"^(\d+) \|\|\| (.*?) \|\|\| (\d+-\d+(?: \d+-\d+)*|) ?\|\|\| F0= (\S+) \|\|\| (\S+)$")
+
+
+def test_moses_nbest_lines_parse_and_carry_the_same_scores(checkpoint, tmp_path):
+    src = write_lines(tmp_path / "in.txt", SOURCES)
+    search = ["--search.beam", "2", "--search.nbest", "2", "--search.alignment", "true", *SHORT]
+    base = ["--model", str(checkpoint), "--input", str(src), *search]
+    moses = run_translate(*base, "--format", "moses").stdout.decode("utf-8").splitlines()
+    jsonl = [json.loads(x) for x in run_translate(*base, "--format", "jsonl").stdout.decode().splitlines()]
+    expected = [(i, h) for i, r in enumerate(jsonl) for h in r["hypotheses"]]
+    assert len(moses) == len(expected)
+    for line, (i, h) in zip(moses, expected, strict=True):
+        found = MOSES.match(line)
+        assert found, line
+        assert int(found.group(1)) == i and found.group(2) == h["text"]
+        assert float(found.group(4)) == h["log_prob"] and float(found.group(5)) == h["score"]
+        assert found.group(3) == " ".join(f"{a}-{b}" for a, b in h["alignment"])
+
+
+def test_plain_text_with_alignments_appends_them_after_three_bars(checkpoint, tmp_path):
+    src = write_lines(tmp_path / "in.txt", SOURCES)
+    out = run_translate("--model", str(checkpoint), "--input", str(src), "--search.alignment", "true", *SHORT)
+    lines = out.stdout.decode("utf-8").split("\n")[:-1]
+    assert len(lines) == len(SOURCES) and lines[1] == ""
+    for line in (lines[0], lines[2], lines[3]):
+        text, bars, pairs = line.rpartition(" ||| ")
+        assert bars and all(re.fullmatch(r"\d+-\d+", p) for p in pairs.split())
+
+
+def test_target_scores_the_given_translations(checkpoint, tmp_path):
+    targets = ["Ein Hund rennt.", "", "Zwei Männer sitzen auf einer Bank.", "Ein Mädchen."]
+    src, tgt = write_lines(tmp_path / "in.txt", SOURCES), write_lines(tmp_path / "tgt.txt", targets)
+    base = ["--model", str(checkpoint), "--input", str(src), "--target", str(tgt)]
+    plain = run_translate(*base).stdout.decode().splitlines()
+    records = [json.loads(x) for x in run_translate(*base, "--format", "jsonl").stdout.decode().splitlines()]
+    scored = attnx.load(checkpoint).score(SOURCES, targets)
+    assert [float(x) for x in plain] == pytest.approx([h.log_prob for h in scored])
+    assert [r["hypotheses"][0]["text"] for r in records] == [h.text for h in scored]
+    assert [r["hypotheses"][0]["score"] for r in records] == pytest.approx([h.score for h in scored])
+
+
+def test_a_target_file_of_another_length_is_one_line_and_nothing_is_written(checkpoint, tmp_path):
+    src, tgt = write_lines(tmp_path / "in.txt", SOURCES), write_lines(tmp_path / "tgt.txt", ["Ein Hund."])
+    out = tmp_path / "out.txt"
+    argv = ["--model", str(checkpoint), "--input", str(src), "--output", str(out)]
+    result = run_translate(*argv, "--target", str(tgt), check=False)
+    err = result.stderr.decode()
+    assert result.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{src} has 4 lines but --target {tgt} has 1" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "tgt.txt"]
+    # a stream is checked as it is read: the same line, and the partial output removed
+    result = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'exec "$@" --target <(echo "Ein Hund.")',
+            "bash",
+            sys.executable,
+            "-m",
+            "attnx",
+            "translate",
+            *argv,
+            *SHORT,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "has 1; they must pair up line by line" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "tgt.txt"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--search.beam", "2", "--search.nbest", "2"], "use --format jsonl or --format moses"),
+        (["--token_scores", "true"], "--token_scores needs --format jsonl"),
+        (["--target", "IN", "--prefix", "IN"], "give one of them"),
+        (["--target", "IN", "--search.sampling", "true", "--format", "jsonl"], "do not apply"),
+        (["--search.beam", "2", "--search.nbest", "3", "--format", "jsonl"], "cannot exceed search.beam"),
+        (
+            ["--search.sampling", "true", "--search.top_p", "0", "--format", "jsonl"],
+            "top_p must be in (0, 1]",
+        ),
+        (["--weights", "[0.5,0.5]"], "weights need an ensemble"),
+    ],
+)
+def test_options_that_cannot_work_together_are_one_line(checkpoint, tmp_path, capsys, argv, message):
+    src = write_lines(tmp_path / "in.txt", SOURCES)
+    out = tmp_path / "out.txt"
+    argv = [str(src) if a == "IN" else a for a in argv]
+    assert (
+        attnx_main(
+            ["translate", "--model", str(checkpoint), "--input", str(src), "--output", str(out), *argv]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists() and len(list(tmp_path.iterdir())) == 1
+
+
+def test_an_ensemble_and_a_prefix_reach_the_engine(checkpoint, tmp_path):
+    src = write_lines(tmp_path / "in.txt", SOURCES)
+    prefixes = write_lines(tmp_path / "prefix.txt", ["Ein", "", "", "Zwei"])
+    ensemble = run_translate(
+        "--model", f"[{checkpoint},{checkpoint}]", "--weights", "[0.25,0.75]", "--input", str(src), *SHORT
+    )
+    expected = attnx.load(
+        [checkpoint, checkpoint], weights=[0.25, 0.75], search=SearchConfig(max_len_a=0, max_len_b=4)
+    )
+    assert ensemble.stdout.decode("utf-8").splitlines() == expected.translate(SOURCES)
+    forced = run_translate(
+        "--model",
+        str(checkpoint),
+        "--input",
+        str(src),
+        "--prefix",
+        str(prefixes),
+        "--format",
+        "jsonl",
+        "--token_scores",
+        "true",
+        "--search.max_len_a",
+        "0",
+        "--search.max_len_b",
+        "8",
+    )
+    first = [json.loads(x)["hypotheses"][0] for x in forced.stdout.decode("utf-8").splitlines()]
+    tokenizer = attnx.load(checkpoint).tokenizer
+    for hyp, prefix in zip(first, ["Ein", "", "", "Zwei"], strict=True):
+        pieces = [tokenizer.sp.id_to_piece(i) for i in tokenizer.encode_batch([prefix])[0]] if prefix else []
+        assert hyp.get("pieces", [])[: len(pieces)] == pieces
+
+
+# --------------------------------------------------------------------------- pipes, FIFOs and encodings
+
+
+def test_a_named_pipe_and_process_substitution_are_read(checkpoint, tmp_path):
+    fifo = tmp_path / "lines.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("A dog runs.\nTwo men.\n", encoding="utf-8"))
+    writer.start()
+    result = run_translate("--model", str(checkpoint), "--input", str(fifo), *SHORT)
+    writer.join()
+    assert len(result.stdout.decode().splitlines()) == 2
+    substituted = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'exec "$@" --input <(printf "A dog.\\nA cat.\\nA cow.\\n")',
+            "bash",
+            sys.executable,
+            "-m",
+            "attnx",
+            "translate",
+            "--model",
+            str(checkpoint),
+            *SHORT,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert substituted.returncode == 0, substituted.stderr
+    assert len(substituted.stdout.splitlines()) == 3
+
+
+def test_a_line_arriving_on_a_pipe_is_answered_before_the_input_ends(checkpoint):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "attnx", "translate", "--model", str(checkpoint), *SHORT]
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env) as process:
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(b"A dog runs.\n")
+        process.stdin.flush()
+        ready, _, _ = select.select([process.stdout], [], [], 120)
+        answered = bool(ready) and process.stdout.readline().endswith(b"\n")
+        process.stdin.close()  # the input ends only now
+        process.wait(timeout=60)
+    assert answered and process.returncode == 0
+
+
+def test_input_that_is_not_utf8_is_warned_with_a_count_and_the_first_line(checkpoint, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"A dog runs.\nA \xff cat.\nfine\n\xfe\xfe\n")
+    result = run_translate("--model", str(checkpoint), "--input", str(src), *SHORT)
+    err = result.stderr.decode()
+    assert "2 line(s) of --input" in err and "not valid UTF-8 (the first: line 2)" in err and "U+FFFD" in err
+    assert len(result.stdout.decode("utf-8").splitlines()) == 4
+
+
+# ------------------------------------------------------------------------------- large inputs, resumes
+
+MANY = 600
+
+
+@pytest.fixture(scope="module")
+def many_lines(tmp_path_factory, shared_data) -> Path:
+    from tests.inference.conftest import multi30k_lines
+
+    path = tmp_path_factory.mktemp("many") / "many.en"
+    lines = multi30k_lines(shared_data, "train.en.gz", MANY)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def resumable_argv(checkpoint: Path, src: Path, out: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "attnx",
+        "translate",
+        "--model",
+        str(checkpoint),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--buffer_size",
+        "10",
+        "--search.beam",
+        "1",
+        *SHORT,
+    ]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(checkpoint, many_lines, tmp_path_factory) -> bytes:
+    out = tmp_path_factory.mktemp("whole") / "out.txt"
+    subprocess.run(
+        resumable_argv(checkpoint, many_lines, out),
+        check=True,
+        capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    return out.read_bytes()
+
+
+def lines_recorded(record: Path) -> int:
+    try:
+        return json.loads(record.read_text(encoding="utf-8"))["lines"]
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_an_interrupted_run_keeps_its_lines_and_the_same_command_continues(
+    checkpoint, many_lines, uninterrupted, tmp_path, sig
+):
+    out = tmp_path / "out.txt"
+    record = tmp_path / "out.txt.attnx-partial.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = resumable_argv(checkpoint, many_lines, out)
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, env=env) as process:
+        while lines_recorded(record) < 50 and process.poll() is None:
+            time.sleep(0.01)
+        process.send_signal(sig)
+        _, err = process.communicate(timeout=60)
+    done = lines_recorded(record)
+    assert 0 < done < MANY, "the run ended before it could be interrupted halfway"
+    assert not out.exists()  # the output appears only complete
+    partial = (tmp_path / "out.txt.attnx-partial").read_bytes()
+    assert uninterrupted.startswith(partial[: len(partial) - (len(partial) - partial.rfind(b"\n") - 1)])
+    if sig == signal.SIGTERM:
+        assert process.returncode == 143
+        last = err.decode().strip().splitlines()[-1]
+        assert (
+            f"stopped by SIGTERM after {done} of {MANY} line(s)" in last
+            and "run the same command again" in last
+        )
+    else:
+        assert process.returncode == -signal.SIGKILL
+    again = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert again.returncode == 0, again.stderr
+    assert f"continuing after the {done} line(s) already in" in again.stderr
+    assert out.read_bytes() == uninterrupted
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_a_partial_output_is_continued_only_when_it_is_attnx_s_and_the_options_match(checkpoint, tmp_path):
+    src = write_lines(tmp_path / "in.txt", SOURCES * 3)
+    out = tmp_path / "out.txt"
+    argv = [
+        "--model",
+        str(checkpoint),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--buffer_size",
+        "4",
+        *SHORT,
+    ]
+    # a partial file nobody recorded is the user's: refused, kept
+    partial = tmp_path / "out.txt.attnx-partial"
+    partial.write_text("mine\n", encoding="utf-8")
+    refused = run_translate(*argv, check=False)
+    assert refused.returncode == 1 and "has no record of writing it" in refused.stderr.decode()
+    assert partial.read_text(encoding="utf-8") == "mine\n"
+    partial.unlink()
+    # a run stopped after its first chunk (simulated: its record and partial file as a kill leaves them)
+    run_translate(*argv)
+    done = out.read_bytes()
+    out.unlink()
+    first_chunk = b"".join(done.splitlines(keepends=True)[:4])
+    digest = hashlib.sha256(src.read_bytes()[: len("".join(x + "\n" for x in SOURCES).encode())]).hexdigest()
+    options = json.loads(
+        json.dumps(run_options(str(checkpoint), None, SearchConfig(max_len_a=0, max_len_b=4), "text", False))
+    )
+    state = {
+        "written_by": "attnx translate",
+        "output": str(out),
+        "options": options,
+        "lines": 4,
+        "bytes": len(first_chunk),
+        "sha256": hashlib.sha256(first_chunk).hexdigest(),
+        "inputs": {"input": {"bytes": len("".join(x + "\n" for x in SOURCES).encode()), "sha256": digest}},
+    }
+    (tmp_path / "out.txt.attnx-partial.json").write_text(json.dumps(state), encoding="utf-8")
+    partial.write_bytes(first_chunk + b"half a li")  # a kill between the write and its record
+    resumed = run_translate(*argv)
+    assert "continuing after the 4 line(s)" in resumed.stderr.decode() and out.read_bytes() == done
+    # other options: the partial output is attnx's own, so it starts over, saying why
+    out.unlink()
+    (tmp_path / "out.txt.attnx-partial.json").write_text(json.dumps(state), encoding="utf-8")
+    partial.write_bytes(first_chunk)
+    other = run_translate(*argv, "--search.beam", "2")
+    assert "starting over" in other.stderr.decode() and "search.beam 4 -> 2" in other.stderr.decode()
+    assert len(out.read_text(encoding="utf-8").splitlines()) == len(SOURCES) * 3
+    # a partial file changed since attnx wrote it is refused and kept
+    out.unlink()
+    (tmp_path / "out.txt.attnx-partial.json").write_text(json.dumps(state), encoding="utf-8")
+    partial.write_bytes(b"X" + first_chunk[1:])
+    changed = run_translate(*argv, check=False)
+    assert changed.returncode == 1 and "was changed since attnx wrote it" in changed.stderr.decode()
+    assert partial.read_bytes() == b"X" + first_chunk[1:]
+
+
+def test_sigterm_while_writing_to_a_pipe_says_how_many_lines_were_written(checkpoint, many_lines):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [
+        sys.executable,
+        "-m",
+        "attnx",
+        "translate",
+        "--model",
+        str(checkpoint),
+        "--input",
+        str(many_lines),
+        "--buffer_size",
+        "10",
+        "--search.beam",
+        "1",
+        *SHORT,
+    ]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as process:
+        assert process.stdout is not None
+        got = b"".join(process.stdout.readline() for _ in range(10))  # the first chunk arrived
+        process.send_signal(signal.SIGTERM)
+        rest, err = process.communicate(timeout=60)
+    written = len((got + rest).splitlines())
+    assert process.returncode == 143 and 10 <= written < MANY
+    assert (
+        f"stopped by SIGTERM after {written} of {MANY} line(s); {written} line(s) done were written to standard output"
+        in err.decode()
+    )

@@ -6,41 +6,10 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+from attnx.commands.resumable import ResumableOutput, StreamOutput
+from attnx.commands.text_input import TextInput
 from attnx.inference.config import DEFAULT_MAX_TOKENS, PAPER_SEARCH, SearchConfig
-
-
-def split_segments(text: str) -> list[str]:
-    """One segment per `\\n`-terminated line (a final line without `\\n` counts; `\\r\\n` too)."""
-    if not text:
-        return []
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
-
-
-def read_segments(source: str) -> list[str]:
-    """Lines of a UTF-8 file, or of standard input for `-`; bytes that are not UTF-8 become U+FFFD."""
-    if source == "-":
-        return split_segments(sys.stdin.buffer.read().decode("utf-8", errors="replace"))
-    path = Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"input file {source} does not exist")
-    return split_segments(path.read_bytes().decode("utf-8", errors="replace"))
-
-
-def write_segments(lines: list[str], target: str) -> None:
-    """Lines to standard output (`-`), or to a file through a temporary name, so that an interrupted write
-    leaves no half-written file and a file read as input is replaced only once the output is complete."""
-    data = "".join(line + "\n" for line in lines).encode("utf-8")
-    if target == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-    else:
-        from attnx.checkpoint import atomic_write
-
-        with atomic_write(target, needed=len(data), what="translations") as f:
-            f.write(data)
+from attnx.inference.formats import OutputFormat
 
 
 def check_device(device: str) -> None:
@@ -60,11 +29,17 @@ def check_device(device: str) -> None:
 
 
 def translate(
-    model: str,
+    model: list[str] | str,
     input: str = "-",
     output: str = "-",
+    format: OutputFormat = "text",
+    target: str | None = None,
+    prefix: str | None = None,
+    token_scores: bool = False,
+    weights: list[float] | None = None,
     search: SearchConfig | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
+    buffer_size: int = 2000,
     device: str = "cpu",
     force: bool = False,
 ) -> int:
@@ -74,38 +49,63 @@ def translate(
     carries its own SentencePiece model. Blank lines stay blank; lines longer than the model accepts are
     truncated with a warning. Decoding is the model's own default (a checkpoint: §6.1's beam 4, α 0.6, GNMT
     length penalty, input length + 50; an export: the settings stored with it) unless --search.* says
-    otherwise (attnx translate --search.help lists them).
-    Example: echo "A dog runs." | attnx translate --model base.ckpt
+    otherwise (attnx translate --search.help lists them: n-best, sampling, constraints, alignments).
+    With --target, nothing is searched: the given translations are scored (forced decoding).
+
+    Input of any size is read, translated and written --buffer_size lines at a time, in input order; a pipe
+    or terminal gets each line's translation as soon as it is ready. An --output file grows as
+    OUTPUT.attnx-partial and appears under its name only once complete; a run stopped on the way (SIGTERM,
+    Ctrl+C, a kill, a full disk) keeps the lines done, and the same command run again continues after them.
+    Example: echo "A dog runs." | attnx translate --model base.ckpt --search.nbest 4 --format jsonl
 
     Args:
-        model: Checkpoint file (*.ckpt) or exported CTranslate2 directory.
-        input: File with one source segment a line, or - for standard input.
+        model: Checkpoint file (*.ckpt) or exported CTranslate2 directory; a list of checkpoints,
+            "[a.ckpt,b.ckpt]", is decoded as one ensemble.
+        input: File, named pipe or <(process substitution) with one source segment a line, or - for
+            standard input.
         output: File for the translations, or - for standard output.
-        search: Beam size, length penalty and maximum output length, e.g. --search.beam 1 (greedy).
+        format: text (the best translation a line; with --search.alignment true, "text ||| 0-0 1-2 ..."),
+            jsonl (one JSON object a line: every hypothesis with text, score, log_prob, tokens) or moses
+            (n-best lines "id ||| text ||| F0= log_prob ||| score"). score is what the search ranked by
+            (log_prob / length penalty), log_prob the total log-probability in nats.
+        target: File of translations, one per --input line, to score instead of searching (forced decoding).
+        prefix: File of target prefixes, one per --input line (blank: none), every translation must start with.
+        token_scores: Also write each target piece's log-probability (jsonl: pieces and token_log_probs;
+            moses: a WordScores= field).
+        weights: Ensemble weights, one per --model checkpoint (default: equal), e.g. "[0.6,0.4]".
+        search: Beam size, n-best, sampling, length penalty, maximum output length, e.g. --search.beam 1
+            (greedy).
         max_tokens: Source tokens per decoding batch, padding included.
+        buffer_size: Lines read, translated (sorted by length) and written at a time; a pipe's lines are
+            translated as they arrive, up to this many together.
         device: Where to decode: cpu, cuda, cuda:1, ...
         force: Replace the --output file if it exists (otherwise an existing file is left and the command stops).
     """
-    import logging
-
+    from attnx.commands.streaming import (
+        PairedInputs,
+        TranslationJob,
+        check_output_options,
+        run_options,
+        run_translation,
+    )
     from attnx.commands.usage import refuse_to_replace
-    from attnx.inference.load import load
 
+    if buffer_size < 1:
+        raise ValueError(f"--buffer_size must be at least 1, got {buffer_size}")
+    check_output_options(format, target, prefix, token_scores, search)
     if output != "-":
         refuse_to_replace(output, force)
     check_device(device)
-    lines = read_segments(input)
-    translator = load(model, device=device, search=search, max_tokens=max_tokens)
-    warnings = logging.StreamHandler(sys.stderr)  # warnings reach the user whatever logging is set up
-    warnings.setFormatter(logging.Formatter("attnx translate: warning: %(message)s"))
-    log = logging.getLogger("attnx")
-    log.addHandler(warnings)
-    try:
-        translations = translator.translate(lines, progress=input != "-" and sys.stderr.isatty())
-    finally:
-        log.removeHandler(warnings)
-    write_segments(translations, output)
-    return 0
+    with PairedInputs(input, target=target, prefix=prefix) as inputs:
+        inputs.check_line_counts()
+        options = run_options(model, weights, search, format, token_scores)
+        sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
+        sink.prepare()
+        from attnx.inference.load import load
+
+        translator = load(model, device=device, search=search, max_tokens=max_tokens, weights=weights)
+        job = TranslationJob(translator, format, token_scores, buffer_size)
+        return run_translation(job, inputs, sink)
 
 
 def attention(
@@ -168,11 +168,19 @@ def score(
     import dataclasses
     import json
 
-    from attnx.evaluation.bleu import score_files
+    from attnx.evaluation.bleu import score as bleu
 
-    for path in (hypotheses, references):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist")
-    report = score_files(hypotheses, references, lang)
+    texts = {}
+    for option, path in (("--hypotheses", hypotheses), ("--references", references)):
+        with TextInput(path, option) as text:
+            texts[option] = [line.rstrip() for line in text.read_all()]
+            if text.warning():
+                print(f"attnx score: warning: {text.warning()}", file=sys.stderr)
+    hyps, refs = texts["--hypotheses"], texts["--references"]
+    if len(hyps) != len(refs):
+        raise ValueError(
+            f"{hypotheses} has {len(hyps)} lines but {references} has {len(refs)}; they must pair up line by line"
+        )
+    report = bleu(hyps, refs, lang)
     print(json.dumps(dataclasses.asdict(report)) if format == "json" else "\n".join(report.lines()))
     return 0

@@ -1,0 +1,270 @@
+"""Where `attnx translate` writes its output, chunk by chunk: standard output as each chunk is done
+([`StreamOutput`][attnx.commands.resumable.StreamOutput]), or a file that an interrupted run continues
+([`ResumableOutput`][attnx.commands.resumable.ResumableOutput]).
+
+A file output `OUT` grows as `OUT.attnx-partial`, beside a small record, `OUT.attnx-partial.json`, of what it
+holds: how many input lines are done, the SHA-256 of the partial file's bytes and of the input bytes those
+lines came from, and the options that decide the output. Each chunk is flushed to disk before the record
+says it is there. Once every line is done the partial file is renamed to `OUT` and the record removed, so
+`OUT` appears only complete (and an input named as its own output is replaced only after it was read whole).
+
+Run again after an interruption (SIGKILL, SIGTERM, Ctrl+C, a full disk), the same command continues after
+the finished lines when the record, the partial file, the options and the start of the input all match; it
+starts over, saying why in one line, when the options or the input differ. A partial file attnx has no
+record of, or one changed since attnx wrote it, is never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from attnx.commands.text_input import TextInput
+
+PARTIAL = ".attnx-partial"
+"""Suffix of the file a run writes before it is complete."""
+RECORD = ".attnx-partial.json"
+"""Suffix of the record of what the partial file holds."""
+WRITTEN_BY = "attnx translate"
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends, so that a chunk and its record are written together."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"search": {"beam": 4}}` as `{"search.beam": 4}`."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def changed_options(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """`search.beam 4 -> 2, format text -> jsonl`: the options that differ."""
+    a, b = flatten(before), flatten(now)
+    keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+    return ", ".join(f"{k} {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}" for k in keys[:5]) + (
+        ", ..." if len(keys) > 5 else ""
+    )
+
+
+class StreamOutput:
+    """Standard output, written and flushed chunk by chunk (no resume: a pipe cannot be continued)."""
+
+    where = "standard output"
+    resumed = 0
+    lines = 0
+    """Input lines whose output is written."""
+
+    def prepare(self) -> None:
+        pass
+
+    def start(self, inputs: Mapping[str, TextInput]) -> str | None:
+        return None
+
+    def write(self, data: bytes, inputs: Mapping[str, TextInput]) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        self.lines = next(iter(inputs.values())).lines
+
+    def finish(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+    def stopped(self, lines: int) -> str:
+        return f"{lines} line(s) done were written to standard output"
+
+
+class ResumableOutput:
+    """The file `output`, written through `output.attnx-partial` and continued after an interruption.
+
+    Args:
+        output: The file the command was asked to write.
+        options: Everything that decides the output besides the input (model identity, search, format),
+            JSON-serializable; a run continues another only if they are equal.
+    """
+
+    def __init__(self, output: str | Path, options: Mapping[str, Any]) -> None:
+        self.output = Path(output)
+        self.partial = self.output.with_name(self.output.name + PARTIAL)
+        self.record = self.output.with_name(self.output.name + RECORD)
+        self.where = str(self.partial)
+        self.options = json.loads(json.dumps(options))  # as it reads back from the record
+        self.previous: dict[str, Any] | None = None
+        self.file: BinaryIO | None = None
+        self.hash = hashlib.sha256()
+        self.size = 0
+        self.resumed = 0
+        """Input lines an earlier run had finished, continued after."""
+        self.lines = 0
+        """Input lines whose output is written (and recorded)."""
+
+    # ------------------------------------------------------------------------------------------ before
+
+    def read_record(self) -> dict[str, Any] | None:
+        if not self.record.exists():
+            return None
+        try:
+            record = json.loads(self.record.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            record = None
+        if not isinstance(record, dict) or record.get("written_by") != WRITTEN_BY:
+            raise FileExistsError(
+                f"{self.record} exists but is not a record attnx translate wrote; it is left as it is: remove "
+                "it or choose another --output"
+            )
+        return record
+
+    def prepare(self) -> None:
+        """Refuse, before any work, a partial file attnx did not write or that changed since it wrote it."""
+        record = self.read_record()
+        if record is None:
+            if self.partial.exists() or self.partial.is_symlink():
+                raise FileExistsError(
+                    f"{self.partial} exists and attnx has no record of writing it; it is left as it is: remove "
+                    "it or choose another --output"
+                )
+            return
+        if not self.partial.exists():
+            return  # the record of a run that had written nothing, or whose partial file was removed
+        size, digest = int(record["bytes"]), hashlib.sha256()
+        with open(self.partial, "rb") as f:
+            left = size
+            while left > 0:
+                block = f.read(min(1 << 20, left))
+                if not block:
+                    break
+                digest.update(block)
+                left -= len(block)
+        if left > 0 or digest.hexdigest() != record["sha256"]:
+            raise FileExistsError(
+                f"{self.partial} was changed since attnx wrote it, so it cannot be continued and is left as it "
+                f"is: remove it and {self.record}, or choose another --output"
+            )
+        self.previous = record
+        self.hash = digest
+
+    def start(self, inputs: Mapping[str, TextInput]) -> str | None:
+        """Continue the earlier run when it is this one's, else start afresh; a line saying which, if any."""
+        previous, message = self.previous, None
+        lines = int(previous["lines"]) if previous else 0
+        if previous and lines:
+            held = f"{self.partial} holds {lines} line(s) of an interrupted run"
+            if previous["options"] != self.options:
+                message = f"starting over: {held} with other options ({changed_options(previous['options'], self.options)})"
+            elif set(previous["inputs"]) != set(inputs):
+                message = f"starting over: {held} with other inputs ({', '.join(previous['inputs'])})"
+            elif not all(text.regular for text in inputs.values()):
+                message = f"starting over: {held}, and a stream cannot be checked against the input it read"
+            elif self._skip(previous, inputs):
+                self.resumed = lines
+                message = (
+                    f"continuing after the {lines} line(s) already in {self.partial} (same input and options)"
+                )
+            else:
+                message = f"starting over: {held}, whose input differs from this one"
+        self.lines = self.resumed
+        if self.resumed:
+            self.size = int(previous["bytes"])  # type: ignore[index]
+            self.file = open(self.partial, "r+b")  # noqa: SIM115 (closed by finish/abandon)
+            self.file.truncate(self.size)  # what a killed run wrote after its last record
+            self.file.seek(self.size)
+        else:
+            self.hash, self.size = hashlib.sha256(), 0
+            self._save(inputs)  # the record first: a partial file always has one
+            self.file = open(self.partial, "wb")  # noqa: SIM115
+        return message
+
+    @staticmethod
+    def _skip(previous: Mapping[str, Any], inputs: Mapping[str, TextInput]) -> bool:
+        skipped: list[TextInput] = []
+        for name, text in inputs.items():
+            done = previous["inputs"][name]
+            if not text.skip(int(done["bytes"]), done["sha256"]):
+                for other in skipped:
+                    other.rewind()
+                return False
+            skipped.append(text)
+        return True
+
+    # -------------------------------------------------------------------------------------------- during
+
+    def _save(self, inputs: Mapping[str, TextInput]) -> None:
+        from attnx import __version__
+        from attnx.checkpoint import atomic_write
+
+        first = next(iter(inputs.values()))
+        record = {
+            "written_by": WRITTEN_BY,
+            "attnx": __version__,
+            "output": str(self.output),
+            "options": self.options,
+            "lines": first.lines,
+            "bytes": self.size,
+            "sha256": self.hash.hexdigest(),
+            "inputs": {
+                name: {"bytes": text.consumed, "sha256": text.digest()} for name, text in inputs.items()
+            },
+        }
+        data = (json.dumps(record, indent=1) + "\n").encode("utf-8")
+        with atomic_write(self.record, needed=len(data), what="record of the partial output") as f:
+            f.write(data)
+
+    def write(self, data: bytes, inputs: Mapping[str, TextInput]) -> None:
+        """Append a chunk's output, flush it to disk, then record it (signals wait meanwhile)."""
+        assert self.file is not None
+        with signals_held():
+            try:
+                self.file.write(data)
+                self.file.flush()
+                os.fsync(self.file.fileno())
+            except OSError as err:
+                raise OSError(
+                    f"cannot write {self.partial}: {err.strerror or err}; the lines done so far are kept there: "
+                    "free disk space and run the same command again to continue"
+                ) from err
+            self.size += len(data)
+            self.hash.update(data)
+            self._save(inputs)
+            self.lines = next(iter(inputs.values())).lines
+
+    # ----------------------------------------------------------------------------------------------- after
+
+    def finish(self) -> None:
+        """Rename the complete output into place and remove the record."""
+        assert self.file is not None
+        with signals_held():
+            self.file.close()
+            os.replace(self.partial, self.output)
+            self.record.unlink(missing_ok=True)
+
+    def abandon(self) -> None:
+        """Remove what this run wrote (a usage error found midway: nothing is written)."""
+        if self.file is not None:
+            self.file.close()
+        self.partial.unlink(missing_ok=True)
+        self.record.unlink(missing_ok=True)
+
+    def stopped(self, lines: int) -> str:
+        return f"the {lines} line(s) done are kept in {self.partial}: run the same command again to continue"
