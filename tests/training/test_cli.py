@@ -147,3 +147,25 @@ def test_lightning_loads_the_checkpoints_back(run: Path) -> None:
         decodable = load_model(run / "checkpoints" / name)
         assert task.config == decodable.config
         torch.testing.assert_close(task.model.state_dict(), decodable.model.state_dict())
+
+
+def test_test_decodes_with_mbr_when_asked(run: Path, corpus: Path, capsys) -> None:
+    hyp = run.parent / "test_mbr.hyp"
+    ckpt = run / "checkpoints" / "averaged.ckpt"
+    search = [
+        "--evaluation.search.mbr",
+        "4",
+        "--evaluation.search.seed",
+        "1",
+        "--evaluation.search.max_len_b",
+        "5",
+    ]
+    extra = ["--ckpt_path", str(ckpt), "--evaluation.output_file", str(hyp), *search]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(run.parents[2])
+        assert attnx(fit_args(corpus, *extra, subcommand="test")) == 0
+    out = capsys.readouterr()
+    assert "sacreBLEU BLEU = " in out.err + out.out
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 50
+    test_run = sorted((run.parent).glob("version_*"))[-1]
+    assert yaml.safe_load((test_run / "config.yaml").read_text())["evaluation"]["search"]["mbr"] == 4
