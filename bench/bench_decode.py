@@ -1,4 +1,6 @@
-"""Decoding speed: beam search over Multi30k test_2016_flickr, with and without the key/value cache.
+"""Decoding speed: beam search over Multi30k test_2016_flickr, with and without the key/value cache; then
+greedy search, an n-best list as wide as the beam, sampling one candidate per input, and forced scoring of
+the beam's outputs (one teacher-forced pass per batch).
 
     python bench/bench_decode.py [--data DIR] [--ckpt_path CKPT] [--sentences 1000] [--beam 4]
         [--batch_size 64] [--batch_sizes 1 16 64 128 256] [--repeats 5] [--threads 2]
@@ -22,6 +24,7 @@ docs/benchmarks.md records them with the machine they ran on.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import os
 import platform
@@ -39,6 +42,7 @@ from attnx.checkpoint import load_model
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, UNK_ID, collate
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import SearchConfig
+from attnx.inference.scoring import force_decode
 from attnx.inference.search import translate_batch
 from attnx.model import Transformer, TransformerConfig, build_transformer
 from attnx.model.transformer import DecoderState
@@ -132,6 +136,34 @@ HEADER = (
     "| run | batch | sentences | best s | median s | sentences/s (best) | output tokens/s (best) "
     "| output tokens/sentence |\n|---|---:|---:|---:|---:|---:|---:|---:|"
 )
+
+
+def score_all(
+    model: nn.Module,
+    ids: list[list[int]],
+    targets: list[list[int]],
+    batch_size: int,
+    config: SearchConfig,
+    repeats: int,
+) -> Run:
+    """Forced scoring of ``targets`` (the beam's outputs) as translations of ``ids``: one teacher-forced pass per batch."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    batches = [order[first : first + batch_size] for first in range(0, len(order), batch_size)]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for rows in batches:
+            batch = collate([(ids[i], []) for i in rows])
+            force_decode(model, batch.src, batch.src_mask, [targets[i] for i in rows], config)
+        times.append(time.perf_counter() - start)
+    return Run(
+        name="forced scoring of the beam outputs",
+        batch_size=batch_size,
+        sentences=len(ids),
+        times=times,
+        out_tokens=sum(len(y) + 1 for y in targets),
+        outputs=targets,
+    )
 
 
 def decode_all(
@@ -252,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
         print(no_cache.row(), flush=True)
     greedy_config = SearchConfig(beam=1, max_len_a=a, max_len_b=b)
     print(decode_all(model, ids, args.batch_size, greedy_config, "greedy, cache", r).row(), flush=True)
+    nbest = dataclasses.replace(search, nbest=args.beam)
+    print(decode_all(model, ids, args.batch_size, nbest, f"beam {args.beam}, {args.beam}-best", r).row())
+    sample = SearchConfig(sampling=True, nbest=1, seed=args.seed, max_len_a=a, max_len_b=b)
+    print(decode_all(model, ids, args.batch_size, sample, "sampling, 1 per input", r).row(), flush=True)
+    print(score_all(model, ids, cached.outputs, args.batch_size, search, r).row(), flush=True)
     if n > 0:
         same = sum(x == y for x, y in zip(no_cache.outputs, cached.outputs[:n], strict=True))
         speedup = (cached.sentences / cached.best) / (no_cache.sentences / no_cache.best)

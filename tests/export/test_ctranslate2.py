@@ -24,6 +24,7 @@ from attnx.inference.ctranslate2 import (  # noqa: E402
     CTranslate2Translator,
     is_ctranslate2_model,
 )
+from attnx.inference.eager import EagerTranslator  # noqa: E402
 from attnx.model import TransformerConfig, build_transformer  # noqa: E402
 from tests.checkpoints import save_model  # noqa: E402
 from tests.export.conftest import Pairs  # noqa: E402
@@ -272,3 +273,92 @@ def test_search_settings(exported: Path) -> None:
         CTranslate2Translator.load(exported, patience=0)
     with pytest.raises(ValueError, match="not a CTranslate2 model"):
         CTranslate2Translator.load(exported.parent)
+
+
+# --- the shared search options: n-best, scores, sampling, prefixes, constraints, forced scoring -------------
+
+NBEST = SearchConfig(
+    beam=4, nbest=4, alpha=0.6, length_penalty="fairseq", max_len_a=1.0, max_len_b=50, max_positions=128
+)
+
+
+def test_forced_scores_equal_the_eager_engines(
+    translator: CTranslate2Translator, trained: Path, test_set: Pairs
+):
+    """`score_ids` of both engines on the 200 reference pairs: per-token log-probs within 2e-5."""
+    eager = EagerTranslator.from_checkpoint(trained, search=NBEST)
+    ours = translator.with_search(nbest=4).score_ids(test_set.sources, test_set.references)
+    reference = eager.score_ids(test_set.sources, test_set.references)
+    for a, b in zip(ours, reference, strict=True):
+        assert a.tokens == b.tokens
+        assert a.token_log_probs == pytest.approx(b.token_log_probs, abs=2e-5)
+        assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+def test_nbest_texts_and_scores_match_the_eager_engine(
+    translator: CTranslate2Translator, trained: Path, test_set: Pairs
+) -> None:
+    """Beam 4, 4-best, |Y|^0.6, patience 2. Wherever both engines found a hypothesis, they give it the same
+    score within 1e-4; the best hypotheses are equal on at least 90% of 60 sentences and the 4-best lists
+    share at least 3 of 4 hypotheses on average. Lower entries differ more than the best: attnx's beam shrinks
+    as hypotheses finish, CTranslate2's keeps 4 live ones (module docstring)."""
+    sources = test_set.sources[:60]
+    patient = CTranslate2Translator.load(translator.directory, threads=1, patience=2, search=NBEST)
+    ours = patient.generate_ids(sources)
+    reference = EagerTranslator.from_checkpoint(trained, search=NBEST).generate_ids(sources)
+    same = best = shared = 0
+    for a, b in zip(ours, reference, strict=True):
+        assert len(a) == len(b) == 4
+        assert [h.score for h in a] == sorted((h.score for h in a), reverse=True)
+        scores = {tuple(h.tokens): h.score for h in b}
+        for h in a:
+            if tuple(h.tokens) in scores:
+                assert h.score == pytest.approx(scores[tuple(h.tokens)], abs=1e-4)
+        same += [h.tokens for h in a] == [h.tokens for h in b]
+        best += a[0].tokens == b[0].tokens
+        shared += len(scores.keys() & {tuple(h.tokens) for h in a})
+    print(
+        f"{same} of {len(sources)} 4-best lists equal, {best} best equal, {shared / len(sources):.2f} shared"
+    )
+    assert best >= 0.9 * len(sources)
+    assert shared >= 3 * len(sources)
+
+
+def test_sampling_top_k_1_is_greedy_and_a_seed_repeats_the_samples(
+    translator: CTranslate2Translator, loaded: LoadedModel, test_set: Pairs
+) -> None:
+    sources = test_set.sources[:30]
+    greedy = translator.with_search(beam=1).translate_ids(sources)
+    top1 = translator.with_search(sampling=True, top_k=1, nbest=2, seed=1).generate_ids(sources)
+    assert [[h.tokens for h in hyps] for hyps in top1] == [[g, g] for g in greedy]
+    sampler = translator.with_search(sampling=True, nbest=3, seed=5, temperature=1.2, top_p=0.9)
+    first, again = sampler.generate_ids(sources), sampler.generate_ids(sources)
+    assert [[h.tokens for h in hyps] for hyps in first] == [[h.tokens for h in hyps] for hyps in again]
+    assert all(len(hyps) == 3 for hyps in first)
+    forced = translator.score_ids([sources[0]] * 3, [h.tokens for h in first[0]])
+    assert [h.log_prob for h in first[0]] == pytest.approx([h.log_prob for h in forced], abs=1e-6)
+
+
+def test_prefix_and_constraints_as_the_eager_engine(
+    translator: CTranslate2Translator, trained: Path, test_set: Pairs
+) -> None:
+    """Greedy with a forced prefix, `min_length` and `no_repeat_ngram`: the same outputs as attnx's."""
+    sources = test_set.sources[:30]
+    prefixes = [y[:2] for y in test_set.references[:30]]
+    search = dict(beam=1, min_length=8, no_repeat_ngram=2, max_positions=128)
+    ours = translator.with_search(**search).generate_ids(sources, prefixes)
+    eager = EagerTranslator.from_checkpoint(trained, search=SearchConfig(**search))
+    reference = eager.generate_ids(sources, prefixes)
+    for a, b, prefix in zip(ours, reference, prefixes, strict=True):
+        assert a[0].tokens[:2] == prefix and len(a[0].tokens) >= 8
+        assert a[0].tokens == b[0].tokens
+        assert a[0].log_prob == pytest.approx(b[0].log_prob, abs=1e-4)
+
+
+def test_alignment_or_an_ensemble_of_exports_is_one_line_saying_what_to_use(exported: Path, trained: Path):
+    import attnx
+
+    with pytest.raises(ValueError, match=r"alignments come from .* decode the checkpoint \(\*\.ckpt\)"):
+        CTranslate2Translator.load(exported, alignment=True)
+    with pytest.raises(ValueError, match="CTranslate2 exports cannot be ensembled"):
+        attnx.load([exported, trained])

@@ -16,9 +16,11 @@ class Module:
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, list[int]]] = []
+        self.searches: list[SearchConfig] = []
 
     def translator(self, search: SearchConfig | None = None):
         calls = self.calls
+        self.searches.append(search)
 
         class Recording:
             def translate_tensors(self, src, src_mask):
@@ -66,9 +68,24 @@ def test_test_rows_use_the_full_search_and_keep_their_index() -> None:
     assert sorted(evaluator._translations) == [(1, [11]), (3, [13]), (5, [15])]
 
 
+def test_test_takes_every_search_option_and_validation_stays_a_deterministic_beam() -> None:
+    search = SearchConfig(sampling=True, top_p=0.9, seed=3, no_repeat_ngram=3, min_length=2)
+    evaluator = TranslationEvaluator(search=search, bleu_samples=5, valid_beam=2)
+    module = Module()
+    evaluator.on_test_batch_end(stage(0, 1, False), module, None, batch_of([3, 1]), 0)
+    evaluator.on_validation_batch_end(stage(0, 1, True), module, None, batch_of([0, 2]), 0)
+    test, valid = module.searches
+    assert test == search
+    assert (valid.sampling, valid.beam, valid.top_p, valid.seed) == (False, 2, 1.0, None)
+    assert (valid.no_repeat_ngram, valid.min_length) == (3, 2)
+
+
 def test_bad_settings_are_refused() -> None:
     import pytest
 
     with pytest.raises(ValueError, match="valid_beam"):
         TranslationEvaluator(valid_beam=0)
+    for search in (SearchConfig(beam=4, nbest=2), SearchConfig(alignment=True)):
+        with pytest.raises(ValueError, match="evaluation.search.nbest must be 1"):
+            TranslationEvaluator(search=search)
     assert torch.equal(batch_of([2]).index, torch.tensor([2]))

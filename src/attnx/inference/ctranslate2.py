@@ -241,7 +241,7 @@ class CTranslate2Translator(Translator):
             beam_size=1 if s.sampling else s.beam,
             patience=self.patience,
             length_penalty=s.alpha if s.length_penalty == "fairseq" else 0.0,
-            num_hypotheses=s.nbest,
+            num_hypotheses=1 if s.sampling else s.nbest,  # samples: each input repeated nbest times
             no_repeat_ngram_size=s.no_repeat_ngram,
             min_decoding_length=s.min_length,
             return_end_token=True,  # |Y| counts the </s>, and a missing </s> marks a hypothesis cut at the limit
@@ -279,22 +279,27 @@ class CTranslate2Translator(Translator):
                 groups[max(self.max_output_length(len(x)), prefix)].append(i)
         options = self._options()
         if self.search.sampling and self.search.seed is not None:
+            # CTranslate2 seeds each worker thread's generator once, when the thread starts: a fresh model
+            # (fresh threads) makes every call with the same seed draw the same samples.
             import_ctranslate2().set_random_seed(self.search.seed)
+            self.to(self.device)
+        copies = self.search.nbest if self.search.sampling else 1
         eos = self.pieces[EOS_ID]
         total = sum(map(len, groups.values()))
         with tqdm(total=total, unit="sent", disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
             for limit, members in sorted(groups.items()):
+                rows = [i for i in members for _ in range(copies)]
                 target_prefix = None
-                if prefixes is not None and any(prefixes[i] for i in members):
-                    target_prefix = [[self.pieces[t] for t in prefixes[i]] or None for i in members]
+                if prefixes is not None and any(prefixes[i] for i in rows):
+                    target_prefix = [[self.pieces[t] for t in prefixes[i]] or None for i in rows]
                 results = self._translator.translate_batch(
-                    [[self.pieces[t] for t in ids[i]] for i in members],
+                    [[self.pieces[t] for t in ids[i]] for i in rows],
                     target_prefix,
                     max_decoding_length=limit + 1,
                     **options,
                 )
                 found: list[tuple[int, list[int]]] = []
-                for i, result in zip(members, results, strict=True):
+                for i, result in zip(rows, results, strict=True):
                     for tokens in result.hypotheses:
                         tokens = tokens[:-1] if tokens and tokens[-1] == eos else tokens[:limit]
                         found.append((i, [self.piece_ids[t] for t in tokens]))

@@ -64,7 +64,6 @@ from attnx.inference.decoder import Decoder, as_decoder, decoding
 from attnx.inference.hypothesis import Hypothesis
 
 __all__ = [
-    "Hypothesis",
     "beam_search",
     "generate",
     "greedy_search",
