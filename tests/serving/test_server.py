@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -69,14 +70,12 @@ def api(checkpoint):
     logging.getLogger("attnx").handlers[:] = handlers
 
 
-def test_a_batch_of_requests_is_one_translate_call_split_back(api, checkpoint, monkeypatch):
+def test_a_batch_of_requests_is_one_generate_call_split_back(api, checkpoint, monkeypatch):
     lit = api(max_batch_size=8)
     requests = [{"text": LINES[:3]}, {"text": "A dog runs."}, {"text": LINES[3:]}]
     calls: list[int] = []
-    translate = lit.translator.translate
-    monkeypatch.setattr(
-        lit.translator, "translate", lambda lines: calls.append(len(lines)) or translate(lines)
-    )
+    generate = lit.translator.generate
+    monkeypatch.setattr(lit.translator, "generate", lambda lines: calls.append(len(lines)) or generate(lines))
     outputs = lit.predict(lit.batch([lit.decode_request(r) for r in requests]))
     assert calls == [len(LINES) + 1]
     reference = attnx.load(checkpoint, search=FAST)
@@ -85,15 +84,31 @@ def test_a_batch_of_requests_is_one_translate_call_split_back(api, checkpoint, m
         reference.translate(["A dog runs."]),
         reference.translate(LINES[3:]),
     ]
-    assert lit.unbatch(outputs) == expected
-    assert lit.encode_response(expected[1]) == {"translations": expected[1]}
+    assert lit.unbatch(outputs) == [{"translations": lines} for lines in expected]
+    assert lit.encode_response(outputs[1]) == {"translations": expected[1]}
 
 
-def test_without_batching_predict_takes_one_request(api, checkpoint):
-    lit = api(max_batch_size=1)
-    assert lit.predict(lit.decode_request({"text": ["", "Zwei Hunde."]})) == attnx.load(
-        checkpoint, search=FAST
-    ).translate(["", "Zwei Hunde."])
+def test_a_request_may_ask_for_an_nbest_list_or_samples_with_scores(api, checkpoint):
+    lit = api(max_batch_size=8)
+    requests = [
+        {"text": ["A dog runs.", ""], "search": {"nbest": 2}},
+        {"text": "A dog runs.", "scores": True},
+        {"text": ["Two men."], "search": {"sampling": True, "nbest": 3, "seed": 7, "top_k": 5}},
+        {"text": ["A cat."]},
+    ]
+    answers = lit.unbatch(lit.predict(lit.batch([lit.decode_request(r) for r in requests])))
+    nbest = attnx.load(checkpoint, search=dataclasses.replace(FAST, nbest=2)).generate(["A dog runs.", ""])
+    assert answers[0]["translations"] == [nbest[0][0].text, ""]
+    assert [[h["text"] for h in hyps] for hyps in answers[0]["hypotheses"]] == [
+        [h.text for h in hyps] for hyps in nbest
+    ]
+    assert [h["score"] for h in answers[0]["hypotheses"][0]] == pytest.approx([h.score for h in nbest[0]])
+    best = answers[1]["hypotheses"][0][0]
+    assert (
+        set(best) == {"text", "score", "log_prob", "tokens"} and best["text"] == answers[1]["translations"][0]
+    )
+    assert len(answers[2]["hypotheses"][0]) == 3  # three samples
+    assert answers[3] == {"translations": attnx.load(checkpoint, search=FAST).translate(["A cat."])}
 
 
 def test_split_as_keeps_order_and_empty_pieces():
@@ -130,7 +145,12 @@ def test_a_busy_port_is_named():
 def test_model_info_is_json(checkpoint):
     info = json.loads(json.dumps(model_info(str(checkpoint), FAST, ServeSettings())))
     assert info["format"] == "checkpoint" and info["search"]["beam"] == 2
-    assert info["limits"] == {"max_lines": 64, "max_line_chars": 2000, "max_body_bytes": 1_000_000}
+    assert info["limits"] == {
+        "max_lines": 64,
+        "max_line_chars": 2000,
+        "max_body_bytes": 1_000_000,
+        "max_beam": 16,
+    }
 
 
 def test_the_ready_line_waits_for_health_and_sends_litserves_api_key(monkeypatch, capsys):
@@ -280,7 +300,12 @@ def test_health_and_info(server, checkpoint):
     info = json.loads(body)["model"]
     assert status == 200 and info["path"] == str(checkpoint.resolve())
     assert info["search"]["beam"] == 2 and info["search"]["max_positions"] == 64  # resolved from the model
-    assert info["limits"] == {"max_lines": 8, "max_line_chars": 3000, "max_body_bytes": 100000}
+    assert info["limits"] == {
+        "max_lines": 8,
+        "max_line_chars": 3000,
+        "max_body_bytes": 100000,
+        "max_beam": 16,
+    }
     assert info["batching"] == {"max_batch_size": 8, "batch_timeout": 0.05} and info["workers"] == 2
 
 
@@ -293,6 +318,8 @@ BAD = [
     ({"text": ["A dog."] * 9}, 413, "9 lines"),
     ({"text": [" ".join(["word"] * 10_000)]}, 413, "49999 characters"),
     ({"text": ["x" * 1000] * 120}, 413, "over 100000 bytes"),
+    ({"text": "A dog.", "search": {"nbest": 3}}, 422, "cannot exceed search.beam (2)"),
+    ({"text": "A dog.", "search": {"max_len_b": 900}}, 422, 'cannot set "max_len_b" per request'),
 ]
 
 
@@ -313,6 +340,10 @@ def test_bad_requests_get_a_4xx_and_a_message_and_the_server_keeps_serving(serve
         else:
             assert 400 <= status < 500 and answer["detail"]
     assert server.get("/health") == (200, b"ok")
+    # a request's own search settings, through the HTTP process's checks
+    status, answer = server.post({"text": ["A dog runs."], "search": {"nbest": 2}})
+    assert status == 200 and len(answer["hypotheses"][0]) == 2
+    assert answer["hypotheses"][0][0]["text"] == answer["translations"][0]
 
 
 def raw_post(url: str, body: dict) -> socket.socket:

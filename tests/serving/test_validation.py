@@ -9,12 +9,14 @@ import pytest
 
 pytest.importorskip("litserve", reason="attnx serve needs the serve extra: pip install 'attnx[serve]'")
 
+from attnx.inference.config import SearchConfig  # noqa: E402
 from attnx.serving.validation import (  # noqa: E402
     RequestError,
     RequestLimits,
     RequestLimitsMiddleware,
     parse_body,
     request_lines,
+    request_search,
 )
 
 LIMITS = RequestLimits(max_lines=3, max_line_chars=10, max_body_bytes=200)
@@ -126,3 +128,35 @@ def test_middleware_leaves_other_routes_and_gets_alone():
     assert call(app, b"", method="GET", path="/health") == (200, b"passed")
     assert call(app, b"not json", path="/other") == (200, b"passed")
     assert len(inner.calls) == 2
+
+
+SERVER_SEARCH = SearchConfig(beam=4)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b'{"text": "a", "search": 4}', 422, '"search" is a number; give an object'),
+        (b'{"text": "a", "search": {"max_len_b": 500}}', 422, 'cannot set "max_len_b" per request'),
+        (b'{"text": "a", "search": {"nbest": "4"}}', 422, '"search.nbest" is a string; give an integer'),
+        (b'{"text": "a", "search": {"sampling": 1}}', 422, '"search.sampling" is a number; give a boolean'),
+        (b'{"text": "a", "search": {"nbest": 5}}', 422, "cannot exceed search.beam"),
+        (b'{"text": "a", "search": {"sampling": true, "top_p": 1.5}}', 422, "top_p must be in (0, 1]"),
+        (b'{"text": "a", "search": {"temperature": 0.5}}', 422, "only shape sampling"),
+        (b'{"text": "a", "search": {"beam": 40}}', 413, "at most 16"),
+        (b'{"text": "a", "scores": "yes"}', 422, '"scores" is a string; give true or false'),
+    ],
+)
+def test_a_request_s_search_settings_are_checked_in_one_line(body, status, words):
+    with pytest.raises(RequestError) as err:
+        parse_body(body, LIMITS, SERVER_SEARCH)
+    assert err.value.status == status and words in err.value.message, err.value.message
+    assert "\n" not in err.value.message
+
+
+def test_a_request_may_change_the_settings_it_is_allowed_to():
+    payload = {"text": "a", "search": {"nbest": 2, "alpha": 1, "seed": None}, "scores": True}
+    assert request_search(payload, SERVER_SEARCH, LIMITS) == {"nbest": 2, "alpha": 1, "seed": None}
+    assert request_search({"text": "a"}, SERVER_SEARCH, LIMITS) == {}
+    sampled = {"text": "a", "search": {"sampling": True, "nbest": 16, "temperature": 0.7, "seed": 3}}
+    assert request_search(sampled, SERVER_SEARCH, LIMITS)["nbest"] == 16

@@ -25,6 +25,7 @@ def serve(
     max_lines: int = SERVE.limits.max_lines,
     max_line_chars: int = SERVE.limits.max_line_chars,
     max_body_bytes: int = SERVE.limits.max_body_bytes,
+    max_beam: int = SERVE.limits.max_beam,
     workers: int = SERVE.workers,
     threads: int = SERVE.threads,
     timeout: float = SERVE.timeout,
@@ -32,7 +33,10 @@ def serve(
     """Serve a trained model over HTTP: POST /translate, with concurrent requests translated together.
 
     POST /translate {"text": ["line", ...]} (or {"text": "one line"}) answers {"translations": [...]}, one
-    translation per line in the same order, blank for blank. Requests arriving together are translated together (up to --max_batch_size requests, waiting at most
+    translation per line in the same order, blank for blank. A request may change some search settings for
+    itself, {"text": [...], "search": {"nbest": 4}} or {"search": {"sampling": true, "top_p": 0.9}}, and
+    with n-best or "scores": true the answer also holds "hypotheses": per line, every hypothesis best first
+    with text, score, log_prob and tokens (as attnx translate --format jsonl). Requests arriving together are translated together (up to --max_batch_size requests, waiting at most
     --batch_timeout seconds for them). GET /health answers "ok" once the model is loaded; GET /info shows the
     model, search settings and limits. A request over a limit, or not of that shape, gets a 4xx with
     {"detail": "<message>"}. SIGTERM or Ctrl+C finishes the requests in flight, then exits 0. Needs the serve
@@ -52,6 +56,7 @@ def serve(
         max_lines: Lines per request at most (413 above).
         max_line_chars: Characters per line at most (413 above).
         max_body_bytes: Bytes per request body at most (413 above).
+        max_beam: Beam size or hypotheses per line (n-best, samples) a request's "search" may ask for.
         workers: Inference processes, each with its own copy of the model.
         threads: Torch threads per worker on CPU; 0: torch's default (all cores) for one worker, cores /
             workers for several.
@@ -84,7 +89,10 @@ def serve(
         workers=workers,
         threads=threads,
         limits=RequestLimits(
-            max_lines=max_lines, max_line_chars=max_line_chars, max_body_bytes=max_body_bytes
+            max_lines=max_lines,
+            max_line_chars=max_line_chars,
+            max_body_bytes=max_body_bytes,
+            max_beam=max_beam,
         ),
     )
     run_server(model, search, settings)

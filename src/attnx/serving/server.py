@@ -9,7 +9,8 @@ Three kinds of process, all started by `serve`:
   once and never joins a batch;
 - inference workers (`workers`, each with its own `attnx.inference.translator.Translator`, from `attnx.inference.load.load`) take up
   to `max_batch_size` queued requests, waiting at most `batch_timeout` seconds for the batch to fill,
-  and translate all their lines with one `Translator.translate` call (which batches them by tokens).
+  and translate all their lines with one `Translator.generate` call (which batches them by tokens) per
+  search setting asked for (requests that change none share one call).
 
 Shutdown: the HTTP processes stop accepting, finish the requests they hold (up to 30 s), and only then are
 the inference workers stopped. Send the signal to the main process; the workers ignore SIGINT so a Ctrl+C
@@ -19,6 +20,7 @@ sent to the whole process group cannot cut a batch short.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -32,8 +34,9 @@ from typing import Any
 import litserve as ls
 
 from attnx.inference.config import SearchConfig
+from attnx.inference.formats import hypothesis_fields
 from attnx.serving.settings import ServeSettings
-from attnx.serving.validation import FIELD, RequestLimitsMiddleware
+from attnx.serving.validation import FIELD, SCORES, SEARCH, RequestLimitsMiddleware
 
 API_PATH = "/translate"
 
@@ -42,6 +45,11 @@ def lines_of(payload: dict[str, Any]) -> list[str]:
     """The lines of a request already checked by `attnx.serving.validation.request_lines`."""
     text = payload[FIELD]
     return [text] if isinstance(text, str) else list(text)
+
+
+def request_of(payload: dict[str, Any]) -> tuple[list[str], dict[str, Any], bool]:
+    """A checked request as (lines, search settings it changes, whether it wants the hypotheses)."""
+    return lines_of(payload), dict(payload.get(SEARCH, {})), bool(payload.get(SCORES, False))
 
 
 def split_as(flat: list[str], counts: list[int]) -> list[list[str]]:
@@ -105,17 +113,31 @@ class TranslationAPI(ls.LitAPI):
     # No annotation on purpose: LitServe turns an annotated `request` into a FastAPI parameter; unannotated,
     # it hands over the JSON body (already checked in the HTTP process).
     def decode_request(self, request):  # type: ignore[no-untyped-def]
-        return lines_of(request)
+        return request_of(request)
 
     def predict(self, x: Any) -> Any:
-        """One `translate` call over every line of the batch's requests, then one output per request."""
-        requests: list[list[str]] = x if self.max_batch_size > 1 else [x]
-        flat = self.translator.translate([line for lines in requests for line in lines])
-        outputs = split_as(flat, [len(lines) for lines in requests])
-        return outputs if self.max_batch_size > 1 else outputs[0]
+        """One `generate` call over every line of the batch's requests that ask for the same search settings,
+        then one answer per request."""
+        requests: list[tuple[list[str], dict[str, Any], bool]] = x if self.max_batch_size > 1 else [x]
+        answers: list[dict[str, Any]] = [{} for _ in requests]
+        groups: dict[str, list[int]] = {}
+        for i, (_, changes, _) in enumerate(requests):
+            groups.setdefault(json.dumps(changes, sort_keys=True), []).append(i)
+        for key, members in groups.items():
+            changes = json.loads(key)
+            translator = self.translator.with_search(**changes) if changes else self.translator
+            flat = translator.generate([line for i in members for line in requests[i][0]])
+            for i, results in zip(
+                members, split_as(flat, [len(requests[i][0]) for i in members]), strict=True
+            ):
+                answer: dict[str, Any] = {"translations": [hyps[0].text for hyps in results]}
+                if requests[i][2] or translator.search.nbest > 1:
+                    answer["hypotheses"] = [[hypothesis_fields(h) for h in hyps] for hyps in results]
+                answers[i] = answer
+        return answers if self.max_batch_size > 1 else answers[0]
 
-    def encode_response(self, output: list[str]) -> dict[str, list[str]]:
-        return {"translations": output}
+    def encode_response(self, output: dict[str, Any]) -> dict[str, Any]:
+        return output
 
 
 def device_placement(device: str) -> tuple[str, list[int] | int]:
@@ -178,7 +200,9 @@ def build_server(model: str, search: SearchConfig, settings: ServeSettings) -> l
         workers_per_device=settings.workers,
         timeout=settings.timeout,
         model_metadata=model_info(model, search, settings),
-        middlewares=[(RequestLimitsMiddleware, {"path": API_PATH, "limits": settings.limits})],
+        middlewares=[
+            (RequestLimitsMiddleware, {"path": API_PATH, "limits": settings.limits, "search": search})
+        ],
     )
 
 

@@ -21,9 +21,11 @@ class RequestLimits:
     """Characters per line."""
     max_body_bytes: int = 1_000_000
     """Bytes of the request body."""
+    max_beam: int = 16
+    """Beam size, or hypotheses (n-best, samples) per line, a request's `"search"` may ask for."""
 
     def __post_init__(self) -> None:
-        for name in ("max_lines", "max_line_chars", "max_body_bytes"):
+        for name in ("max_lines", "max_line_chars", "max_body_bytes", "max_beam"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
 

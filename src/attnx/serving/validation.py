@@ -1,28 +1,50 @@
 """What a translation request may look like, checked before it reaches the model.
 
-A request body is `{"text": ["line", ...]}` (or `{"text": "one line"}`). Every check runs in the HTTP
-process, so a bad request is answered at once with a 4xx and `{"detail": "<message>"}` and never joins a
-batch of good ones: one request's mistake cannot fail its neighbours' translations.
+A request body is `{"text": ["line", ...]}` (or `{"text": "one line"}`), optionally with `"search": {...}`
+(some of the server's search settings changed for this request: `nbest`, `sampling`, `top_k`, ...; see
+[`REQUEST_SEARCH`][attnx.serving.validation.REQUEST_SEARCH]) and `"scores": true` (answer every hypothesis
+with its scores). Every check runs in the HTTP process, so a bad request is answered at once with a 4xx and
+`{"detail": "<message>"}` and never joins a batch of good ones: one request's mistake cannot fail its
+neighbours' translations.
 
 | problem                                             | status |
 |-----------------------------------------------------|--------|
 | body over `max_body_bytes`                        | 413    |
 | body that is not JSON (or not UTF-8)                | 400    |
-| not an object, a field other than `text`, `text` missing or not a string / list of strings | 422 |
+| not an object, a field other than `text`, `search`, `scores`; `text` missing or not a string / list of strings | 422 |
 | `text` an empty list                              | 422    |
+| `search` not an object, a setting a request may not change, a value the search refuses; `scores` not a boolean | 422 |
+| `search.beam` or `search.nbest` over `max_beam`   | 413    |
 | more than `max_lines` lines, a line over `max_line_chars` characters | 413 |
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from attnx.inference.config import SearchConfig
 from attnx.serving.settings import RequestLimits
 
 FIELD = "text"
+SEARCH = "search"
+SCORES = "scores"
+REQUEST_SEARCH: dict[str, str] = {
+    "beam": "an integer",
+    "nbest": "an integer",
+    "alpha": "a number",
+    "sampling": "a boolean",
+    "top_k": "an integer",
+    "top_p": "a number",
+    "temperature": "a number",
+    "seed": "an integer or null",
+    "no_repeat_ngram": "an integer",
+    "min_length": "an integer",
+}
+"""Search settings one request may change (`"search": {"nbest": 4}`); the rest stay the server's."""
 DRAIN_BYTES = 100_000_000
 """Bytes of a refused body read and dropped before answering 413; a client sending more sees the connection
 closed instead."""
@@ -50,7 +72,7 @@ def request_lines(payload: Any, limits: RequestLimits) -> list[str]:
     """The lines of a decoded request body, or a `RequestError` saying what is wrong with it."""
     if not isinstance(payload, dict):
         raise RequestError(422, f"the body is {json_type(payload)}; send a JSON object {EXAMPLE}")
-    unknown = sorted(set(payload) - {FIELD})
+    unknown = sorted(set(payload) - {FIELD, SEARCH, SCORES})
     if unknown:
         raise RequestError(422, f"unknown field {', '.join(map(json.dumps, unknown))}; the body is {EXAMPLE}")
     if FIELD not in payload:
@@ -83,8 +105,48 @@ def request_lines(payload: Any, limits: RequestLimits) -> list[str]:
     return lines
 
 
-def parse_body(body: bytes, limits: RequestLimits) -> list[str]:
-    """The lines of a raw request body (JSON in UTF-8), or a `RequestError`."""
+def request_search(payload: dict[str, Any], search: SearchConfig, limits: RequestLimits) -> dict[str, Any]:
+    """The search settings a decoded request changes (`{}` for none), checked against `search` (the server's)
+    and `limits`, or a `RequestError`."""
+    if SCORES in payload and not isinstance(payload[SCORES], bool):
+        raise RequestError(422, f'"scores" is {json_type(payload[SCORES])}; give true or false')
+    changes = payload.get(SEARCH, {})
+    if not isinstance(changes, dict):
+        raise RequestError(422, f'"search" is {json_type(changes)}; give an object such as {{"nbest": 4}}')
+    unknown = sorted(set(changes) - set(REQUEST_SEARCH))
+    if unknown:
+        raise RequestError(
+            422,
+            f'"search" cannot set {", ".join(map(json.dumps, unknown))} per request; it may set '
+            + ", ".join(REQUEST_SEARCH),
+        )
+    for name, value in changes.items():
+        kind = REQUEST_SEARCH[name]
+        if isinstance(value, bool):
+            ok = kind == "a boolean"
+        elif isinstance(value, int):
+            ok = kind != "a boolean"
+        elif isinstance(value, float):
+            ok = kind == "a number"
+        else:
+            ok = value is None and kind.endswith("or null")
+        if not ok:
+            raise RequestError(422, f'"search.{name}" is {json_type(value)}; give {kind}')
+    try:
+        asked = dataclasses.replace(search, **changes)
+    except ValueError as err:
+        raise RequestError(422, f'"search": {err}') from None
+    width = max(asked.nbest, 1 if asked.sampling else asked.beam)
+    if width > limits.max_beam:
+        raise RequestError(
+            413, f'"search" asks for {width} hypotheses per line; this server takes at most {limits.max_beam}'
+        )
+    return changes
+
+
+def parse_body(body: bytes, limits: RequestLimits, search: SearchConfig | None = None) -> list[str]:
+    """The lines of a raw request body (JSON in UTF-8), or a `RequestError`; with `search` (the server's
+    settings), the request's `"search"` and `"scores"` are checked too."""
     if len(body) > limits.max_body_bytes:
         raise RequestError(413, body_too_large(limits))
     try:
@@ -96,7 +158,10 @@ def parse_body(body: bytes, limits: RequestLimits) -> list[str]:
             400,
             f"the body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}); send {EXAMPLE}",
         ) from None
-    return request_lines(payload, limits)
+    lines = request_lines(payload, limits)
+    if search is not None:
+        request_search(payload, search, limits)
+    return lines
 
 
 def body_too_large(limits: RequestLimits) -> str:
@@ -110,10 +175,13 @@ class RequestLimitsMiddleware:
     declared, so `curl -d` works); anything else is answered here with `{"detail": message}`.
     """
 
-    def __init__(self, app: ASGIApp, *, path: str, limits: RequestLimits) -> None:
+    def __init__(
+        self, app: ASGIApp, *, path: str, limits: RequestLimits, search: SearchConfig | None = None
+    ) -> None:
         self.app = app
         self.path = path
         self.limits = limits
+        self.search = search
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -126,7 +194,7 @@ class RequestLimitsMiddleware:
                 raise RequestError(413, body_too_large(self.limits))
             body = await self.read_body(receive)
             if scope["path"] == self.path and scope["method"] == "POST":
-                parse_body(body, self.limits)
+                parse_body(body, self.limits, self.search)
         except RequestError as err:
             await self.refuse(send, err)
             return
