@@ -149,6 +149,114 @@ def test_lightning_loads_the_checkpoints_back(run: Path) -> None:
         torch.testing.assert_close(task.model.state_dict(), decodable.model.state_dict())
 
 
+def resume_copy(run: Path, tmp_path: Path) -> Path:
+    """The fixture run's last checkpoint, copied away from its run folder (as `good.ckpt`)."""
+    good = tmp_path / "good.ckpt"
+    good.write_bytes((run / "checkpoints" / "last.ckpt").read_bytes())
+    return good
+
+
+def test_options_changed_on_resume_are_applied_said_and_recorded(
+    run: Path, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    from attnx.training.schedule import inverse_sqrt_schedule
+
+    monkeypatch.chdir(tmp_path)
+    changed = [
+        "--model.lr_factor",
+        "0.5",
+        "--model.transformer.dropout",
+        "0.3",
+        "--model.label_smoothing",
+        "0.0",
+    ]
+    args = [*changed, "--trainer.max_steps", "10", "--ckpt_path", str(resume_copy(run, tmp_path))]
+    assert attnx(fit_args(corpus, *args)) == 0
+    out = capsys.readouterr().out.splitlines()
+    for line in (
+        "resume: trainer.max_steps 8 -> 10",
+        "resume: model.transformer.dropout 0.1 -> 0.3",
+        "resume: model.label_smoothing 0.1 -> 0.0",
+        "resume: model.lr_factor 1.0 -> 0.5",
+    ):
+        assert line in out, out
+    ours = tmp_path / "runs" / "tiny" / "version_0"
+    config = yaml.safe_load((ours / "config.yaml").read_text())["model"]
+    assert (config["lr_factor"], config["label_smoothing"], config["transformer"]["dropout"]) == (
+        0.5,
+        0.0,
+        0.3,
+    )
+    rows = {int(r["step"]): r for r in read_metrics(ours) if r["train/loss"]}
+    assert sorted(rows) == [8, 9]
+    # the next step trains with the new factor (over the optimizer state the checkpoint restored) ...
+    assert float(rows[8]["train/lr"]) == pytest.approx(inverse_sqrt_schedule(9, 32, 4, 0.5), rel=1e-6)
+    # ... without label smoothing (the loss is the NLL) and with the new dropout
+    assert float(rows[8]["train/loss"]) == pytest.approx(float(rows[8]["train/nll"]), rel=1e-6)
+    saved = torch.load(ours / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["attnx"]["transformer"]["dropout"] == 0.3 and saved["global_step"] == 10
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "before"), [("model.transformer.d_model", "64", "32"), ("seed_everything", "2", "1")]
+)
+def test_a_change_a_resume_cannot_make_is_refused_in_one_line(
+    run: Path, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, option, value, before
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    good = resume_copy(run, tmp_path)
+    args = [f"--{option}", value, "--trainer.max_steps", "10", "--ckpt_path", str(good)]
+    assert attnx(fit_args(corpus, *args)) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"attnx fit: error: --{option} {value} differs from {before} in {good}"), line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_init_from_starts_a_new_run_from_the_weights(
+    run: Path, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    from attnx.training.schedule import inverse_sqrt_schedule
+
+    monkeypatch.chdir(tmp_path)
+    good = resume_copy(run, tmp_path)
+    assert attnx(fit_args(corpus, "--trainer.max_steps", "2", "--evaluation.bleu_samples", "0")) == 0
+    assert (
+        attnx(
+            fit_args(
+                corpus, "--trainer.max_steps", "2", "--evaluation.bleu_samples", "0", "--init_from", str(good)
+            )
+        )
+        == 0
+    )
+    assert f"init_from: the weights of {good} (step 8); a new run" in capsys.readouterr().out
+    fresh, tuned = (read_metrics(tmp_path / "runs" / "tiny" / f"version_{v}") for v in (0, 1))
+    fresh, tuned = ([r for r in rows if r["train/loss"]] for rows in (fresh, tuned))
+    assert [int(r["step"]) for r in tuned] == [0, 1]  # a fresh step count ...
+    assert float(tuned[0]["train/lr"]) == pytest.approx(
+        inverse_sqrt_schedule(1, 32, 4), rel=1e-6
+    )  # ... and schedule
+    assert tuned[0]["train/loss"] != fresh[0]["train/loss"]  # same batch, seed and masks: other weights
+    assert (
+        torch.load(tmp_path / "runs/tiny/version_1/checkpoints/last.ckpt", weights_only=True)["global_step"]
+        == 2
+    )
+
+
+def test_init_from_is_refused_with_ckpt_path_or_another_architecture(
+    run: Path, corpus: Path, tmp_path: Path, capsys
+) -> None:
+    good = str(run / "checkpoints" / "last.ckpt")
+    assert attnx(fit_args(corpus, "--init_from", good, "--ckpt_path", good)) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"attnx fit: error: --init_from {good} and --ckpt_path {good} both given"), line
+    assert attnx(fit_args(corpus, "--init_from", good, "--model.transformer.d_ff", "128")) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"attnx fit: error: --init_from {good} holds another model than the config describes (d_ff: checkpoint "
+        "64 vs config 128); set the config's model.transformer to the checkpoint's"
+    )
+
+
 def test_test_decodes_with_mbr_when_asked(run: Path, corpus: Path, capsys) -> None:
     hyp = run.parent / "test_mbr.hyp"
     ckpt = run / "checkpoints" / "averaged.ckpt"

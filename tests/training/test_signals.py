@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,8 +103,12 @@ def uninterrupted(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 @pytest.mark.parametrize(
     ("signum", "status", "said"),
-    [(signal.SIGTERM, 143, ""), (signal.SIGINT, 130, "Ctrl+C: saving a checkpoint")],
-    ids=["SIGTERM", "Ctrl+C"],
+    [
+        (signal.SIGTERM, 143, ""),
+        (signal.SIGINT, 130, "Ctrl+C: saving a checkpoint"),
+        (signal.SIGUSR1, 138, ""),  # outside Slurm: as SIGTERM, with its own status
+    ],
+    ids=["SIGTERM", "Ctrl+C", "SIGUSR1"],
 )
 def test_a_stop_signal_saves_says_how_to_resume_and_exits_non_zero(
     corpus: Path, tmp_path: Path, uninterrupted: Path, signum: int, status: int, said: str
@@ -113,7 +118,7 @@ def test_a_stop_signal_saves_says_how_to_resume_and_exits_non_zero(
     assert stopped.returncode == status, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr and said in stopped.stderr
     step, command = resume_hint(stopped.stderr)
-    assert f"({signal.Signals(signum).name})" in stopped.stderr.splitlines()[-1]
+    assert f"({signal.Signals(signum).name}); resume with: " in stopped.stderr.splitlines()[-1]
     assert 2 <= step < int(STEPS)
     checkpoints = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == [
@@ -180,3 +185,84 @@ def test_slurm_sigusr1_saves_requeues_and_the_requeued_job_resumes_exactly(
     env["SLURM_RESTART_COUNT"] = "1"
     run(attnx_command(corpus, "--trainer.max_steps", STEPS, "--ckpt_path", "last"), work, env)
     assert_same_weights(work / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
+
+
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["Ctrl+C", "SIGTERM"]
+)
+def test_a_stop_signal_during_the_sanity_check_stops_at_once_with_one_line(
+    corpus: Path, tmp_path: Path, signum: int, status: int
+) -> None:
+    """Before the first step there is nothing to save: the command ends at once (not after the check), in one line,
+    and the new run's folder, which never trained, is not left behind."""
+    from tests.conftest import REPO
+    from tests.training.slow_sanity import BEGINS
+
+    probe = [
+        "--trainer.callbacks+=tests.training.slow_sanity.SlowSanityCheck",
+        "--trainer.num_sanity_val_steps",
+        "1",
+    ]
+    env = environment(PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    process = subprocess.Popen(
+        attnx_command(corpus, *probe),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in process.stdout:
+            if line.strip() == BEGINS:
+                break
+        else:
+            pytest.fail(f"no sanity check: {process.wait()}, {process.stderr.read()[-3000:]}")
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=60)  # the check alone takes 120 s
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    name = signal.Signals(signum).name
+    assert process.returncode == status, stderr[-3000:]
+    assert stderr.strip().splitlines() == [
+        f"attnx fit: stopped by {name} before training began; nothing was saved"
+    ]
+    assert not list(tmp_path.glob("runs/tiny/version_*"))
+
+
+def test_two_ctrl_c_in_quick_succession_exit_130_with_one_line(corpus: Path, tmp_path: Path) -> None:
+    hourly = attnx_command(corpus, "--trainer.max_steps", "100000", config=hourly_checkpoints(tmp_path))
+    process = subprocess.Popen(
+        [*hourly, "--progress.every_n_steps", "1"],
+        cwd=tmp_path,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in process.stdout:
+            if line.startswith("step 2/"):
+                break
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.03)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    lines = [
+        line for line in stderr.strip().splitlines() if "Ctrl+C: saving a checkpoint" not in line and line
+    ]
+    assert len(lines) == 1, stderr[-3000:]
+    # the second Ctrl+C came mid-step (stopped without saving) or while the first one's save ran (it completes)
+    assert lines[0].startswith(
+        (
+            "attnx fit: stopped by a second Ctrl+C, at once and without saving",
+            "attnx fit: interrupted at step ",
+        )
+    ), lines

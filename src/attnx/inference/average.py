@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from attnx.checkpoint import CheckpointError, config_difference, read_checkpoint
+from attnx.model import architecture
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
 """Entries of a training checkpoint that describe one moment of training, not the averaged weights."""
@@ -44,7 +45,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
             reference = checkpoint
             shapes = {k: (v.shape, v.dtype) for k, v in state.items()}
         else:
-            if checkpoint["attnx"]["transformer"] != reference["attnx"]["transformer"]:
+            if architecture(checkpoint["attnx"]["transformer"]) != architecture(
+                reference["attnx"]["transformer"]
+            ):
                 raise CheckpointError(
                     f"cannot average {path}: its model config differs from that of {first_path} "
                     f"({config_difference(reference['attnx']['transformer'], checkpoint['attnx']['transformer'])}); "

@@ -203,3 +203,14 @@ def training_flops_per_token(config: TransformerConfig, src_len: float, tgt_len:
 def count_parameters(model: nn.Module) -> int:
     """Trainable parameters, each shared tensor counted once."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+TRAINING_ONLY = ("dropout",)
+"""TransformerConfig fields that act only while training: a run may change them when it resumes, and checkpoints
+that differ only in them hold the same model (they average, and load into each other)."""
+
+
+def architecture(values: dict[str, Any]) -> dict[str, Any]:
+    """A model config's plain values (`TransformerConfig.to_dict`) without the training-only ones: what must
+    match for weights to belong to the same model."""
+    return {key: value for key, value in values.items() if key not in TRAINING_ONLY}

@@ -1,9 +1,11 @@
 """Checkpoints as the paper keeps them: one every few minutes (§6.1: "written at 10-minute intervals"),
 written atomically, and the last k averaged at the end of training (§6.1: 5 for base, 20 for big).
 
-A run told to stop (SIGTERM from Slurm, Kubernetes or `timeout`; Ctrl+C; Slurm's requeue signal) saves a
-checkpoint first, on every rank at the same optimizer step, and ends with
-[TrainingInterrupted][attnx.training.checkpointing.TrainingInterrupted].
+A run told to stop (SIGTERM from Slurm, Kubernetes or `timeout`; Ctrl+C; SIGUSR1, Slurm's requeue signal)
+saves a checkpoint first, on every rank at the same optimizer step, and ends with
+[TrainingInterrupted][attnx.training.checkpointing.TrainingInterrupted]. Where there is nothing to save (before
+the first training step: setup, the sanity check) or no time to (a second Ctrl+C), it stops at once with
+[StopRequested][attnx.training.checkpointing.StopRequested].
 """
 
 from __future__ import annotations
@@ -69,24 +71,54 @@ class TrainingInterrupted(Exception):
         super().__init__(f"interrupted by {self.signal_name} at step {step}; checkpoint {checkpoint}")
 
 
-class StopSignals:
-    """Remembers SIGTERM, SIGINT (and Slurm's requeue signal) instead of dying at once, so that the run can
-    save first.
+class StopRequested(BaseException):
+    """A stop signal where nothing is saved: before the first training step, or a second Ctrl+C; the message
+    says which. A `BaseException`, as `KeyboardInterrupt` is, so that no `except Exception` on the way swallows
+    it; `exit_status` is 128 + the signal's number."""
 
-    The handler only records the signal: no collective or file operation runs inside a signal handler, where
-    ranks would meet at different points of their programs. A second Ctrl+C stops at once, without saving
-    (Lightning's own handling of `KeyboardInterrupt`).
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum, self.message = signum, message
+        self.signal_name = signal.Signals(signum).name
+        self.exit_status = 128 + signum
+        super().__init__(message)
+
+
+def stop_signals(slurm_requeue: int | None = None) -> tuple[int, ...]:
+    """The signals that stop `attnx fit`: SIGTERM, SIGINT and SIGUSR1, which Slurm's requeue signal replaces
+    when Lightning's `SLURMEnvironment` requeues (`slurm_requeue`)."""
+    return (signal.SIGTERM, signal.SIGINT, int(slurm_requeue or signal.SIGUSR1))
+
+
+class StopSignals:
+    """Remembers SIGTERM, SIGINT and SIGUSR1 (or Slurm's requeue signal) instead of dying at once, so that the
+    run can save first; with `at_once`, raises [StopRequested][attnx.training.checkpointing.StopRequested]
+    instead (`when` says when it came), for the moments where there is nothing to save.
+
+    The recording handler does nothing else: no collective or file operation runs inside a signal handler,
+    where ranks would meet at different points of their programs. A second Ctrl+C stops at once, without
+    saving. Once the stop has begun (`stopping`), further signals are ignored: the save is under way.
     """
 
-    def __init__(self, signums: tuple[int, ...]) -> None:
+    def __init__(self, signums: tuple[int, ...], at_once: bool = False, when: str = "") -> None:
         self.signums = signums
+        self.at_once, self.when = at_once, when
         self.received: set[int] = set()
+        self.stopping = False
         self._previous: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
+        if self.stopping:
+            return
+        if self.at_once:
+            raise StopRequested(
+                signum, f"stopped by {signal.Signals(signum).name} {self.when}; nothing was saved"
+            )
         if signum == signal.SIGINT:
             if signum in self.received:
-                raise KeyboardInterrupt
+                raise StopRequested(
+                    signum,
+                    "stopped by a second Ctrl+C, at once and without saving; the last checkpoint, if any, is whole",
+                )
             if os.environ.get("LOCAL_RANK", "0") == "0":  # the terminal signals every rank; one says so
                 os.write(
                     2,
@@ -135,30 +167,50 @@ def requeue_slurm_job() -> str | None:
 
 
 class PeriodicCheckpoint(Checkpoint):
-    """Save a checkpoint every `minutes` of training, at its end, and when the run is told to stop.
+    """Save a checkpoint every `minutes` of training (and/or every `every_n_steps` optimizer steps), at its
+    end, and when the run is told to stop.
 
     Files are `step=N.ckpt` in `dirpath` (default: `<log_dir>/checkpoints`), plus `last.ckpt` (a copy
     of the newest, what `--ckpt_path` resumes from). `minutes: 0` saves after every optimizer step.
     Saves happen only at optimizer-step boundaries (never mid-accumulation), and all ranks decide together
-    (rank 0's clock), so every rank joins the same saves.
+    (rank 0's clock), so every rank joins the same saves. A resumed run keeps counting the checkpoints its
+    earlier segments kept (the list is part of the checkpoint), so `keep` and the averaging span the whole run.
 
-    SIGTERM (from Slurm, Kubernetes, `timeout`), SIGINT (Ctrl+C; a second one stops without saving) and, under
-    Lightning's `SLURMEnvironment` with `auto_requeue`, its requeue signal (`SIGUSR1`) are caught: at the
-    next optimizer-step boundary all ranks learn that one of them received it, save, (for the requeue signal)
-    rank 0 runs `scontrol requeue`, and training ends with [TrainingInterrupted][attnx.training.checkpointing.TrainingInterrupted]. A signal
-    that arrives during validation takes effect after it.
+    SIGTERM (from Slurm, Kubernetes, `timeout`), SIGINT (Ctrl+C; a second one stops without saving) and SIGUSR1
+    are caught: at the next optimizer-step boundary all ranks learn that one of them received it, save, and
+    training ends with [TrainingInterrupted][attnx.training.checkpointing.TrainingInterrupted]. Under
+    Lightning's `SLURMEnvironment` with `auto_requeue`, its requeue signal (`SIGUSR1`) also makes rank 0 run
+    `scontrol requeue`. A signal that arrives during validation takes effect after it.
     """
 
-    def __init__(self, minutes: float = 10.0, keep: int = 5, dirpath: str | None = None) -> None:
+    def __init__(
+        self,
+        minutes: float | None = 10.0,
+        keep: int = 5,
+        dirpath: str | None = None,
+        every_n_steps: int | None = None,
+    ) -> None:
         """
         Args:
-            minutes: Wall-clock minutes of training between two checkpoints (the paper: 10).
+            minutes: Wall-clock minutes of training between two checkpoints (the paper: 10); None: none on time.
             keep: How many step checkpoints to keep on disk (at least as many as will be averaged).
             dirpath: Directory for the checkpoints; default `<log_dir>/checkpoints`.
+            every_n_steps: Also save at every optimizer step that is a multiple of this (fairseq's
+                `--save-interval-updates`); unlike minutes, the same steps in every run and on every machine.
         """
-        if minutes < 0 or keep < 1:
-            raise ValueError(f"PeriodicCheckpoint needs minutes >= 0 and keep >= 1, got {minutes} and {keep}")
+        if (
+            (minutes is not None and minutes < 0)
+            or keep < 1
+            or (every_n_steps is not None and every_n_steps < 1)
+        ):
+            raise ValueError(
+                "PeriodicCheckpoint needs minutes >= 0 (or None), keep >= 1 and every_n_steps >= 1 (or None), "
+                f"got {minutes}, {keep} and {every_n_steps}"
+            )
+        if minutes is None and every_n_steps is None:
+            raise ValueError("PeriodicCheckpoint needs minutes or every_n_steps (or both)")
         self.minutes = minutes
+        self.every_n_steps = every_n_steps
         self.keep = keep
         self.dirpath = dirpath
         self.saved: list[str] = []  # step checkpoints on disk, oldest first
@@ -166,6 +218,7 @@ class PeriodicCheckpoint(Checkpoint):
         self._last_step = -1
         self._signals: StopSignals | None = None
         self._requeue_signal: int | None = None
+        self._pending_stop: tuple[int, bool] | None = None
 
     @property
     def directory(self) -> Path:
@@ -181,42 +234,63 @@ class PeriodicCheckpoint(Checkpoint):
         self._last_step = trainer.global_step
         # Lightning has installed its own handlers by now; these replace them for the training loop
         self._requeue_signal = slurm_requeue_signal(trainer)
-        signums = (signal.SIGTERM, signal.SIGINT) + ((self._requeue_signal,) if self._requeue_signal else ())
-        self._signals = StopSignals(tuple(int(s) for s in signums))
+        self._signals = StopSignals(stop_signals(self._requeue_signal))
         if trainer.received_sigterm:  # it came before the loop started
             self._signals.received.add(signal.SIGTERM)
         self._signals.install()
+
+    def _due(self, trainer: pl.Trainer) -> bool:
+        if self.every_n_steps and trainer.global_step % self.every_n_steps == 0:
+            return True
+        if self.minutes is None or not trainer.is_global_zero:  # rank 0's clock decides
+            return False
+        return self.minutes == 0 or time.monotonic() - self._last_time >= 60 * self.minutes
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx
     ) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches or trainer.global_step == self._last_step:
             return
-        due = self.minutes == 0 or time.monotonic() - self._last_time >= 60 * self.minutes
         received = self._signals.received if self._signals else set()
+        third = self._requeue_signal or signal.SIGUSR1
         flags = torch.tensor(
-            [
-                due and trainer.is_global_zero,
-                signal.SIGTERM in received,
-                signal.SIGINT in received,
-                self._requeue_signal is not None and self._requeue_signal in received,
-            ],
+            [self._due(trainer), signal.SIGTERM in received, signal.SIGINT in received, third in received],
             dtype=torch.int32,
             device=trainer.strategy.root_device,
         )
-        due, terminate, interrupt, requeue = trainer.strategy.reduce(
+        due, terminate, interrupt, usr1 = trainer.strategy.reduce(
             flags, reduce_op="max"
         ).tolist()  # any rank's signal
-        if due or terminate or interrupt or requeue:
+        if due or terminate or interrupt or usr1:
+            if self._signals is not None and (terminate or interrupt or usr1):
+                self._signals.stopping = True  # saving for the stop: a second signal must not cut it short
             self.save(trainer)
+        # the stop itself waits for the next hook: Lightning hands this step's metrics to the loggers after
+        # this one, and the resumed run logs from the next step on
         if terminate or interrupt:
-            self.stop(trainer, signal.SIGTERM if terminate else signal.SIGINT, requeue=False)
-        elif requeue:
-            self.stop(trainer, self._requeue_signal, requeue=True)
+            self._pending_stop = (signal.SIGTERM if terminate else signal.SIGINT, False)
+        elif usr1:
+            self._pending_stop = (third, self._requeue_signal is not None)
+
+    def _stop_if_asked(self, trainer: pl.Trainer) -> None:
+        if self._pending_stop is not None:
+            signum, requeue = self._pending_stop
+            self._pending_stop = None
+            self.stop(trainer, signum, requeue)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx
+    ) -> None:
+        self._stop_if_asked(trainer)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop_if_asked(trainer)  # before a validation that was due at the saved step
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop_if_asked(trainer)
 
     def stop(self, trainer: pl.Trainer, signum: int, requeue: bool) -> None:
         """End training after the save that a stop signal asked for (and requeue the Slurm job)."""
-        self._restore_signals()
         requeued = requeue_slurm_job() if requeue and trainer.is_global_zero else None
         raise TrainingInterrupted(
             int(signum), trainer.global_step, self.directory / "last.ckpt", trainer.global_rank, requeued
@@ -229,24 +303,32 @@ class PeriodicCheckpoint(Checkpoint):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The weights training ends with are a checkpoint too (the last one averaged)."""
-        self._restore_signals()
+        self._stop_if_asked(trainer)
+        if self._signals is not None:
+            self._signals.stopping = True  # the last save runs whole
         if trainer.global_step > 0 and trainer.global_step != self._last_step:
             self.save(trainer)
+        self._restore_signals()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
+        if isinstance(exception, (TrainingInterrupted, StopRequested)) and self._signals is not None:
+            self._signals.stopping = True  # the process is ending: further signals must not cut it short
+            return
         self._restore_signals()
 
     def save(self, trainer: pl.Trainer) -> Path:
         """Write `step=N.ckpt` and `last.ckpt` now; drop the oldest step checkpoints beyond `keep`."""
         step = trainer.global_step
         path = self.directory / f"step={step}.ckpt"
+        if str(path) not in self.saved:
+            # listed before the write, so that the checkpoint's own list names it: a run resumed from it
+            # keeps counting it (and later removes it) as the uninterrupted run would
+            self.saved.append(str(path))
         trainer.save_checkpoint(path, weights_only=False)
         if trainer.is_global_zero:
             atomic_copy(path, self.directory / "last.ckpt")
-        if str(path) not in self.saved:
-            self.saved.append(str(path))
         while len(self.saved) > self.keep:
             old = self.saved.pop(0)
             if trainer.is_global_zero:

@@ -7,10 +7,15 @@ The vocabulary size is linked from the data to `model.transformer.vocab_size`. T
 configures decoding and BLEU ([TranslationEvaluator][attnx.training.evaluation.TranslationEvaluator]); the
 `progress` section the console lines ([ProgressLog][attnx.training.progress.ProgressLog]). Checkpoints are
 written atomically and read with `weights_only=True`.
+
+A run is one folder across its restarts ([attnx.training.runs][]): `--ckpt_path CKPT` resumes the run CKPT
+belongs to, in its folder, applying the options a run may change (one line each) and refusing the others;
+`--init_from CKPT` starts a new run from CKPT's weights with a fresh optimizer, schedule and step count.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import shlex
 import signal
@@ -20,20 +25,47 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from jsonargparse import ArgumentError
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from attnx.checkpoint import CheckpointError, read_checkpoint, remove_stale_temporaries
-from attnx.training.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint, TrainingInterrupted
+from attnx.checkpoint import (
+    CheckpointError,
+    config_difference,
+    model_state,
+    read_checkpoint,
+    remove_stale_temporaries,
+)
+from attnx.model import architecture
+from attnx.training.checkpointing import (
+    AtomicCheckpointIO,
+    PeriodicCheckpoint,
+    StopRequested,
+    StopSignals,
+    TrainingInterrupted,
+    stop_signals,
+)
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
 from attnx.training.precision import resolve_cpu_precision
 from attnx.training.progress import ProgressLog, TrainingProgressBar
+from attnx.training.runs import (
+    Resumed,
+    ResumeRefused,
+    RunFolder,
+    check_changes,
+    config_changes,
+    continued_version,
+    logger_groups,
+    model_changes,
+    pin_versions,
+    resumed_run,
+    tensorboard_purge,
+)
 from attnx.training.throughput import TokenThroughput
 
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -126,19 +158,53 @@ class AttnxCLI(LightningCLI):
             help="CPU threads for PyTorch's kernels (torch.set_num_threads); None keeps PyTorch's default "
             "(one per core). On a CPU shared with other jobs, fewer threads than cores avoids stalls.",
         )
+        parser.add_argument(
+            "--init_from",
+            type=str | None,
+            default=None,
+            help="fit: start a new run from this checkpoint's weights, with a fresh optimizer, schedule and step "
+            "count (fine-tuning, domain adaptation, the second stage of back-translation); the config's model "
+            "must have the checkpoint's architecture. --ckpt_path instead resumes the checkpoint's run.",
+        )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         super().parse_arguments(parser, args)
+        self.resumed: Resumed | None = None
+        self.run_config = ""
         subcommand = self.config.get("subcommand")
-        if subcommand:
-            config = self.config[subcommand]
-            config["ckpt_path"] = checked_checkpoint(
-                subcommand, config.get("ckpt_path"), config.get("trainer")
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        if config.get("init_from") and subcommand != "fit":
+            raise ConfigError(
+                f"--init_from is for attnx fit; attnx {subcommand} reads weights from --ckpt_path"
             )
+        if config.get("init_from") and config.get("ckpt_path"):
+            raise ConfigError(
+                f"--init_from {config['init_from']} and --ckpt_path {config['ckpt_path']} both given: --ckpt_path "
+                "resumes a run (its optimizer, schedule and step), --init_from starts a new one from the weights; "
+                "pass one of them"
+            )
+        config["ckpt_path"] = checked_checkpoint(subcommand, config.get("ckpt_path"), config.get("trainer"))
+        if subcommand != "fit":
+            return
+        typed = yaml.safe_load(parser.dump(self.config, skip_link_targets=False))[subcommand]
+        self.run_config = yaml.safe_dump(
+            {k: v for k, v in typed.items() if k != "ckpt_path"}, sort_keys=False
+        )
+        self.typed = typed
+        self.typed_model = copy.deepcopy(config["model"])  # Lightning replaces it with the checkpoint's
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path and Path(ckpt_path).is_file():
+            self.resumed = resumed_run(ckpt_path, read_checkpoint(ckpt_path))
+        if config.get("init_from"):
+            check_init_from(config["init_from"], typed["model"]["transformer"])
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         config = self.config.get(subcommand, self.config) if subcommand else self.config
+        if subcommand == "fit":
+            self.continued = self.prepare_run(config)
         if subcommand in DECODING_COMMANDS and not config.get("ckpt_path"):
             raise ConfigError(
                 f"attnx {subcommand} needs weights: pass --ckpt_path CHECKPOINT (e.g. "
@@ -149,7 +215,6 @@ class AttnxCLI(LightningCLI):
         check_devices(trainer)
         if subcommand == "fit" and (choice := resolve_cpu_precision(trainer)):
             print(choice.line(), flush=True)  # trainer.precision unset: chosen from the CPU's bf16 units
-        pin_log_versions(trainer)
         threads = config.get("torch_threads")
         if threads:
             torch.set_num_threads(threads)
@@ -162,9 +227,95 @@ class AttnxCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())
         callbacks = with_progress_bar(init.get("trainer") or {})
+        if subcommand == "fit":
+            if callbacks is None:
+                callbacks = (init.get("trainer") or {}).get("callbacks") or []
+                callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+            callbacks.append(RunFolder(self.run_config, self.resumed, self.continued))
         if callbacks is not None:
             kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(plugins=plugins, **kwargs)
+
+    def prepare_run(self, config: Any) -> bool:
+        """Choose the run folder (the resumed run's, or a new one) and apply or refuse the options changed since
+        the resumed checkpoint; returns whether an existing run continues."""
+        trainer = config.get("trainer") or {}
+        speak = rank_zero_only.rank == 0
+        resumed = self.resumed
+        if resumed is None:
+            pin_versions(trainer, None, None)
+            return False
+        config["model"] = self.typed_model  # the command line's and config's model, not the checkpoint's
+        if resumed.config is not None:
+            changes = config_changes(resumed.config, self.typed)
+        else:
+            changes = model_changes(resumed.model, self.typed["model"])
+        try:
+            lines = check_changes(changes, resumed.checkpoint)
+        except ResumeRefused as err:
+            raise ConfigError(str(err)) from err
+        version = continued_version(resumed, trainer)
+        if speak:
+            for line in lines:
+                print(line, flush=True)
+        if version is None:
+            pin_versions(trainer, None, None)
+            if speak and logger_groups(trainer):
+                where = (
+                    f"its run folder {resumed.log_dir} is not"
+                    if resumed.log_dir
+                    else "its run folder is not known, nor"
+                )
+                print(
+                    f"resume: {resumed.checkpoint} continues in a new run folder: {where} one of this config's "
+                    f"({', '.join(str(f) for f in logger_groups(trainer))})",
+                    flush=True,
+                )
+            return False
+        pin_versions(trainer, version, resumed.step)
+        tensorboard_purge(trainer, resumed.step)
+        return True
+
+    def before_fit(self) -> None:
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, RunFolder):
+                callback.before_fit(self.trainer)
+        init_from = self.config["fit"].get("init_from")
+        if init_from:
+            load_initial_weights(self.model, init_from)
+
+
+def check_init_from(path: str, transformer: dict[str, Any]) -> None:
+    """`--init_from`: a readable checkpoint whose architecture is the config's, or one line."""
+    theirs = read_checkpoint(path)["attnx"]["transformer"]
+    ours = {
+        k: v for k, v in transformer.items() if k != "vocab_size"
+    }  # linked from the data: checked on load
+    theirs_arch = {k: v for k, v in architecture(theirs).items() if k != "vocab_size"}
+    if theirs_arch != architecture(ours):
+        diff = config_difference(theirs_arch, architecture(ours), "checkpoint", "config")
+        raise ConfigError(
+            f"--init_from {path} holds another model than the config describes ({diff}); set the config's "
+            "model.transformer to the checkpoint's"
+        )
+
+
+def load_initial_weights(task: TranslationTask, path: str) -> None:
+    """Copy a checkpoint's weights into the model about to train (its vocabulary must be the data's)."""
+    checkpoint = read_checkpoint(path)
+    theirs, ours = checkpoint["attnx"]["transformer"]["vocab_size"], task.config.vocab_size
+    if theirs != ours:
+        raise ConfigError(
+            f"--init_from {path} has a vocabulary of {theirs} pieces, the data {ours}: fine-tune on data prepared "
+            "with the checkpoint's SentencePiece model"
+        )
+    task.model.load_state_dict(model_state(checkpoint))
+    if rank_zero_only.rank == 0:
+        print(
+            f"init_from: the weights of {path} (step {checkpoint.get('global_step', '?')}); a new run, with a "
+            "fresh optimizer, schedule and step count",
+            flush=True,
+        )
 
 
 # ------------------------------------------------------------------------------------ resuming a run
@@ -284,31 +435,13 @@ def with_progress_bar(trainer: dict[str, Any]) -> list[Any] | None:
     return [*callbacks, TrainingProgressBar()]
 
 
-def pin_log_versions(trainer: Any) -> None:
-    """Give the TensorBoard and CSV loggers that share a folder one version number, so a run has one folder
-    (left alone, each takes the next free `version_N` after the other has created its own)."""
-    loggers = trainer.get("logger") if hasattr(trainer, "get") else None
-    if not isinstance(loggers, list):
-        return
-    groups: dict[tuple[str, str], list[Any]] = {}
-    for logger in loggers:
-        args = logger.get("init_args") if hasattr(logger, "get") else None
-        if args is None or args.get("version") is not None or "save_dir" not in args:
-            continue
-        groups.setdefault((str(args["save_dir"]), str(args.get("name") or "lightning_logs")), []).append(args)
-    for (save_dir, name), members in groups.items():
-        if len(members) > 1:
-            version = CSVLogger(save_dir, name).version  # the next free version_N; nothing is written
-            for args in members:
-                args["version"] = version
-
-
 def quiet_third_parties() -> None:
     """Keep Lightning's tips, adverts and hardware lines off the console; real warnings stay."""
     for name in (
         "lightning.pytorch.utilities.rank_zero",
         "lightning.pytorch.accelerators.cuda",
         "lightning.fabric.utilities.seed",
+        "lightning.pytorch.trainer.connectors.signal_connector",  # "Received SIGTERM": attnx says what it does
     ):
         logging.getLogger(name).setLevel(logging.WARNING)
     for message in (
@@ -317,6 +450,7 @@ def quiet_third_parties() -> None:
         ".*is not resumable.*",  # the DataModule restores its sampler itself
         ".*Consider setting `persistent_workers=True`.*",
         ".*`isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
+        ".*Previous log files in this directory will be deleted.*",  # a resumed run's: attnx keeps them
     ):
         warnings.filterwarnings("ignore", message=message)
 
@@ -341,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_parsing()  # option help from the dataclasses' attribute docstrings (model.transformer.*, ...)
     no_exit = {"exit_on_error": False, "formatter_class": help_formatter()}
+    # until training begins there is nothing to save: a stop signal ends the command at once, with one line
+    signals = StopSignals(stop_signals_before_training(), at_once=True, when="before training began")
+    if subcommand == "fit":
+        signals.install()
     try:
         AttnxCLI(
             TranslationTask,
@@ -357,13 +495,28 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(suggest(one_line(str(err)), option_names())) from err
     except TrainingInterrupted as err:
         return interrupted(err, original)
+    except StopRequested as err:
+        if rank_zero_only.rank == 0:
+            print(f"attnx {subcommand}: {err.message}", file=sys.stderr)
+        return err.exit_status
     except SIGTERMException:  # Lightning's own handling: the signal came before training began
         print(
             f"attnx {subcommand}: interrupted by SIGTERM before training began; nothing was saved",
             file=sys.stderr,
         )
         return 128 + signal.SIGTERM
+    finally:
+        signals.restore()
     return 0
+
+
+def stop_signals_before_training() -> tuple[int, ...]:
+    """SIGTERM, SIGINT and SIGUSR1; under Slurm, SIGUSR1 is left to Lightning's `SLURMEnvironment` (its
+    requeue signal)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    signums = stop_signals()
+    return signums[:2] if SLURMEnvironment.detect() else signums
 
 
 def option_names() -> list[str]:

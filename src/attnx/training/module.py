@@ -21,7 +21,7 @@ from attnx.data.batch import Batch
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import SearchConfig
 from attnx.inference.eager import EagerTranslator
-from attnx.model import ComponentSpec, TransformerConfig, build_transformer
+from attnx.model import ComponentSpec, TransformerConfig, architecture, build_transformer
 from attnx.registry import Kind
 from attnx.training.loss import LossSums
 from attnx.training.schedule import lr_lambda
@@ -185,6 +185,21 @@ class TranslationTask(pl.LightningModule):
             "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1},
         }
 
+    def on_train_start(self) -> None:
+        """Apply this run's schedule and Adam settings over the optimizer state a resumed checkpoint restored
+        (which holds the learning rate and settings it was saved with), so that a resume with another
+        `lr_factor`, `warmup_steps`, `betas`, `eps` or `weight_decay` trains its next step with them."""
+        for config in self.trainer.lr_scheduler_configs:
+            schedule = config.scheduler
+            if isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):
+                for group, factor, base in zip(
+                    schedule.optimizer.param_groups, schedule.lr_lambdas, schedule.base_lrs, strict=True
+                ):
+                    group["lr"] = base * factor(schedule.last_epoch)
+        for optimizer in self.trainer.optimizers:
+            for group in optimizer.param_groups:
+                group.update(betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+
     # ------------------------------------------------------------------------ validation and test: loss
 
     def _start_sums(self) -> None:
@@ -233,7 +248,8 @@ class TranslationTask(pl.LightningModule):
         meta = checkpoint.get("attnx")
         if meta is None:
             raise CheckpointError("checkpoint has no attnx metadata; it was not written by `attnx fit`")
-        theirs, ours = meta["transformer"], self.config.to_dict()
+        # dropout may change when a run resumes (the CLI says so); the architecture may not
+        theirs, ours = architecture(meta["transformer"]), architecture(self.config.to_dict())
         if theirs != ours:
             diff = config_difference(theirs, ours, "checkpoint", "config")
             raise CheckpointError(f"checkpoint is of another model than the config describes ({diff})")
