@@ -362,3 +362,23 @@ def test_alignment_or_an_ensemble_of_exports_is_one_line_saying_what_to_use(expo
         CTranslate2Translator.load(exported, alignment=True)
     with pytest.raises(ValueError, match="CTranslate2 exports cannot be ensembled"):
         attnx.load([exported, trained])
+
+
+def test_mbr_ranks_the_engines_own_samples_and_epsilon_is_one_line(
+    translator: CTranslate2Translator, test_set: Pairs
+) -> None:
+    from attnx.inference.mbr import candidate_search, rank_by_expected_utility
+
+    sources = test_set.sources[:10]
+    mbr = translator.with_search(mbr=6, seed=3, top_p=0.9)
+    ranked = mbr.generate_ids(sources)
+    drawn = translator.with_search(**vars(candidate_search(mbr.search))).generate_ids(sources)
+    for hyps, samples in zip(ranked, drawn, strict=True):
+        for h in samples:
+            h.text = translator.decode(h.tokens)
+        expected = rank_by_expected_utility(samples, "chrf")
+        assert [(h.text, h.expected_utility) for h in hyps] == [
+            (h.text, h.expected_utility) for h in expected
+        ]
+    with pytest.raises(ValueError, match="CTranslate2 has no epsilon sampling"):
+        translator.with_search(sampling=True, epsilon=0.02)
