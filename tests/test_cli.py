@@ -218,6 +218,25 @@ def test_misspelt_field_of_an_optional_settings_group_suggests_the_field(capsys)
 
 
 @pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--search.beam", "2", "--search.nbest", "3"], "search.nbest (3) cannot exceed search.beam (2)"),
+        (["--search.sampling", "true", "--search.top_p", "0"], "search.top_p must be in (0, 1], got 0.0"),
+        (
+            ["--search.sampling", "true", "--search.temperature", "0"],
+            "search.temperature must be > 0, got 0.0",
+        ),
+        (["--search.top_k", "5"], "search.top_k=5 only shape sampling: add --search.sampling true"),
+    ],
+)
+def test_a_refused_search_setting_is_its_own_one_line(options: list[str], message: str, capsys) -> None:
+    """SearchConfig's check, not jsonargparse's account of every type it tried; exit 2 before any file is read."""
+    assert main(["translate", "--model", "missing.ckpt", *options]) == 2
+    line = one_line(capsys)
+    assert line.startswith(f"attnx translate: error: {message}") and "Union" not in line
+
+
+@pytest.mark.parametrize(
     ("argv", "status"),
     [
         (["--help"], 141),

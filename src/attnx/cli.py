@@ -128,7 +128,10 @@ def run_function(name: str, argv: list[str]) -> int:
             raise UsageError(missing) from err
         options = ["--config", "--print_config", "--help", *option_names(function)]
         raise UsageError(suggest(one_line(str(err)), options)) from err
-    values = parser.instantiate(config).as_dict()
+    try:
+        values = parser.instantiate(config).as_dict()
+    except ValueError as err:  # a settings dataclass refused its values (e.g. --search.top_p 0)
+        raise UsageError(suggest(one_line(str(err)), option_names(function))) from err
     if config_file:
         values.pop("config", None)
     result = function(**values)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
@@ -324,6 +325,20 @@ def test_nbest_texts_and_scores_match_the_eager_engine(
     assert shared >= 3 * len(sources)
 
 
+def test_without_scores_the_same_hypotheses_come_without_the_scoring_pass(
+    translator: CTranslate2Translator, test_set: Pairs
+) -> None:
+    """`translate` asks for tokens only: CTranslate2's own scores, no `score_batch` pass, the same outputs."""
+    nbest = translator.with_search(nbest=2)
+    sources = test_set.sources[:20]
+    scored, unscored = nbest.generate_ids(sources), nbest.generate_ids(sources, scores=False)
+    assert [[h.tokens for h in a] for a in scored] == [[h.tokens for h in b] for b in unscored]
+    assert all(math.isnan(h.log_prob) and h.token_log_probs is None for hyps in unscored for h in hyps)
+    for a, b in zip(scored, unscored, strict=True):  # CTranslate2 renormalizes after banning <pad>, <s>
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=0.05)
+    assert nbest.translate_ids(sources) == [hyps[0].tokens for hyps in scored]
+
+
 def test_sampling_top_k_1_is_greedy_and_a_seed_repeats_the_samples(
     translator: CTranslate2Translator, loaded: LoadedModel, test_set: Pairs
 ) -> None:
@@ -344,15 +359,25 @@ def test_prefix_and_constraints_as_the_eager_engine(
 ) -> None:
     """Greedy with a forced prefix, `min_length` and `no_repeat_ngram`: the same outputs as attnx's."""
     sources = test_set.sources[:30]
-    prefixes = [y[:2] for y in test_set.references[:30]]
+    prefixes = [y[:2] if i % 3 else [] for i, y in enumerate(test_set.references[:30])]  # some without
     search = dict(beam=1, min_length=8, no_repeat_ngram=2, max_positions=128)
     ours = translator.with_search(**search).generate_ids(sources, prefixes)
     eager = EagerTranslator.from_checkpoint(trained, search=SearchConfig(**search))
     reference = eager.generate_ids(sources, prefixes)
     for a, b, prefix in zip(ours, reference, prefixes, strict=True):
-        assert a[0].tokens[:2] == prefix and len(a[0].tokens) >= 8
+        assert a[0].tokens[: len(prefix)] == prefix and len(a[0].tokens) >= 8
         assert a[0].tokens == b[0].tokens
         assert a[0].log_prob == pytest.approx(b[0].log_prob, abs=1e-4)
+
+
+def test_blank_pairs_are_scored_as_the_eager_engine_scores_them(
+    translator: CTranslate2Translator, trained: Path
+) -> None:
+    sources, targets = ["A dog runs.", "", "Two men."], ["", "Ein Hund.", "Zwei Männer."]
+    ours = translator.score(sources, targets)
+    reference = EagerTranslator.from_checkpoint(trained, search=translator.search).score(sources, targets)
+    assert [h.log_prob for h in ours] == pytest.approx([h.log_prob for h in reference], abs=1e-4)
+    assert [h.text for h in ours] == ["", "Ein Hund.", "Zwei Männer."]
 
 
 def test_alignment_or_an_ensemble_of_exports_is_one_line_saying_what_to_use(exported: Path, trained: Path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import math
@@ -544,3 +545,22 @@ def test_a_forced_prefix_starts_every_hypothesis_of_its_sentence(config):
     short = dataclasses.replace(config, max_len_a=0, max_len_b=3)
     for hyps in generate(model, src, src_mask, short, prefixes=long_prefix):
         assert all(h.tokens == list(range(4, 30)) for h in hyps)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sampling_on_cuda_is_reproducible_with_a_seed_and_scores_as_on_cpu():
+    """The samples' log-probabilities equal those of forced scoring on the CPU (the search sums float32)."""
+    from attnx.inference.scoring import force_decode
+
+    on_cpu = make_model().double()
+    on_gpu = copy.deepcopy(on_cpu).cuda()
+    src, src_mask = sources(7, 3, 12, 1)
+    config = SearchConfig(sampling=True, nbest=3, top_p=0.9, seed=4, max_positions=128)
+    first = generate(on_gpu, src.cuda(), src_mask.cuda(), config)
+    again = generate(on_gpu, src.cuda(), src_mask.cuda(), config)
+    assert [[h.tokens for h in hyps] for hyps in first] == [[h.tokens for h in hyps] for hyps in again]
+    rows = torch.tensor([i for i, hyps in enumerate(first) for _ in hyps])
+    flat = [h for hyps in first for h in hyps]
+    forced = force_decode(on_cpu, src[rows], src_mask[rows], [h.tokens for h in flat], config)
+    assert [h.log_prob for h in forced] == pytest.approx([h.log_prob for h in flat], rel=1e-6, abs=1e-5)

@@ -39,6 +39,13 @@ def suggest(message: str, options: list[str]) -> str:
     nested = re.search(r'Parser key "([\w.]+)".*?Option \'(\w+)\' is not accepted', message)
     if nested:
         message = f"unknown option --{nested.group(1)}.{nested.group(2)}"
+    # A settings group that refused its values (e.g. SearchConfig's own checks) inside an optional type:
+    # jsonargparse wraps the one line the group wrote in every subtype it tried; keep that line.
+    refused = re.search(
+        r"Does not validate against any of the Union subtypes.*?Errors: (.*?); Expected a ", message
+    )
+    if refused:
+        message = refused.group(1)
     unknown = re.findall(r"(--[\w.\-]+)", message)
     hints = []
     for option in unknown:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -242,6 +243,7 @@ class CTranslate2Translator(Translator):
             patience=self.patience,
             length_penalty=s.alpha if s.length_penalty == "fairseq" else 0.0,
             num_hypotheses=1 if s.sampling else s.nbest,  # samples: each input repeated nbest times
+            return_scores=True,
             no_repeat_ngram_size=s.no_repeat_ngram,
             min_decoding_length=s.min_length,
             return_end_token=True,  # |Y| counts the </s>, and a missing </s> marks a hypothesis cut at the limit
@@ -259,12 +261,16 @@ class CTranslate2Translator(Translator):
         ids: Sequence[Sequence[int]],
         prefixes: Sequence[Sequence[int]] | None = None,
         progress: bool = False,
+        scores: bool = True,
     ) -> list[list[Hypothesis]]:
         """Per input, `search.nbest` hypotheses best first (`text` empty); `[]` in gives one empty hypothesis.
 
         CTranslate2 searches; `log_prob` and `token_log_probs` then come from CTranslate2's `score_batch` over
         the hypotheses found (the model's own log-probabilities, as attnx reports them), and `score` is
-        `log_prob / lp(|Y|)` as attnx ranks.
+        `log_prob / lp(|Y|)` as attnx ranks. CTranslate2's own search scores are not those: it renormalizes
+        the distribution after banning `<pad>` and `<s>` (about 1e-2 apart over a sentence). With
+        `scores=False` (`translate`, `translate_ids`) that pass is skipped: `score` is CTranslate2's own
+        and `log_prob` NaN.
         """
         if prefixes is not None and len(prefixes) != len(ids):
             raise ValueError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
@@ -299,11 +305,16 @@ class CTranslate2Translator(Translator):
                     **options,
                 )
                 found: list[tuple[int, list[int]]] = []
+                own: list[float] = []  # CTranslate2's search scores
                 for i, result in zip(rows, results, strict=True):
-                    for tokens in result.hypotheses:
+                    for tokens, score in zip(result.hypotheses, result.scores, strict=True):
                         tokens = tokens[:-1] if tokens and tokens[-1] == eos else tokens[:limit]
                         found.append((i, [self.piece_ids[t] for t in tokens]))
-                scored = self.score_ids([ids[i] for i, _ in found], [y for _, y in found])
+                        own.append(score)
+                if scores:
+                    scored = self.score_ids([ids[i] for i, _ in found], [y for _, y in found])
+                else:
+                    scored = [Hypothesis(y, s, math.nan) for (_, y), s in zip(found, own, strict=True)]
                 by_input: dict[int, list[Hypothesis]] = defaultdict(list)
                 for (i, _), hyp in zip(found, scored, strict=True):
                     by_input[i].append(hyp)

@@ -66,7 +66,8 @@ class ModelDecoder:
         return self.model.start_decoding(self.model.encode(src, src_mask), src_mask)
 
     def step(self, tokens: Tensor, state: Any) -> Tensor:
-        return self.model.decode_step(tokens, state).float().log_softmax(dim=-1)  # (N, V)
+        logits = self.model.decode_step(tokens, state).float()  # (N, V), a fresh tensor
+        return logits.sub_(logits.logsumexp(dim=-1, keepdim=True))  # in place: no second (N, V) table
 
     def reorder(self, state: Any, index: Tensor, same_sources: bool = False) -> None:
         state.reorder(index, same_sources=same_sources)

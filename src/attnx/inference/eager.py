@@ -185,8 +185,10 @@ class EagerTranslator(Translator):
         ids: Sequence[Sequence[int]],
         prefixes: Sequence[Sequence[int]] | None = None,
         progress: bool = False,
+        scores: bool = True,
     ) -> list[list[Hypothesis]]:
-        """Per input, `search.nbest` hypotheses best first (`text` empty); `[]` in gives one empty hypothesis."""
+        """Per input, `search.nbest` hypotheses best first (`text` empty); `[]` in gives one empty hypothesis.
+        The search computes the scores as it goes: they are filled whatever `scores` says."""
         if prefixes is not None and len(prefixes) != len(ids):
             raise ValueError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
         out: list[list[Hypothesis]] = [blank() for _ in ids]

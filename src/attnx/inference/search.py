@@ -140,9 +140,9 @@ class Constraints:
         n = self.ngram
         if n and t >= n:
             grams = history.unfold(1, n, 1)  # (N, t - n + 1, n) every n-gram written so far
-            seen = (grams[:, :, :-1] == history[:, t - n + 1 :].unsqueeze(1)).all(
-                dim=2
-            )  # its head ends the row
+            # an n-gram whose first n - 1 tokens end the row: its last token would repeat it
+            tail = history[:, t - n + 1 :].unsqueeze(1)  # (N, 1, n - 1)
+            seen = (grams[:, :, :-1] == tail).all(dim=2)  # (N, t - n + 1)
             log_probs.scatter_(1, grams[:, :, -1].masked_fill(~seen, PAD_ID), -math.inf)
             constrained = True
         if forced is not None and bool(forced.any()):  # the prefix's token, whatever the bans say

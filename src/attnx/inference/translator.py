@@ -117,9 +117,12 @@ class Translator(Protocol):
         ids: Sequence[Sequence[int]],
         prefixes: Sequence[Sequence[int]] | None = None,
         progress: bool = False,
+        scores: bool = True,
     ) -> list[list[Hypothesis]]:
         """Per input (source ids, no BOS/EOS, already truncated), `search.nbest` hypotheses best first, `text`
-        left empty; `[]` in gives `[Hypothesis([], 0.0, 0.0)]`. `prefixes`: target ids each must start with."""
+        left empty; `[]` in gives `[Hypothesis([], 0.0, 0.0)]`. `prefixes`: target ids each must start with.
+        `scores=False`: only the tokens are wanted, and an engine whose numbers cost an extra pass may skip it
+        (CTranslate2: `score` is then its own search score, `log_prob` NaN)."""
         ...
 
     def score_ids(
@@ -149,14 +152,19 @@ class Translator(Protocol):
 
     def translate_ids(self, ids: Sequence[Sequence[int]], progress: bool = False) -> list[list[int]]:
         """Best output ids for source ids (no BOS/EOS), one per input in input order; `[]` in gives `[]` out."""
-        return [hyps[0].tokens for hyps in self.generate_ids(self.truncate(ids), progress=progress)]
+        results = self.generate_ids(self.truncate(ids), progress=progress, scores=False)
+        return [hyps[0].tokens for hyps in results]
 
     def generate(
-        self, lines: Sequence[str], prefixes: Sequence[str] | None = None, progress: bool = False
+        self,
+        lines: Sequence[str],
+        prefixes: Sequence[str] | None = None,
+        progress: bool = False,
+        scores: bool = True,
     ) -> list[list[Hypothesis]]:
         """Per line, `search.nbest` hypotheses best first (with sampling: `nbest` samples), `text` filled; a
         blank line gives one empty hypothesis. `prefixes`: per line, the start every translation of it must
-        have (blank: none)."""
+        have (blank: none). `scores=False`: only the texts are wanted (see `generate_ids`)."""
         if isinstance(lines, str):
             raise TypeError("generate takes a list of lines; wrap a single sentence: generate([text])")
         prefix_ids = None
@@ -164,7 +172,7 @@ class Translator(Protocol):
             if isinstance(prefixes, str) or len(prefixes) != len(lines):
                 raise ValueError(f"give one prefix per line: {len(lines)} lines")
             prefix_ids = self.truncate(self.encode(prefixes), "prefix")
-        results = self.generate_ids(self.truncate(self.encode(lines)), prefix_ids, progress=progress)
+        results = self.generate_ids(self.truncate(self.encode(lines)), prefix_ids, progress, scores)
         for line, hyps in zip(lines, results, strict=True):
             for hyp in hyps:
                 hyp.text = self.decode(hyp.tokens) if line.strip() else ""
@@ -189,7 +197,7 @@ class Translator(Protocol):
         """Translations of `lines` (one segment each), same number and order; blank in gives blank out."""
         if isinstance(lines, str):
             raise TypeError("translate takes a list of lines; wrap a single sentence: translate([text])")
-        return [hyps[0].text for hyps in self.generate(lines, progress=progress)]
+        return [hyps[0].text for hyps in self.generate(lines, progress=progress, scores=False)]
 
     def __call__(self, lines: Sequence[str]) -> list[str]:
         return self.translate(lines)
