@@ -164,6 +164,7 @@ def write_lines(path: Path, lines: list[str]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_jsonl_holds_every_hypothesis_best_first_with_its_scores(checkpoint, tmp_path):
     src, out = write_lines(tmp_path / "in.txt", SOURCES), tmp_path / "out.jsonl"
     search = ["--search.beam", "3", "--search.nbest", "3", "--search.alignment", "true", *SHORT]
@@ -195,6 +196,7 @@ def test_jsonl_holds_every_hypothesis_best_first_with_its_scores(checkpoint, tmp
 MOSES = re.compile(r"^(\d+) \|\|\| (.*?) \|\|\| (\d+-\d+(?: \d+-\d+)*|) ?\|\|\| F0= (\S+) \|\|\| (\S+)$")
 
 
+@pytest.mark.slow
 def test_moses_nbest_lines_parse_and_carry_the_same_scores(checkpoint, tmp_path):
     src = write_lines(tmp_path / "in.txt", SOURCES)
     search = ["--search.beam", "2", "--search.nbest", "2", "--search.alignment", "true", *SHORT]
@@ -255,6 +257,7 @@ def test_plain_text_with_alignments_appends_them_after_three_bars(checkpoint, tm
         assert bars and all(re.fullmatch(r"\d+-\d+", p) for p in pairs.split())
 
 
+@pytest.mark.slow
 def test_target_scores_the_given_translations(checkpoint, tmp_path):
     targets = ["Ein Hund rennt.", "", "Zwei Männer sitzen auf einer Bank.", "Ein Mädchen."]
     src, tgt = write_lines(tmp_path / "in.txt", SOURCES), write_lines(tmp_path / "tgt.txt", targets)
@@ -267,6 +270,7 @@ def test_target_scores_the_given_translations(checkpoint, tmp_path):
     assert [r["hypotheses"][0]["score"] for r in records] == pytest.approx([h.score for h in scored])
 
 
+@pytest.mark.slow
 def test_a_target_file_of_another_length_is_one_line_and_nothing_is_written(checkpoint, tmp_path):
     src, tgt = write_lines(tmp_path / "in.txt", SOURCES), write_lines(tmp_path / "tgt.txt", ["Ein Hund."])
     out = tmp_path / "out.txt"
@@ -329,6 +333,7 @@ def test_options_that_cannot_work_together_are_one_line(checkpoint, tmp_path, ca
     assert not out.exists() and len(list(tmp_path.iterdir())) == 1
 
 
+@pytest.mark.slow
 def test_an_ensemble_and_a_prefix_reach_the_engine(checkpoint, tmp_path):
     src = write_lines(tmp_path / "in.txt", SOURCES)
     prefixes = write_lines(tmp_path / "prefix.txt", ["Ein", "", "", "Zwei"])
@@ -365,6 +370,7 @@ def test_an_ensemble_and_a_prefix_reach_the_engine(checkpoint, tmp_path):
 # --------------------------------------------------------------------------- pipes, FIFOs and encodings
 
 
+@pytest.mark.slow
 def test_a_named_pipe_and_process_substitution_are_read(checkpoint, tmp_path):
     fifo = tmp_path / "lines.fifo"
     os.mkfifo(fifo)
@@ -394,6 +400,7 @@ def test_a_named_pipe_and_process_substitution_are_read(checkpoint, tmp_path):
     assert len(substituted.stdout.splitlines()) == 3
 
 
+@pytest.mark.slow
 def test_a_line_arriving_on_a_pipe_is_answered_before_the_input_ends(checkpoint):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "attnx", "translate", "--model", str(checkpoint), *SHORT]
@@ -506,10 +513,13 @@ def test_an_interrupted_run_keeps_its_lines_and_the_same_command_continues(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
 
 
-def test_a_partial_output_is_continued_only_when_it_is_attnx_s_and_the_options_match(checkpoint, tmp_path):
+def test_a_partial_output_is_continued_only_when_it_is_attnx_s_and_the_options_match(
+    checkpoint, tmp_path, capsys
+):
     src = write_lines(tmp_path / "in.txt", SOURCES * 3)
     out = tmp_path / "out.txt"
     argv = [
+        "translate",
         "--model",
         str(checkpoint),
         "--input",
@@ -523,12 +533,12 @@ def test_a_partial_output_is_continued_only_when_it_is_attnx_s_and_the_options_m
     # a partial file nobody recorded is the user's: refused, kept
     partial = tmp_path / "out.txt.attnx-partial"
     partial.write_text("mine\n", encoding="utf-8")
-    refused = run_translate(*argv, check=False)
-    assert refused.returncode == 1 and "has no record of writing it" in refused.stderr.decode()
+    assert attnx_main(argv) == 1
+    assert "has no record of writing it" in capsys.readouterr().err
     assert partial.read_text(encoding="utf-8") == "mine\n"
     partial.unlink()
     # a run stopped after its first chunk (simulated: its record and partial file as a kill leaves them)
-    run_translate(*argv)
+    assert attnx_main(argv) == 0
     done = out.read_bytes()
     out.unlink()
     first_chunk = b"".join(done.splitlines(keepends=True)[:4])
@@ -547,24 +557,27 @@ def test_a_partial_output_is_continued_only_when_it_is_attnx_s_and_the_options_m
     }
     (tmp_path / "out.txt.attnx-partial.json").write_text(json.dumps(state), encoding="utf-8")
     partial.write_bytes(first_chunk + b"half a li")  # a kill between the write and its record
-    resumed = run_translate(*argv)
-    assert "continuing after the 4 line(s)" in resumed.stderr.decode() and out.read_bytes() == done
+    capsys.readouterr()
+    assert attnx_main(argv) == 0
+    assert "continuing after the 4 line(s)" in capsys.readouterr().err and out.read_bytes() == done
     # other options: the partial output is attnx's own, so it starts over, saying why
     out.unlink()
     (tmp_path / "out.txt.attnx-partial.json").write_text(json.dumps(state), encoding="utf-8")
     partial.write_bytes(first_chunk)
-    other = run_translate(*argv, "--search.beam", "2")
-    assert "starting over" in other.stderr.decode() and "search.beam 4 -> 2" in other.stderr.decode()
+    assert attnx_main([*argv, "--search.beam", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "starting over" in err and "search.beam 4 -> 2" in err
     assert len(out.read_text(encoding="utf-8").splitlines()) == len(SOURCES) * 3
     # a partial file changed since attnx wrote it is refused and kept
     out.unlink()
     (tmp_path / "out.txt.attnx-partial.json").write_text(json.dumps(state), encoding="utf-8")
     partial.write_bytes(b"X" + first_chunk[1:])
-    changed = run_translate(*argv, check=False)
-    assert changed.returncode == 1 and "was changed since attnx wrote it" in changed.stderr.decode()
+    assert attnx_main(argv) == 1
+    assert "was changed since attnx wrote it" in capsys.readouterr().err
     assert partial.read_bytes() == b"X" + first_chunk[1:]
 
 
+@pytest.mark.slow
 def test_sigterm_while_writing_to_a_pipe_says_how_many_lines_were_written(checkpoint, many_lines):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     argv = [
@@ -590,6 +603,24 @@ def test_sigterm_while_writing_to_a_pipe_says_how_many_lines_were_written(checkp
     written = len((got + rest).splitlines())
     assert process.returncode == 143 and 10 <= written < MANY
     assert (
-        f"stopped by SIGTERM after {written} of {MANY} line(s); {written} line(s) done were written to standard output"
+        f"stopped by SIGTERM after {written} of {MANY} line(s); {written} line(s) done were handed to standard output"
         in err.decode()
     )
+
+
+@pytest.mark.slow
+def test_score_reads_process_substitution_and_pairs_lines(tmp_path):
+    script = 'exec "$@" --hypotheses <(printf "Ein Hund rennt.\\nZwei M\\xe4nner.\\n") --references <(printf "%s\\n" "$REF")'
+    command = ["bash", "-c", script, "bash", sys.executable, "-m", "attnx", "score"]
+    same = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "REF": "Ein Hund rennt.\nZwei Männer."}
+    )
+    assert same.returncode == 0, same.stderr
+    assert "sacreBLEU BLEU" in same.stdout
+    assert "1 line(s) of --hypotheses /dev/fd/" in same.stderr and "(the first: line 2)" in same.stderr
+    fewer = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "REF": "Ein Hund rennt."}
+    )
+    error = [line for line in fewer.stderr.splitlines() if "error" in line]
+    assert fewer.returncode == 2 and len(error) == 1
+    assert "--hypotheses /dev/fd/" in error[0] and "has 2 lines but --references /dev/fd/" in error[0]

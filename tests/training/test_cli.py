@@ -130,6 +130,39 @@ def test_missing_gpus_is_one_sentence_with_the_override(corpus: Path, capsys) ->
     check_devices({"accelerator": "gpu", "devices": 2}, available=2)  # enough GPUs: no error
 
 
+@pytest.mark.slow
+def test_predict_takes_translate_s_search_options_and_refuses_an_nbest_list(
+    run: Path, corpus: Path, capsys
+) -> None:
+    """`--evaluation.search.*` spells what `attnx translate --search.*` does: sampling with a seed gives the
+    same translations twice; an n-best list, which one hypothesis file per sentence cannot hold, is one line."""
+    ckpt = str(run / "checkpoints" / "last.ckpt")
+    sampled = [
+        "--evaluation.search.sampling",
+        "true",
+        "--evaluation.search.seed",
+        "3",
+        "--evaluation.search.top_k",
+        "5",
+    ]
+    outputs = []
+    for name in ("one.txt", "two.txt"):
+        out = run.parent / name
+        extra = ["--ckpt_path", ckpt, "--evaluation.output_file", str(out), *sampled]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(run.parents[2])
+            assert attnx(fit_args(corpus, *extra, subcommand="predict")) == 0
+        outputs.append(out.read_text(encoding="utf-8").splitlines())
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 50
+    capsys.readouterr()
+    nbest = ["--ckpt_path", ckpt, "--evaluation.search.beam", "2", "--evaluation.search.nbest", "2"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(run.parents[2])
+        assert attnx(fit_args(corpus, *nbest, subcommand="test")) == 2
+    err = capsys.readouterr().err
+    assert "evaluation.search.nbest must be 1" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_checkpoint_of_another_program_is_a_clear_error(corpus: Path, tmp_path: Path, capsys) -> None:
     foreign = tmp_path / "foreign.ckpt"
     torch.save({"state_dict": {}}, foreign)

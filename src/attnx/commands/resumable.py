@@ -73,7 +73,7 @@ class StreamOutput:
     where = "standard output"
     resumed = 0
     lines = 0
-    """Input lines whose output is written."""
+    """Input lines whose output is handed to standard output."""
 
     def prepare(self) -> None:
         pass
@@ -82,9 +82,11 @@ class StreamOutput:
         return None
 
     def write(self, data: bytes, inputs: Mapping[str, TextInput]) -> None:
+        # Counted before the write: a signal landing between the flush and a count after it would lose the
+        # chunk the reader already has; one landing in a write blocked by a stalled reader counts it early.
+        self.lines = next(iter(inputs.values())).lines
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
-        self.lines = next(iter(inputs.values())).lines
 
     def finish(self) -> None:
         pass
@@ -93,7 +95,7 @@ class StreamOutput:
         pass
 
     def stopped(self, lines: int) -> str:
-        return f"{lines} line(s) done were written to standard output"
+        return f"{lines} line(s) done were handed to standard output"
 
 
 class ResumableOutput:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Literal
@@ -83,10 +84,12 @@ def translate(
     """
     from attnx.commands.streaming import (
         PairedInputs,
+        Stop,
         TranslationJob,
         check_output_options,
         run_options,
         run_translation,
+        stop_on_sigterm,
     )
     from attnx.commands.usage import refuse_to_replace
 
@@ -96,16 +99,23 @@ def translate(
     if output != "-":
         refuse_to_replace(output, force)
     check_device(device)
-    with PairedInputs(input, target=target, prefix=prefix) as inputs:
-        inputs.check_line_counts()
-        options = run_options(model, weights, search, format, token_scores)
-        sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
-        sink.prepare()
-        from attnx.inference.load import load
+    with stop_on_sigterm():
+        try:
+            with PairedInputs(input, target=target, prefix=prefix) as inputs:
+                inputs.check_line_counts()
+                options = run_options(model, weights, search, format, token_scores)
+                sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
+                sink.prepare()
+                from attnx.inference.load import load
 
-        translator = load(model, device=device, search=search, max_tokens=max_tokens, weights=weights)
-        job = TranslationJob(translator, format, token_scores, buffer_size)
-        return run_translation(job, inputs, sink)
+                translator = load(model, device=device, search=search, max_tokens=max_tokens, weights=weights)
+                job = TranslationJob(translator, format, token_scores, buffer_size)
+                return run_translation(job, inputs, sink)
+        except Stop:  # before the first line was read: nothing to keep
+            print(
+                "attnx translate: stopped by SIGTERM before translating; nothing was written", file=sys.stderr
+            )
+            return 128 + signal.SIGTERM
 
 
 def attention(
@@ -179,7 +189,8 @@ def score(
     hyps, refs = texts["--hypotheses"], texts["--references"]
     if len(hyps) != len(refs):
         raise ValueError(
-            f"{hypotheses} has {len(hyps)} lines but {references} has {len(refs)}; they must pair up line by line"
+            f"--hypotheses {hypotheses} has {len(hyps)} lines but --references {references} has {len(refs)}; "
+            "they must pair up line by line"
         )
     report = bleu(hyps, refs, lang)
     print(json.dumps(dataclasses.asdict(report)) if format == "json" else "\n".join(report.lines()))
