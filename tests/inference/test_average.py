@@ -58,6 +58,14 @@ def test_command_averages_the_newest_k_into_a_loadable_checkpoint(
     assert torch.load(out, weights_only=True)["attnx"]["transformer"]["d_model"] == 32
 
 
+def test_checkpoints_before_and_after_a_dropout_change_average(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    """A run resumed with another dropout holds one model: its checkpoints average across the change."""
+    before = write_checkpoints(tmp_path, tokenizer, steps=(1,), dropout=0.1)
+    after = write_checkpoints(tmp_path, tokenizer, steps=(2,), dropout=0.3)
+    averaged = average_checkpoints([*before, *after])
+    assert averaged["attnx"]["transformer"]["dropout"] == 0.3  # the newest's, as every other setting
+
+
 def test_checkpoints_of_another_model_are_refused_by_name(tmp_path: Path, tokenizer: Tokenizer) -> None:
     ours = write_checkpoints(tmp_path, tokenizer, steps=(1, 2))
     odd = write_checkpoints(tmp_path / "other", tokenizer, steps=(3,), d_ff=128)

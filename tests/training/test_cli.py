@@ -290,6 +290,16 @@ def test_init_from_is_refused_with_ckpt_path_or_another_architecture(
     )
 
 
+def test_the_resume_hint_of_a_fine_tuning_run_drops_init_from() -> None:
+    """Resuming a run started with --init_from continues it: the hint must not be the refused pair."""
+    from attnx.training.cli import resume_command
+
+    argv = ["fit", "--config", "tiny", "--init_from", "base.ckpt", "--trainer.max_steps", "5"]
+    assert resume_command(argv, Path("runs/tiny/version_0/checkpoints/last.ckpt")) == (
+        "attnx fit --config tiny --trainer.max_steps 5 --ckpt_path runs/tiny/version_0/checkpoints/last.ckpt"
+    )
+
+
 def test_test_decodes_with_mbr_when_asked(run: Path, corpus: Path, capsys) -> None:
     hyp = run.parent / "test_mbr.hyp"
     ckpt = run / "checkpoints" / "averaged.ckpt"

@@ -3,9 +3,11 @@ static and c10d rendezvous, a resume on one node; and the paper's shape, 8 ranks
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -126,7 +128,7 @@ def test_two_nodes_through_torchrun_then_a_resume_on_one(corpus: Path, tmp_path:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the batch plan differs from the checkpoint's" in done.stderr and "world size" in done.stderr
-    assert sorted(train_losses(tmp_path / "runs" / "tiny" / "version_1")) == [4, 5]
+    assert sorted(train_losses(tmp_path / "runs" / "tiny" / "version_0")) == list(range(6))  # the same run
 
 
 def test_two_nodes_through_a_c10d_rendezvous(corpus: Path, tmp_path: Path) -> None:
@@ -172,3 +174,103 @@ def test_eight_ranks_with_the_big_configs_ddp_settings(corpus: Path, tmp_path: P
     states = [torch.load(checkpoints / f"step={s}.ckpt", weights_only=True)["state_dict"] for s in (1, 2)]
     for name in averaged:
         torch.testing.assert_close(averaged[name], (states[0][name] + states[1][name]) / 2)
+
+
+def start_nodes(commands: list[str], cwd: Path, extras: list[str]) -> list[subprocess.Popen]:
+    """Start one command per node, at once."""
+    env = {**environment(), "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return [
+        subprocess.Popen(
+            [*shlex.split(command), *extras],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for command in commands
+    ]
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants: torchrun starts its workers in sessions of their own."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def kill_tree(pid: int, signum: int) -> None:
+    for member in reversed(process_tree(pid)):  # the workers first
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signum)
+
+
+def signal_nodes_at(processes: list[subprocess.Popen], step: int, signum: int, nodes: int) -> list[str]:
+    """Once node 0 prints its progress line of ``step``, send ``signum`` to the first ``nodes`` nodes (SIGKILL to
+    every process of the node, another signal to torchrun, which passes it on to its workers); wait for all of them
+    to end and return what each printed after that line."""
+    try:
+        for line in processes[0].stdout:
+            if line.startswith(f"step {step}/"):
+                break
+        else:
+            pytest.fail(f"node 0 ended before step {step}")
+        for process in processes[:nodes]:
+            if signum == signal.SIGKILL:
+                kill_tree(process.pid, signum)
+            else:
+                process.send_signal(signum)
+        return [process.communicate(timeout=300)[0] for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                kill_tree(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.mark.slow
+def test_two_nodes_killed_and_resumed_end_as_the_uninterrupted_run(corpus: Path, tmp_path: Path) -> None:
+    """docs/cluster.md's two torchrun nodes: SIGKILL to both, a resume, SIGTERM to node 0, a resume; the run ends in
+    one folder with the uninterrupted run's checkpoints and a byte-identical averaged checkpoint."""
+    from tests.training.test_runs import checkpoint_files, every_two_steps
+
+    config = every_two_steps(tmp_path)
+    extras = [  # the config first: what follows it overrides it (corpus, steps, no BLEU)
+        "--config",
+        str(config),
+        *probe_args(corpus, tmp_path / "probe", 8)[:6],
+        "--progress.every_n_steps",
+        "1",
+    ]
+    static = [c for c in page_commands("torchrun") if "--node_rank" in c]
+
+    def nodes() -> list[str]:
+        port = free_port()
+        return [c.replace("--master_port 29500", f"--master_port {port}") for c in static]
+
+    whole, work = tmp_path / "whole", tmp_path / "interrupted"
+    whole.mkdir()
+    work.mkdir()
+    launch(nodes(), whole, extras)
+    signal_nodes_at(start_nodes(nodes(), work, extras), 3, signal.SIGKILL, nodes=2)
+    resume = [*extras, "--ckpt_path", "last"]
+    outputs = signal_nodes_at(start_nodes(nodes(), work, resume), 5, signal.SIGTERM, nodes=1)
+    assert "attnx fit: interrupted at step" in outputs[0] and "(SIGTERM)" in outputs[0], outputs[0][-3000:]
+    launch(nodes(), work, resume)
+
+    whole, ours = (d / "runs" / "tiny" / "version_0" for d in (whole, work))
+    assert sorted(p.name for p in ours.parent.iterdir()) == ["version_0"]
+    assert checkpoint_files(ours) == checkpoint_files(whole)
+    assert "step=8.ckpt" in checkpoint_files(ours)
+    averaged = (ours / "checkpoints" / "averaged.ckpt").read_bytes()
+    assert averaged == (whole / "checkpoints" / "averaged.ckpt").read_bytes()
+    assert sorted(train_losses(ours)) == list(range(8)) and train_losses(ours) == train_losses(whole)

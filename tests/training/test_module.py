@@ -161,3 +161,11 @@ def test_trains_and_decodes_on_cuda_in_mixed_precision(precision: str) -> None:
     check_training(losses)
     assert next(task.model.parameters()).is_cuda
     check_beam_search(task, "cuda", torch.bfloat16 if precision == "bf16-mixed" else torch.float16)
+
+
+def test_a_checkpoint_differing_only_in_dropout_loads() -> None:
+    """Dropout may change when a run resumes; the architecture may not (test_checkpointing's refusal)."""
+    ours = TranslationTask(tiny_config(vocab_size=300, dropout=0.3))
+    theirs = tiny_config(vocab_size=300, dropout=0.1).to_dict()
+    ours.on_load_checkpoint({"attnx": {"transformer": theirs}, "state_dict": {}})
+    assert ours.config.dropout == 0.3  # the run's new value stays

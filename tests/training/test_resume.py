@@ -12,7 +12,7 @@ import pytest
 from attnx.cli import main as attnx
 from attnx.data.datamodule import TranslationDataModule
 from tests.test_checkpoint import killed_write
-from tests.training.conftest import fit_args, train_losses
+from tests.training.conftest import fit_args, read_metrics, train_losses
 
 MAX_TOKENS = "1536"  # 10 batches an epoch: the run below crosses an epoch boundary after resuming
 
@@ -74,11 +74,7 @@ def test_ckpt_path_last_resumes_the_newest_run_and_removes_killed_writes(
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(tmp_path)
         assert attnx(fit_args(corpus, *resume_args(), "--trainer.max_steps", "2")) == 0
-        first = runs / "version_0" / "checkpoints" / "last.ckpt"
-        assert (
-            attnx(fit_args(corpus, *resume_args(), "--trainer.max_steps", "4", "--ckpt_path", str(first)))
-            == 0
-        )
+        assert attnx(fit_args(corpus, *resume_args(), "--trainer.max_steps", "4")) == 0  # a second, newer run
     newest = runs / "version_1" / "checkpoints"
     left = killed_write(newest / "last.ckpt")
     done = attnx_process(corpus, tmp_path, "--trainer.max_steps", "5", "--ckpt_path", "last")
@@ -86,4 +82,7 @@ def test_ckpt_path_last_resumes_the_newest_run_and_removes_killed_writes(
     assert "--ckpt_path last is runs/tiny/version_1/checkpoints/last.ckpt" in done.stderr
     assert f"removed {left.relative_to(tmp_path)}, left by a checkpoint write that was killed" in done.stderr
     assert not left.exists() and (newest / "last.ckpt").is_file()
-    assert sorted(train_losses(runs / "version_2")) == [4]  # step 5 only: it continued from step 4
+    # it continued that run from step 4, in its folder: step 5 is logged after the first four, each once
+    assert sorted(p.name for p in runs.iterdir()) == ["version_0", "version_1"]
+    steps = [int(row["step"]) for row in read_metrics(runs / "version_1") if row.get("train/loss")]
+    assert steps == [0, 1, 2, 3, 4]

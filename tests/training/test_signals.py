@@ -128,7 +128,8 @@ def test_a_stop_signal_saves_says_how_to_resume_and_exits_non_zero(
     assert command[-2:] == ["--ckpt_path", str((checkpoints / "last.ckpt").relative_to(tmp_path))]
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
     run([*command, "--trainer.max_steps", STEPS], tmp_path)  # the printed command, run where it was printed
-    assert_same_weights(tmp_path / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
+    assert_same_weights(checkpoints / "last.ckpt", uninterrupted)  # the resumed run continued in its folder
+    assert sorted(p.name for p in (tmp_path / "runs" / "tiny").iterdir()) == ["version_0"]
 
 
 def test_sigterm_to_one_rank_of_ddp_stops_every_rank_at_one_saved_step(corpus: Path, tmp_path: Path) -> None:
@@ -184,7 +185,8 @@ def test_slurm_sigusr1_saves_requeues_and_the_requeued_job_resumes_exactly(
     # the requeued job runs the sbatch script again, which resumes with --ckpt_path last (docs/cluster.md)
     env["SLURM_RESTART_COUNT"] = "1"
     run(attnx_command(corpus, "--trainer.max_steps", STEPS, "--ckpt_path", "last"), work, env)
-    assert_same_weights(work / "runs" / "tiny" / "version_1" / "checkpoints" / "last.ckpt", uninterrupted)
+    assert_same_weights(work / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt", uninterrupted)
+    assert sorted(p.name for p in (work / "runs" / "tiny").iterdir()) == ["version_0"]  # one run, one folder
 
 
 @pytest.mark.parametrize(

@@ -203,8 +203,11 @@ class AttnxCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         config = self.config.get(subcommand, self.config) if subcommand else self.config
+        self.continued = False
         if subcommand == "fit":
             self.continued = self.prepare_run(config)
+        else:
+            pin_versions(config.get("trainer") or {}, None, None)  # one folder for the loggers of a test run
         if subcommand in DECODING_COMMANDS and not config.get("ckpt_path"):
             raise ConfigError(
                 f"attnx {subcommand} needs weights: pass --ckpt_path CHECKPOINT (e.g. "
@@ -391,14 +394,15 @@ def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
 
 
 def resume_command(argv: list[str], checkpoint: Path) -> str:
-    """The command line that resumes an interrupted `attnx fit` from `checkpoint`."""
+    """The command line that resumes an interrupted `attnx fit` from `checkpoint` (without the `--init_from` that
+    started the run: the checkpoint holds its weights now)."""
     args, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--ckpt_path":
+        elif arg in ("--ckpt_path", "--init_from"):
             skip = True
-        elif not arg.startswith("--ckpt_path="):
+        elif not arg.startswith(("--ckpt_path=", "--init_from=")):
             args.append(arg)
     try:
         checkpoint = checkpoint.resolve().relative_to(Path.cwd())
@@ -524,7 +528,14 @@ def option_names() -> list[str]:
     from attnx.commands.usage import option_names as keys
     from attnx.data.datamodule import TranslationDataModule
 
-    names = ["--config", "--print_config", "--ckpt_path", "--seed_everything", "--torch_threads"]
+    names = [
+        "--config",
+        "--print_config",
+        "--ckpt_path",
+        "--init_from",
+        "--seed_everything",
+        "--torch_threads",
+    ]
     for prefix, target in {
         "trainer": Trainer.__init__,
         "model": TranslationTask.__init__,  # with model.transformer.* and model.loss.*

@@ -6,6 +6,9 @@ CSV and TensorBoard logs continue without the steps after the checkpoint (the ki
 resumed run logs again), and the step checkpoints keep accumulating under one `keep` rule, so
 `AverageCheckpoints` averages the last k of the whole run.
 
+A validation due at the very step where a stop signal saved is not run (stopping comes first, and Lightning's
+loop does not go back to it on resume): the logs lack that one validation row.
+
 Resuming from an older checkpoint than the run's newest abandons what came after it: its step checkpoints
 are moved into `checkpoints/abandoned_after_step=N/` (never averaged) and said in one line.
 
@@ -133,6 +136,7 @@ def check_changes(changes: list[tuple[str, Any, Any]], checkpoint: Path) -> list
 
 def model_changes(checkpoint_model: dict[str, Any], model: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """Changes of the `model` section only, for a checkpoint that does not record its whole config."""
+    checkpoint_model = {k: v for k, v in checkpoint_model.items() if not k.startswith("_")}  # Lightning's own
     return config_changes({"model": checkpoint_model}, {"model": model})
 
 
