@@ -69,10 +69,10 @@ def test_ranking_keeps_distinct_texts_best_first_and_the_most_probable_of_a_text
         Hypothesis([1], -2.0, -2.0, text="a"),
         Hypothesis([2], -1.0, -1.0, text="ab"),
         Hypothesis([3], -3.0, -3.0, text="b"),
-        Hypothesis([4, 5], -0.5, -0.5, text="ab"),  # same text, other pieces, more probable
+        Hypothesis([4, 5], -0.5, -0.5, text="ab"),  # same text, other pieces, scored higher
     ]
     ranked = rank_by_expected_utility(hyps, "chrf")
-    assert [h.text for h in ranked] == ["ab", "a", "b"]  # "a" and "b" tie: the more probable first
+    assert [h.text for h in ranked] == ["ab", "a", "b"]  # "a" and "b" tie: the higher score first
     assert ranked[0].tokens == [4, 5]
     assert ranked[0].expected_utility == pytest.approx((2 * 100 + 250 / 3 + 250 / 3) / 4)
 

@@ -276,7 +276,7 @@ class CTranslate2Translator(Translator):
             raise ValueError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
         if self.search.mbr:  # draw the candidates, then rank them by expected utility
             draw = self.with_search(**dataclasses.asdict(candidate_search(self.search)))
-            return rerank(draw.generate_ids(ids, prefixes, progress), self.search, self.decode)
+            return rerank(draw.generate_ids(ids, prefixes, progress, scores=scores), self.search, self.decode)
         out: list[list[Hypothesis]] = [blank() for _ in ids]
         groups: dict[int, list[int]] = defaultdict(list)  # one max_decoding_length per CTranslate2 call
         for i, x in enumerate(ids):

@@ -215,20 +215,20 @@ def expected_utilities(texts: Sequence[str], utility: str = "chrf") -> tuple[lis
 
 
 def rank_by_expected_utility(hypotheses: Sequence[Hypothesis], utility: str = "chrf") -> list[Hypothesis]:
-    """The distinct candidates of `hypotheses` (their `text` filled; of several with one text, the most
-    probable), `expected_utility` set, best first (ties: the more probable first)."""
+    """The distinct candidates of `hypotheses` (their `text` filled; of several with one text, the one the
+    search scored higher), `expected_utility` set, best first (ties: the higher `score` first)."""
     if not hypotheses:
         return []
     texts, utilities = expected_utilities([h.text for h in hypotheses], utility)
     best: dict[str, Hypothesis] = {}
     for h in hypotheses:
-        if h.text not in best or h.log_prob > best[h.text].log_prob:
+        if h.text not in best or h.score > best[h.text].score:
             best[h.text] = h
     ranked = []
     for text, value in zip(texts, utilities, strict=True):
         best[text].expected_utility = value
         ranked.append(best[text])
-    return sorted(ranked, key=lambda h: (h.expected_utility, h.log_prob), reverse=True)
+    return sorted(ranked, key=lambda h: (h.expected_utility, h.score), reverse=True)
 
 
 def rerank(
