@@ -213,6 +213,40 @@ def test_moses_nbest_lines_parse_and_carry_the_same_scores(checkpoint, tmp_path)
         assert found.group(3) == " ".join(f"{a}-{b}" for a, b in h["alignment"])
 
 
+def test_mbr_writes_each_distinct_candidate_with_its_expected_utility_best_first(checkpoint, tmp_path):
+    src = write_lines(tmp_path / "in.txt", SOURCES)
+    base = [
+        "--model",
+        str(checkpoint),
+        "--input",
+        str(src),
+        "--search.mbr",
+        "6",
+        "--search.seed",
+        "3",
+        *SHORT,
+    ]
+    records = [json.loads(x) for x in run_translate(*base, "--format", "jsonl").stdout.decode().splitlines()]
+    plain = run_translate(*base).stdout.decode("utf-8").splitlines()
+    moses = run_translate(*base, "--format", "moses").stdout.decode("utf-8").splitlines()
+    assert len(records) == len(plain) == len(SOURCES)
+    assert plain == [r["hypotheses"][0]["text"] for r in records]  # the text output is MBR's choice
+    expected = [(i, h) for i, r in enumerate(records) for h in r["hypotheses"]]
+    assert len(moses) == len(expected)
+    for line, source, record in zip(plain, SOURCES, records, strict=True):
+        got = record["hypotheses"]
+        if not source:
+            assert got == [{"text": "", "score": 0.0, "log_prob": 0.0, "tokens": 0}] and line == ""
+            continue
+        utilities = [h["expected_utility"] for h in got]
+        assert 1 <= len(got) <= 6 and len({h["text"] for h in got}) == len(got)  # distinct candidates
+        assert utilities == sorted(utilities, reverse=True) and all(0 <= u <= 100 for u in utilities)
+    for line, (i, h) in zip(moses, expected, strict=True):
+        assert line.startswith(f"{i} ||| {h['text']} |||")
+        if "expected_utility" in h:
+            assert f"F0= {h['log_prob']!r} MBR= {h['expected_utility']!r} |||" in line
+
+
 def test_plain_text_with_alignments_appends_them_after_three_bars(checkpoint, tmp_path):
     src = write_lines(tmp_path / "in.txt", SOURCES)
     out = run_translate("--model", str(checkpoint), "--input", str(src), "--search.alignment", "true", *SHORT)
@@ -280,6 +314,8 @@ def test_a_target_file_of_another_length_is_one_line_and_nothing_is_written(chec
             "top_p must be in (0, 1]",
         ),
         (["--weights", "[0.5,0.5]"], "weights need an ensemble"),
+        (["--target", "IN", "--search.mbr", "4", "--format", "jsonl"], "--search.mbr do not apply"),
+        (["--search.mbr", "6", "--search.mbr_candidates", "nbest"], "raise --search.beam to at least 6"),
     ],
 )
 def test_options_that_cannot_work_together_are_one_line(checkpoint, tmp_path, capsys, argv, message):

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -242,6 +243,44 @@ def test_several_training_corpora_are_concatenated(toy: Path, tmp_path: Path) ->
     corpus = PreparedCorpus(tmp_path / "out")
     assert corpus.splits == ["train", "dev"] and len(corpus.dataset("train")) == 350
     assert corpus.meta["splits"]["train"]["inputs"]["src"][1].endswith("more/train.en.gz")
+
+
+def test_a_corpus_repeated_and_a_corpus_tagged_go_into_training_as_asked(toy: Path, tmp_path: Path) -> None:
+    extra = sentences(50, 9)
+    write_pair(tmp_path / "bt" / "train", extra, translate(extra))
+    argv = ["--train", f"[{toy / 'train'}, {tmp_path / 'bt' / 'train'}]", "--train_repeat", "[3, 1]"]
+    argv += ["--train_tag", '["", "<BT>"]', "--vocab_size", "70"]
+    assert run(toy, tmp_path / "out", *argv) == 0
+    corpus = PreparedCorpus(tmp_path / "out")
+    train = corpus.dataset("train")
+    assert len(train) == 3 * 300 + 50  # the real pairs three times, each copy a row of its own
+    sp = corpus.tokenizer.sp
+    tag = sp.piece_to_id("<BT>")
+    assert tag > 3 and sp.id_to_piece(tag) == "<BT>"
+    assert tag in sp.encode("<BT> a dog runs") and sp.encode("<BT>") == [sp.piece_to_id("▁"), tag]
+    rows = [tuple(train[i][0].tolist()) for i in range(len(train))]
+    assert sum(tag in row for row in rows) == 50  # every synthetic source, no real one
+    real = Counter(row for row in rows if tag not in row)
+    assert all(n % 3 == 0 for n in real.values()) and rows[0] == rows[1] == rows[2]
+    meta = corpus.meta["splits"]["train"]["corpora"]
+    assert [c.get("repeat") for c in meta.values()] == [3, 1] and [c.get("tag") for c in meta.values()] == [
+        None,
+        "<BT>",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--train_repeat", "[2, 1]"], "--train_repeat has 2 values for 1 --train corpora"),
+        (["--train_repeat", "[0]"], "--train_repeat counts must be at least 1"),
+        (["--train_tag", "[<B T>]"], "cannot be a tag or a user-defined symbol"),
+        (["--user_defined_symbols", "[</s>]"], "cannot be a tag or a user-defined symbol"),
+    ],
+)
+def test_bad_repeat_counts_and_tags_are_one_line(toy: Path, tmp_path: Path, capsys, argv, message) -> None:
+    err = error_of(capsys, base(toy, tmp_path / "out") + argv)
+    assert message in err and not (tmp_path / "out").exists()
 
 
 def test_unwritable_output_is_an_error_not_a_traceback(toy: Path, tmp_path: Path, capsys) -> None:

@@ -437,3 +437,23 @@ def test_a_swapped_sentencepiece_model_is_refused_in_one_line(
     shutil.copy(exported / "sentencepiece.model", swapped / "sentencepiece.model")
     done = translate(swapped)
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 1 and done.stderr == "", done.stderr
+
+
+def test_mbr_ranks_the_engines_own_samples_and_epsilon_is_one_line(
+    translator: CTranslate2Translator, test_set: Pairs
+) -> None:
+    from attnx.inference.mbr import candidate_search, rank_by_expected_utility
+
+    sources = test_set.sources[:10]
+    mbr = translator.with_search(mbr=6, seed=3, top_p=0.9)
+    ranked = mbr.generate_ids(sources)
+    drawn = translator.with_search(**vars(candidate_search(mbr.search))).generate_ids(sources)
+    for hyps, samples in zip(ranked, drawn, strict=True):
+        for h in samples:
+            h.text = translator.decode(h.tokens)
+        expected = rank_by_expected_utility(samples, "chrf")
+        assert [(h.text, h.expected_utility) for h in hyps] == [
+            (h.text, h.expected_utility) for h in expected
+        ]
+    with pytest.raises(ValueError, match="CTranslate2 has no epsilon sampling"):
+        translator.with_search(sampling=True, epsilon=0.02)

@@ -462,6 +462,14 @@ def test_top_p_keeps_only_the_nucleus_and_top_k_the_k_most_probable():
     assert set(first_tokens(model, config)) == {4, 5, 6, 7}
 
 
+def test_epsilon_sampling_never_draws_a_token_below_epsilon_but_keeps_the_most_probable():
+    model = first_token_model([0.5, 0.25, 0.15, 0.1])
+    config = SearchConfig(sampling=True, nbest=20, seed=4, max_len_b=2)
+    assert set(first_tokens(model, dataclasses.replace(config, epsilon=0.12))) == {4, 5, 6}
+    assert set(first_tokens(model, dataclasses.replace(config, epsilon=0.2))) == {4, 5}
+    assert set(first_tokens(model, dataclasses.replace(config, epsilon=0.9))) == {4}  # none reaches 0.9
+
+
 def test_temperature_shapes_the_draws_not_the_reported_log_probs():
     model = first_token_model([0.7, 0.3])
     config = SearchConfig(sampling=True, nbest=40, seed=6, max_len_b=2)

@@ -337,3 +337,25 @@ def test_a_gpu_config_on_cpu_says_its_plan_first_and_prints_after_the_first_step
     assert lines[2].startswith("first a sanity check: 2 validation batches of 512 tokens per side")
     assert lines[3].startswith("batches: ") and "shapes" in lines[3] and "Total FLOPs" not in done.stdout
     assert next(line for line in lines if line.startswith("step ")).startswith("step 1/2 | train loss")
+
+
+def test_test_decodes_with_mbr_when_asked(run: Path, corpus: Path, capsys) -> None:
+    hyp = run.parent / "test_mbr.hyp"
+    ckpt = run / "checkpoints" / "averaged.ckpt"
+    search = [
+        "--evaluation.search.mbr",
+        "4",
+        "--evaluation.search.seed",
+        "1",
+        "--evaluation.search.max_len_b",
+        "5",
+    ]
+    extra = ["--ckpt_path", str(ckpt), "--evaluation.output_file", str(hyp), *search]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(run.parents[2])
+        assert attnx(fit_args(corpus, *extra, subcommand="test")) == 0
+    out = capsys.readouterr()
+    assert "sacreBLEU BLEU = " in out.err + out.out
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 50
+    test_run = sorted((run.parent).glob("version_*"))[-1]
+    assert yaml.safe_load((test_run / "config.yaml").read_text())["evaluation"]["search"]["mbr"] == 4

@@ -56,6 +56,9 @@ def prepare(
     drop_duplicates: bool = Settings.drop_duplicates,
     drop_copies: bool = Settings.drop_copies,
     drop_wrong_language: bool = Settings.drop_wrong_language,
+    train_repeat: list[int] | None = None,
+    train_tag: list[str] | None = None,
+    user_defined_symbols: list[str] | None = None,
     report: Path | None = None,
     workers: int | None = None,
 ) -> int:
@@ -86,6 +89,11 @@ def prepare(
         drop_copies: Drop training pairs whose target is the source, unchanged.
         drop_wrong_language: Drop training pairs with a side that language identification (py3langid) finds in
             another language than SRC_LANG / TGT_LANG; off by itself for a language it does not know.
+        train_repeat: Times each --train corpus goes into the training split after cleaning (upsampling), one
+            count per corpus in --train order: --train '[real, synthetic]' --train_repeat '[2, 1]'. Default: once.
+        train_tag: A token put before every source sentence of each --train corpus ("" for none) and kept as one
+            SentencePiece piece, e.g. back-translations marked as such: --train_tag '["", "<BT>"]'.
+        user_defined_symbols: More tokens SentencePiece keeps as one piece wherever they occur.
         report: Also write a Markdown report of the pairs dropped per training corpus and reason, with examples.
         workers: Threads for SentencePiece training and encoding, processes for language identification
             (default: every core).
@@ -105,6 +113,9 @@ def prepare(
             drop_duplicates=drop_duplicates,
             drop_copies=drop_copies,
             drop_wrong_language=drop_wrong_language,
+            train_repeat=tuple(train_repeat or ()),
+            train_tag=tuple(train_tag or ()),
+            user_defined_symbols=tuple(user_defined_symbols or ()),
         ),
         train=train,
         output=output,

@@ -44,10 +44,10 @@ def check_output_options(
         raise ValueError(
             "--target scores given translations and --prefix constrains a search: give one of them"
         )
-    if target is not None and search is not None and (search.nbest != 1 or search.sampling):
+    if target is not None and search is not None and (search.nbest != 1 or search.sampling or search.mbr):
         raise ValueError(
-            "--target scores the given translations, one each: --search.nbest and --search.sampling do not "
-            "apply (leave them out)"
+            "--target scores the given translations, one each: --search.nbest, --search.sampling and "
+            "--search.mbr do not apply (leave them out)"
         )
     if format == "text" and search is not None and search.nbest > 1:
         raise ValueError(
@@ -224,7 +224,7 @@ class TranslationJob:
         if "prefix" in chunk:
             prefixes = self.truncated["prefix"].cut(translator.encode(chunk["prefix"]), first)
         search = translator.search
-        if search.sampling and search.seed is not None:
+        if search.samples and search.seed is not None:
             translator = translator.with_search(seed=chunk_seed(search.seed, first))
         results = translator.generate_ids(sources, prefixes)
         for line, hyps in zip(lines, results, strict=True):

@@ -83,11 +83,28 @@ class Settings:
     drop_duplicates: bool = True
     drop_copies: bool = True
     drop_wrong_language: bool = True
+    user_defined_symbols: tuple[str, ...] = ()
+    """Pieces SentencePiece keeps whole wherever they occur (besides every `train_tag`)."""
+    train_repeat: tuple[int, ...] = ()
+    """Per training corpus, how many times its kept pairs go into the training split (upsampling); () is once each."""
+    train_tag: tuple[str, ...] = ()
+    """Per training corpus, a token put before each source sentence ("" for none), kept whole; () is none."""
 
     def spm_part(self) -> dict[str, Any]:
         """The settings that shape SentencePiece's training text and model."""
-        keys = ("vocab_size", "sample_size", "character_coverage", "seed")
+        keys = (
+            "vocab_size",
+            "sample_size",
+            "character_coverage",
+            "seed",
+            "user_defined_symbols",
+            "train_tag",
+        )
         return {k: getattr(self, k) for k in keys + CLEANING}
+
+    def symbols(self) -> list[str]:
+        """SentencePiece's `user_defined_symbols`: the given ones, then the tags."""
+        return list(dict.fromkeys([*self.user_defined_symbols, *filter(None, self.train_tag)]))
 
 
 CLEANING = ("drop_duplicates", "drop_copies", "drop_wrong_language")
@@ -219,7 +236,10 @@ def _read_and_filter(
     seen = SeenPairs()
     for corpus, (src, tgt) in enumerate(zip(srcs, tgts, strict=True)):
         stats, first = corpora[corpus], 1
+        tag = settings.train_tag[corpus] if settings.train_tag else ""
         for s, t in read_aligned(src, tgt):
+            if tag:  # e.g. back-translations marked as such (Caswell et al. 2019)
+                s = [f"{tag} {x}" if x else x for x in s]
             lines = np.arange(first, first + len(s), dtype=np.int64)
             first += len(s)
             stats.read += len(s)
@@ -352,6 +372,7 @@ def train_sentencepiece(texts: list[Path], out: Path, settings: Settings, worker
             bos_piece="<s>",
             eos_piece="</s>",
             minloglevel=2,
+            **({"user_defined_symbols": settings.symbols()} if settings.symbols() else {}),
         )
     except RuntimeError as e:
         message = str(e)
@@ -460,7 +481,10 @@ def encode_split(
                     code = np.asarray(codes[position : position + len(s)])
                     position += len(s)
                     keep = _keep(src_lens, tgt_lens, settings, corpora, code, s, t)
-                    if not keep.all():
+                    if settings.train_repeat:
+                        times = keep * np.asarray(settings.train_repeat)[code >> 32]
+                        ids = {side: _repeat_rows(x, lens, times) for side, (x, lens) in ids.items()}
+                    elif not keep.all():
                         ids = {
                             side: (x[np.repeat(keep, lens)], lens[keep]) for side, (x, lens) in ids.items()
                         }
@@ -486,6 +510,16 @@ def encode_split(
             f"--max_ratio {settings.max_ratio} ({dict(dropped)})"
         )
     return n, totals[0], totals[1], {langs[side]: m for side, m in max_id.items()}
+
+
+def _repeat_rows(flat: np.ndarray, lens: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of a flat id array (row `i`: `lens[i]` ids) each written `times[i]` times in a row (0: dropped)."""
+    rows = np.repeat(np.arange(len(lens)), times)
+    starts = (np.cumsum(lens) - lens)[rows]
+    new_lens = lens[rows]
+    first = np.cumsum(new_lens) - new_lens  # where each written row starts in the output
+    index = np.repeat(starts - first, new_lens) + np.arange(int(new_lens.sum()))
+    return flat[index], new_lens
 
 
 def _keep(
@@ -598,6 +632,11 @@ def prepare(
                     stats[name].dropped = {k: v for k, v in dropped.items() if v}
                     names = [corpus_name(p, settings.src_lang) for p in inputs.splits[TRAIN][0]]
                     stats[name].corpora = {n: c.as_dict() for n, c in zip(names, corpora, strict=True)}
+                    for i, c in enumerate(stats[name].corpora.values()):
+                        if settings.train_repeat:
+                            c["repeat"] = settings.train_repeat[i]
+                        if settings.train_tag and settings.train_tag[i]:
+                            c["tag"] = settings.train_tag[i]
             seconds["encode"] = time.perf_counter() - start - sum(seconds.values())
 
             meta = {
@@ -765,8 +804,10 @@ def report(meta: dict[str, Any]) -> str:
         corpora = s.get("corpora") or {}
         if len(corpora) > 1:
             for corpus, c in corpora.items():
+                used = f" (used {c['repeat']} times)" if c.get("repeat", 1) != 1 else ""
+                used += f", sources tagged {c['tag']}" if c.get("tag") else ""
                 lines.append(
-                    f"    {corpus}: {c['pairs']:,} pairs; " + _dropped(c["dropped"], c["read"], reasons)
+                    f"    {corpus}: {c['pairs']:,} pairs{used}; " + _dropped(c["dropped"], c["read"], reasons)
                 )
         if s.get("language_id") not in (None, "", "on"):
             lines.append(f"    language identification {s['language_id']}")
@@ -924,6 +965,25 @@ def _stopped(stop: Interrupted, output: str | Path, replaced: bool, report_file:
     return 128 + stop.signum
 
 
+def check_per_corpus(settings: Settings, corpora: int) -> None:
+    """One `--train_repeat` count (>= 1) and one `--train_tag` (one piece, or "") per `--train` corpus."""
+    for option, values in (("--train_repeat", settings.train_repeat), ("--train_tag", settings.train_tag)):
+        if values and len(values) != corpora:
+            raise DataError(
+                f"{option} has {len(values)} values for {corpora} --train corpora: give one per corpus, in order"
+            )
+    if any(n < 1 for n in settings.train_repeat):
+        raise DataError(f"--train_repeat counts must be at least 1, got {list(settings.train_repeat)}")
+    for symbol in [*settings.train_tag, *settings.user_defined_symbols]:
+        if symbol != symbol.strip() or len(symbol.split()) > 1 or symbol in ("<pad>", "<unk>", "<s>", "</s>"):
+            raise DataError(
+                f"{symbol!r} cannot be a tag or a user-defined symbol: use one word without spaces that is not "
+                "<pad>, <unk>, <s> or </s> (e.g. <BT>)"
+            )
+    if "" in settings.user_defined_symbols:
+        raise DataError("--user_defined_symbols has an empty symbol")
+
+
 def prepare_command(
     settings: Settings,
     train: Sequence[str],
@@ -951,6 +1011,7 @@ def prepare_command(
         test = [test]
     if len(set(train)) != len(train):
         raise DataError("a training corpus is given twice in --train")
+    check_per_corpus(settings, len(train))
     prefixes: dict[str, list[str]] = {TRAIN: list(train)}
     for value, default in [(valid, "valid")] * bool(valid) + [(t, "test") for t in test]:
         name, prefix = _named(value, default)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 LengthPenalty = Literal["gnmt", "fairseq"]
+MBRUtility = Literal["chrf", "bleu"]
+MBRCandidates = Literal["sample", "epsilon", "nbest"]
 
 DEFAULT_MAX_TOKENS = 4096
 """Source tokens per decoding batch, padding included: every engine's, `attnx translate`'s and `attnx serve`'s default."""
@@ -20,7 +22,7 @@ class SearchConfig:
     """How to decode (§6.1 defaults: beam 4, α = 0.6, maximum length input + 50).
 
     Beam search by default; `sampling=True` draws `nbest` samples per input instead (the `beam` is then
-    not used). Both report, per hypothesis, `score` (what the search ranks by: `log_prob / lp(|Y|)`) and
+    not used); `mbr=N` draws `N` candidates and ranks them by expected utility (MBR decoding). All report, per hypothesis, `score` (what the search ranks by: `log_prob / lp(|Y|)`) and
     `log_prob` (the total log-probability in nats, `</s>` included); docs/decoding.md.
     """
 
@@ -50,9 +52,20 @@ class SearchConfig:
     temperature: float = 1.0
     """Sampling only: divide the log-probabilities by this (> 0) before drawing; below 1 sharpens, above 1
     flattens. Reported scores stay the model's own."""
+    epsilon: float = 0.0
+    """Sampling only: never draw a token whose probability (after `temperature`) is below `epsilon` (epsilon
+    sampling, Hewitt et al. 2022; the most probable token always stays), in [0, 1); 0: off."""
     seed: int | None = None
     """Sampling only: seed of the random draws; the same seed gives the same samples on CPU. None: a fresh
     draw each run."""
+    mbr: int = 0
+    """MBR decoding: draw this many candidates (see `mbr_candidates`) and return them ranked by expected
+    utility against each other, best first (each with its `expected_utility`); 0: off."""
+    mbr_utility: MBRUtility = "chrf"
+    """MBR only: the utility, sacreBLEU's sentence `chrf` or sentence `bleu`."""
+    mbr_candidates: MBRCandidates = "sample"
+    """MBR only: `sample` (ancestral sampling with `temperature`, `top_k`, `top_p`), `epsilon` (sampling with
+    `epsilon` > 0, e.g. 0.02) or `nbest` (the n-best list of a beam of at least `mbr`)."""
     no_repeat_ngram: int = 0
     """Never produce an n-gram of this many target pieces twice in one hypothesis (0: off)."""
     min_length: int = 0
@@ -80,17 +93,20 @@ class SearchConfig:
             (self.temperature > 0, f"search.temperature must be > 0, got {self.temperature}"),
             (self.no_repeat_ngram >= 0, f"search.no_repeat_ngram must be >= 0, got {self.no_repeat_ngram}"),
             (self.min_length >= 0, f"search.min_length must be >= 0, got {self.min_length}"),
+            (0 <= self.epsilon < 1, f"search.epsilon must be in [0, 1), got {self.epsilon}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        if not self.sampling:
+        self._check_mbr()
+        if not self.samples:
             changed = [
                 f"{name}={value}"
                 for name, value, default in [
                     ("top_k", self.top_k, 0),
                     ("top_p", self.top_p, 1.0),
                     ("temperature", self.temperature, 1.0),
+                    ("epsilon", self.epsilon, 0.0),
                     ("seed", self.seed, None),
                 ]
                 if value != default
@@ -100,6 +116,57 @@ class SearchConfig:
                     f"search.{', search.'.join(changed)} only shape sampling: add --search.sampling true "
                     "(or leave them out for beam search)"
                 )
+
+    def _check_mbr(self) -> None:
+        if not self.mbr:
+            changed = [
+                f"{name}={value}"
+                for name, value, default in [
+                    ("mbr_utility", self.mbr_utility, "chrf"),
+                    ("mbr_candidates", self.mbr_candidates, "sample"),
+                ]
+                if value != default
+            ]
+            if changed:
+                raise ValueError(f"search.{', search.'.join(changed)} only apply to MBR: add --search.mbr N")
+            return
+        checks = [
+            (self.mbr >= 2, f"search.mbr must be 0 (off) or at least 2 candidates, got {self.mbr}"),
+            (
+                self.mbr_utility in ("chrf", "bleu"),
+                f"search.mbr_utility must be 'chrf' or 'bleu', got {self.mbr_utility!r}",
+            ),
+            (
+                self.mbr_candidates in ("sample", "epsilon", "nbest"),
+                f"search.mbr_candidates must be 'sample', 'epsilon' or 'nbest', got {self.mbr_candidates!r}",
+            ),
+            (
+                self.nbest == 1,
+                f"search.nbest ({self.nbest}) does not apply to MBR, which returns its distinct candidates "
+                "ranked by expected utility: leave search.nbest out",
+            ),
+            (
+                self.mbr_candidates != "epsilon" or self.epsilon > 0,
+                "search.mbr_candidates epsilon needs --search.epsilon > 0 (e.g. 0.02, Freitag et al. 2023)",
+            ),
+            (
+                self.mbr_candidates != "nbest" or not self.sampling,
+                "search.mbr_candidates nbest takes the n-best list of a beam: leave out search.sampling",
+            ),
+            (
+                self.mbr_candidates != "nbest" or self.beam >= self.mbr,
+                f"search.mbr_candidates nbest takes the {self.mbr}-best list of a beam of {self.beam}: raise "
+                f"--search.beam to at least {self.mbr}",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def samples(self) -> bool:
+        """Whether the search samples: `sampling`, or MBR candidates drawn by sampling."""
+        return self.sampling or (self.mbr > 0 and self.mbr_candidates != "nbest")
 
     @property
     def width(self) -> int:

@@ -51,6 +51,7 @@ from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.hypothesis import Hypothesis
+from attnx.inference.mbr import candidate_search, rerank
 from attnx.inference.search import length_penalty, max_output_length
 from attnx.inference.translator import Translator, blank, fitted_search
 from attnx.model import TransformerConfig
@@ -100,7 +101,12 @@ def check_search(search: SearchConfig) -> None:
             "alignments come from the encoder-decoder attention of attnx's own engine: decode the checkpoint "
             "(*.ckpt) the export was made from"
         )
-    if not search.sampling and search.beam > 1 and search.length_penalty == "gnmt" and search.alpha != 0:
+    if search.epsilon > 0:
+        raise ValueError(
+            "CTranslate2 has no epsilon sampling: decode the checkpoint (*.ckpt) the export was made from, or "
+            "sample with top_k/top_p"
+        )
+    if not search.samples and search.beam > 1 and search.length_penalty == "gnmt" and search.alpha != 0:
         raise ValueError(
             "CTranslate2 has only the |Y|^alpha length penalty (length_penalty='fairseq'), not GNMT's "
             "((5+|Y|)/6)^alpha; decode with length_penalty='fairseq' (or alpha=0, or beam=1), or with the "
@@ -299,6 +305,9 @@ class CTranslate2Translator(Translator):
         """
         if prefixes is not None and len(prefixes) != len(ids):
             raise ValueError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
+        if self.search.mbr:  # draw the candidates, then rank them by expected utility
+            draw = self.with_search(**dataclasses.asdict(candidate_search(self.search)))
+            return rerank(draw.generate_ids(ids, prefixes, progress, scores=scores), self.search, self.decode)
         out: list[list[Hypothesis]] = [blank() for _ in ids]
         groups: dict[int, list[int]] = defaultdict(list)  # one max_decoding_length per CTranslate2 call
         for i, x in enumerate(ids):

@@ -26,6 +26,7 @@ from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.decoder import Decoder, EnsembleDecoder, ModelDecoder
 from attnx.inference.hypothesis import Hypothesis
+from attnx.inference.mbr import candidate_search, rerank
 from attnx.inference.scoring import force_decode
 from attnx.inference.search import generate
 from attnx.inference.translator import Translator, blank, fitted_search
@@ -147,8 +148,11 @@ class EagerTranslator(Translator):
         prefixes: Sequence[Sequence[int]] | None = None,
         generator: torch.Generator | None = None,
     ) -> list[list[Hypothesis]]:
-        """Hypotheses of a padded batch already on the model's device (aligned when `search.alignment`)."""
-        results = generate(self.decoder, src, src_mask, self.search, prefixes=prefixes, generator=generator)
+        """Hypotheses of a padded batch already on the model's device (aligned when `search.alignment`; with
+        `search.mbr`, the candidates ranked by expected utility, `text` filled)."""
+        draw = candidate_search(self.search)
+        results = generate(self.decoder, src, src_mask, draw, prefixes=prefixes, generator=generator)
+        results = rerank(results, self.search, self.decode)
         if self.search.alignment:
             self._align(src, src_mask, results)
         return results
@@ -168,11 +172,11 @@ class EagerTranslator(Translator):
 
     def translate_tensors(self, src: Tensor, src_mask: Tensor) -> list[list[int]]:
         """Best output ids (no BOS/EOS) of a padded batch already on the model's device."""
-        return [hyps[0].tokens for hyps in generate(self.decoder, src, src_mask, self.search)]
+        return [hyps[0].tokens for hyps in self.generate_tensors(src, src_mask)]
 
     def _generator(self) -> torch.Generator | None:
         """One random stream for a whole call, so a seed fixes every sample of it."""
-        if not self.search.sampling or self.search.seed is None:
+        if not self.search.samples or self.search.seed is None:
             return None
         return torch.Generator(device=self.device).manual_seed(self.search.seed)
 

@@ -9,10 +9,11 @@ Each input gives a list of hypotheses, best first (empty for a blank input line)
   best first. `score` is what the search ranked by (`log_prob / lp(|Y|)`), `log_prob` the total
   log-probability in nats (`</s>` included), `tokens` the number of target SentencePiece pieces (`</s>` not
   counted). With token scores, `pieces` (the target pieces and `</s>`) and `token_log_probs` (one per
-  piece); with alignments, `alignment` as `[source piece, target piece]` pairs.
+  piece); with alignments, `alignment` as `[source piece, target piece]` pairs; with MBR decoding
+  (`--search.mbr N`), `expected_utility` (0-100), the hypotheses being the distinct candidates ranked by it.
 - `moses`: the n-best form of Moses and Marian, one line per hypothesis,
-  `id ||| text [||| 0-0 1-2 ...] [||| WordScores= ...] ||| F0= log_prob ||| score`, where `id` is the
-  0-based input line.
+  `id ||| text [||| 0-0 1-2 ...] [||| WordScores= ...] ||| F0= log_prob [MBR= expected utility] ||| score`,
+  where `id` is the 0-based input line.
 
 A blank input line gives one empty hypothesis (text `""`, scores 0, no tokens), so every format keeps one
 entry per input line.
@@ -55,6 +56,8 @@ def hypothesis_fields(
         fields["token_log_probs"] = list(hypothesis.token_log_probs)
     if hypothesis.alignment is not None:
         fields["alignment"] = [list(pair) for pair in hypothesis.alignment]
+    if hypothesis.expected_utility is not None:
+        fields["expected_utility"] = hypothesis.expected_utility
     return fields
 
 
@@ -87,7 +90,10 @@ def moses_lines(index: int, hypotheses: Sequence[Hypothesis], *, token_scores: b
             fields.append(alignment_text(h.alignment))
         if token_scores and h.token_log_probs is not None:
             fields.append("WordScores= " + " ".join(repr(x) for x in h.token_log_probs))
-        fields += [f"F0= {h.log_prob!r}", repr(h.score)]
+        features = f"F0= {h.log_prob!r}"
+        if h.expected_utility is not None:
+            features += f" MBR= {h.expected_utility!r}"
+        fields += [features, repr(h.score)]
         lines.append(" ||| ".join(fields))
     return lines
 

@@ -32,3 +32,6 @@ class Hypothesis:
     `</s>` of either side left out."""
     text: str = ""
     """`tokens` detokenized, on one line."""
+    expected_utility: float | None = None
+    """MBR decoding only: the mean utility (chrF or sentence BLEU, 0-100) of `text` against the search's `N`
+    candidates ([`attnx.inference.mbr`][attnx.inference.mbr])."""

@@ -20,7 +20,8 @@ length during inference to input length + 50, but terminate early when possible"
   exactly greedy search, and a beam wider than the number of possible prefixes is exhaustive search.
 * **Sampling.** The same loop with another selection: each sentence owns `nbest` slots, one per sample,
   and each live row draws its next token from the model's distribution, shaped by `temperature`, then cut
-  to the `top_k` most probable tokens and to the nucleus of probability `top_p`. Reported log-probabilities
+  to the `top_k` most probable tokens, to the tokens of probability at least `epsilon` (the most probable
+  always stays) and to the nucleus of probability `top_p`. Reported log-probabilities
   are the model's own (unshaped), so forced scoring gives them back.
 * **Early termination.** A live hypothesis with `t` tokens and log-probability `s <= 0` can only end as
   a hypothesis of total length `m` in `[t + 1, L + 1]` with log-probability `s' <= s` (log-probs of
@@ -193,7 +194,7 @@ class BeamSelection:
 
 class SampleSelection:
     """Ancestral sampling: each row draws one next token from the model's distribution, shaped by
-    `temperature`, `top_k` and `top_p`."""
+    `temperature`, `top_k`, `epsilon` and `top_p`."""
 
     stops_early = False
 
@@ -202,6 +203,7 @@ class SampleSelection:
         self.temperature = config.temperature
         self.top_k = config.top_k
         self.top_p = config.top_p
+        self.epsilon = config.epsilon
         self.generator = generator
 
     def shaped(self, log_probs: Tensor) -> Tensor:
@@ -211,6 +213,10 @@ class SampleSelection:
             kth = logits.topk(self.top_k, dim=1).values[:, -1:]  # (N, 1)
             logits = logits.masked_fill(logits < kth, -math.inf)
         probs = logits.softmax(dim=1)
+        if self.epsilon > 0:  # epsilon sampling: drop the improbable tokens, never the most probable one
+            low = (probs < self.epsilon) & (probs < probs.amax(dim=1, keepdim=True))
+            probs = probs.masked_fill(low, 0.0)
+            probs = probs / probs.sum(dim=1, keepdim=True)
         if self.top_p < 1.0:
             sorted_probs, order = probs.sort(dim=1, descending=True)
             before = sorted_probs.cumsum(dim=1) - sorted_probs  # mass of the more probable tokens

@@ -45,7 +45,7 @@ class TranslationEvaluator(Callback):
         """
         Args:
             search: How `test` and `predict` decode (§6.1: beam 4, α 0.6, max length input + 50), and,
-                with `valid_beam`, validation: every option of `attnx translate --search.*` (sampling,
+                with `valid_beam`, validation: every option of `attnx translate --search.*` (sampling, MBR,
                 `no_repeat_ngram`, `min_length`, ...) except `nbest` and `alignment`, one translation per sentence.
             bleu_samples: Validation sentences translated and scored each validation (those with corpus
                 position below this number); 0 turns validation BLEU off.
@@ -86,7 +86,17 @@ class TranslationEvaluator(Callback):
         if trainer.validating or trainer.sanity_checking:
             # validation BLEU compares checkpoints: always a (deterministic) beam of `valid_beam`
             search = dataclasses.replace(
-                search, beam=self.valid_beam, sampling=False, top_k=0, top_p=1.0, temperature=1.0, seed=None
+                search,
+                beam=self.valid_beam,
+                sampling=False,
+                top_k=0,
+                top_p=1.0,
+                temperature=1.0,
+                epsilon=0.0,
+                seed=None,
+                mbr=0,
+                mbr_utility="chrf",
+                mbr_candidates="sample",
             )
         on_device = rows.to(batch.src.device)
         src, src_mask = batch.src[on_device], batch.src_mask[on_device]

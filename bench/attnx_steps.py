@@ -1,0 +1,113 @@
+"""Steps shared by the research benchmarks (bench_backtranslation.py, bench_mbr_decode.py): each one a real
+`attnx` command in a subprocess, run in a work directory, its output kept in `<work>/logs/`.
+
+A step whose result is already there (a prepared corpus's meta.json, a run's averaged checkpoint, a complete
+translation, a score) is not run again, so an interrupted benchmark continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+MODEL_CONFIG = "multi30k_cpu"
+"""The README's model: 3+3 layers, d_model 256, trained for `--minutes` on CPU."""
+
+
+class Steps:
+    def __init__(self, work: Path, data: Path, threads: int | None = None, vocab_size: int = 8000) -> None:
+        self.work = work
+        self.vocab_size = vocab_size
+        self.data = data
+        self.logs = work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ)
+        if threads:
+            self.env["OMP_NUM_THREADS"] = str(threads)
+
+    def attnx(self, name: str, *argv: str) -> float:
+        """Run `attnx ARGV` in the work directory; its output goes to logs/NAME.log. Returns the seconds it took."""
+        command = [sys.executable, "-m", "attnx", *argv]
+        print(f"$ attnx {shlex.join(argv)}", flush=True)
+        start = time.perf_counter()
+        with open(self.logs / f"{name}.log", "w", encoding="utf-8") as log:
+            done = subprocess.run(command, cwd=self.work, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        seconds = time.perf_counter() - start
+        if done.returncode:
+            raise SystemExit(f"attnx {argv[0]} failed ({done.returncode}): see {self.logs / name}.log")
+        return seconds
+
+    def prepare(
+        self,
+        name: str,
+        src: str,
+        tgt: str,
+        train: list[str],
+        *extra: str,
+        tests: tuple[str, ...] = (),
+    ) -> Path:
+        """Prepare (once) data/NAME: `train` corpora, Multi30k's val and test_2016_flickr (as `test`), `tests` more."""
+        out = self.work / "data" / name
+        if not (out / "meta.json").is_file():
+            test = ", ".join([str(self.data / "test_2016_flickr"), *tests])
+            self.attnx(
+                f"prepare_{name}", "prepare", "--src_lang", src, "--tgt_lang", tgt, "--train", f"[{', '.join(train)}]",
+                "--valid", str(self.data / "val"), "--test", f"[{test}]", "--vocab_size", str(self.vocab_size),
+                "--output", str(out), *extra,
+            )  # fmt: skip
+        return out
+
+    def arm_config(self, arm: str, data_dir: Path, minutes: float, **data: str) -> Path:
+        """An override config: the run's data, its name (runs/ARM) and its time budget."""
+        loggers = [
+            {
+                "class_path": f"lightning.pytorch.loggers.{kind}",
+                "init_args": {"save_dir": "runs", "name": arm},
+            }
+            for kind in ("CSVLogger", "TensorBoardLogger")
+        ]
+        hours, rest = divmod(int(round(minutes * 60)), 3600)
+        config = {
+            "trainer": {"max_time": f"00:{hours:02d}:{rest // 60:02d}:{rest % 60:02d}", "logger": loggers},
+            "data": {"data_dir": str(data_dir), **data},
+        }
+        path = self.work / "configs" / f"{arm}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        return path
+
+    def fit(self, arm: str, config: Path, *extra: str) -> Path:
+        """Train (once) and return the run's averaged checkpoint."""
+        ckpt = self.work / "runs" / arm / "version_0" / "checkpoints" / "averaged.ckpt"
+        if not ckpt.is_file():
+            self.attnx(f"fit_{arm}", "fit", "--config", MODEL_CONFIG, "--config", str(config), *extra)
+        return ckpt
+
+    def translate(self, name: str, model: Path, source: Path, *search: str) -> tuple[Path, float]:
+        """Translate `source` into outputs/NAME (once); returns the file and the seconds the command took."""
+        out = self.work / "outputs" / name
+        timing = out.with_suffix(".seconds")
+        if not timing.is_file():
+            out.parent.mkdir(exist_ok=True)
+            seconds = self.attnx(f"translate_{name}", "translate", "--model", str(model), "--input", str(source),
+                                 "--output", str(out), "--force", "true", *search)  # fmt: skip
+            timing.write_text(f"{seconds}\n")
+        return out, float(timing.read_text())
+
+    def score(self, name: str, hypotheses: Path, references: Path) -> dict[str, float]:
+        """`attnx score --format json` of a translation file."""
+        out = self.work / "scores" / f"{name}.json"
+        if not out.is_file():
+            out.parent.mkdir(exist_ok=True)
+            self.attnx(f"score_{name}", "score", "--hypotheses", str(hypotheses), "--references", str(references),
+                       "--format", "json")  # fmt: skip
+            text = (self.logs / f"score_{name}.log").read_text(encoding="utf-8")
+            out.write_text(text.strip().splitlines()[-1] + "\n")
+        return json.loads(out.read_text())

@@ -1,0 +1,140 @@
+"""Back-translation on Multi30k halves (docs/backtranslation.md's recipe, measured): the table of
+docs/benchmarks.md.
+
+    python bench/bench_backtranslation.py --work bt_runs [--data DIR] [--minutes 30] [--finetune_minutes 5]
+        [--real_repeat 1] [--threads 2] [--output table.md]
+
+Multi30k's training set (29,000 pairs) is split in two halves by line: the first half is the parallel text,
+the German side of the second half the monolingual text. Every arm trains the README's model
+(`configs/multi30k_cpu.yaml`: 3+3 layers, d_model 256) for the same `--minutes` and is scored on
+test_2016_flickr (beam 4, α 0.6) with `attnx score` (sacreBLEU BLEU and chrF2):
+
+- full: the whole parallel training set (the upper bound);
+- (a) the parallel half alone;
+- (b) + the monolingual half back-translated by beam search (beam 4) with a reverse model trained on the
+  parallel half for `--minutes`;
+- (c) + back-translated by sampling (`--search.sampling true --search.seed 1`);
+- (d) + the sampled back-translations tagged `<BT>`;
+- (e) (d)'s model fine-tuned on the parallel half alone for `--finetune_minutes` (`--init_from`).
+
+The real pairs are used `--real_repeat` times in (b)-(d) (the halves are the same size: 1 by default).
+Every step is an `attnx` command (logged in WORK/logs); a step already done is not repeated, so running the
+same command again continues an interrupted benchmark. It takes about 6 × `--minutes` + `--finetune_minutes`
+of training plus two translations of 14,500 sentences (some 3.5 hours with the defaults on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import platform
+from pathlib import Path
+
+from attnx_steps import Steps
+
+
+def data_dir(given: str | None) -> Path:
+    default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return Path(given or os.environ.get("ATTNX_DATA_DIR", default)) / "multi30k"
+
+
+def halves(data: Path, raw: Path) -> None:
+    """raw/par.{en,de} (first half), raw/mono.de (German of the second half), raw/full.{en,de}."""
+    if (raw / "mono.de").is_file():
+        return
+    raw.mkdir(parents=True, exist_ok=True)
+    sides = {}
+    for lang in ("en", "de"):
+        with gzip.open(data / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            sides[lang] = f.read().splitlines()
+    n = len(sides["en"]) // 2
+    for lang, lines in sides.items():
+        (raw / f"full.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (raw / f"par.{lang}").write_text("\n".join(lines[:n]) + "\n", encoding="utf-8")
+    (raw / "mono.de").write_text("\n".join(sides["de"][n:]) + "\n", encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--work", type=Path, required=True, help="work directory (created; reused to continue)"
+    )
+    parser.add_argument("--data", help="corpora directory (default $ATTNX_DATA_DIR or ../shared/data)")
+    parser.add_argument("--minutes", type=float, default=30, help="training budget of every arm")
+    parser.add_argument("--finetune_minutes", type=float, default=5)
+    parser.add_argument("--real_repeat", type=int, default=1, help="times the real pairs are used in (b)-(d)")
+    parser.add_argument(
+        "--vocab_size", type=int, default=8000, help="joint BPE pieces of every prepared corpus"
+    )
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every command")
+    parser.add_argument("--output", type=Path, help="also write the table here")
+    args = parser.parse_args()
+    data = data_dir(args.data)
+    work = args.work.resolve()
+    raw = work / "raw"
+    halves(data, raw)
+    steps = Steps(work, data, args.threads, args.vocab_size)
+    minutes = args.minutes
+
+    def train_and_score(arm: str, corpus: Path, extra_fit: tuple[str, ...] = (), arm_minutes: float = minutes,
+                        **data_options: str) -> dict[str, float]:  # fmt: skip
+        config = steps.arm_config(arm, corpus, arm_minutes, **data_options)
+        ckpt = steps.fit(arm, config, *extra_fit)
+        hyp, _ = steps.translate(f"test_{arm}", ckpt, corpus / "test.en")
+        return steps.score(arm, hyp, corpus / "test.de")
+
+    rows: list[tuple[str, dict[str, float]]] = []
+    full = steps.prepare("full", "en", "de", [str(raw / "full")])
+    rows.append(("full parallel set (upper bound)", train_and_score("full", full)))
+    half = steps.prepare("half", "en", "de", [str(raw / "par")])
+    rows.append(("(a) parallel half alone", train_and_score("half", half)))
+
+    reverse_data = steps.prepare("reverse", "de", "en", [str(raw / "par")])
+    reverse = steps.fit("reverse", steps.arm_config("reverse", reverse_data, minutes))
+    mono = {
+        "beam": ("--search.beam", "4"),
+        "sample": ("--search.sampling", "true", "--search.seed", "1"),
+    }
+    for kind, search in mono.items():
+        out, _ = steps.translate(f"mono_{kind}", reverse, raw / "mono.de", *search)
+        prefix = raw / f"bt_{kind}"
+        if not Path(f"{prefix}.en").is_file():
+            Path(f"{prefix}.en").write_bytes(out.read_bytes())
+            Path(f"{prefix}.de").write_bytes((raw / "mono.de").read_bytes())
+
+    repeat = ("--train_repeat", f"[{args.real_repeat}, 1]")
+    beam = steps.prepare("bt_beam", "en", "de", [str(raw / "par"), str(raw / "bt_beam")], *repeat)
+    rows.append(("(b) + back-translation, beam 4", train_and_score("bt_beam", beam)))
+    sample = steps.prepare("bt_sample", "en", "de", [str(raw / "par"), str(raw / "bt_sample")], *repeat)
+    rows.append(("(c) + back-translation, sampling", train_and_score("bt_sample", sample)))
+    tagged = steps.prepare(
+        "bt_tagged", "en", "de", [str(raw / "par"), str(raw / "bt_sample")], *repeat,
+        "--train_tag", '["", "<BT>"]', tests=(f"real={raw / 'par'}",),
+    )  # fmt: skip
+    rows.append(("(d) + back-translation, sampling, tagged <BT>", train_and_score("bt_tagged", tagged)))
+    init = (  # as configs/backtranslation/finetune.yaml: a fresh, shorter schedule with a lower peak
+        "--init_from", str(work / "runs" / "bt_tagged" / "version_0" / "checkpoints" / "averaged.ckpt"),
+        "--model.lr_factor", "0.4", "--model.warmup_steps", "100",
+    )  # fmt: skip
+    finetuned = train_and_score(
+        "bt_finetune", tagged, init, arm_minutes=args.finetune_minutes, train_split="real"
+    )
+    rows.append((f"(e) (d) fine-tuned on the parallel half, {args.finetune_minutes:g} min", finetuned))
+
+    table = [
+        f"Multi30k en→de, training set in halves; every arm `configs/multi30k_cpu.yaml` for {minutes:g} minutes "
+        f"({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs), test_2016_flickr, beam 4:",
+        "",
+        "| arm | sacreBLEU | chrF2 |",
+        "|---|---|---|",
+        *[f"| {name} | {score['bleu']:.2f} | {score['chrf']:.2f} |" for name, score in rows],
+    ]
+    text = "\n".join(table) + "\n"
+    print(text)
+    if args.output:
+        args.output.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""MBR decoding against beam search on Multi30k test_2016_flickr with the README's model: the table of
+docs/benchmarks.md (sacreBLEU BLEU, chrF2 and sentences/s of each decoding).
+
+    python bench/bench_mbr_decode.py --work mbr_runs [--ckpt_path CKPT] [--minutes 30] [--n 8 16 32]
+        [--utility chrf] [--candidates sample] [--threads 2] [--output table.md]
+
+Without ``--ckpt_path`` the model is trained first: ``attnx prepare`` of Multi30k (8k BPE) and ``attnx fit
+--config multi30k_cpu`` for ``--minutes``, its averaged checkpoint decoded. Then, with the same checkpoint,
+``attnx translate`` of test_2016_flickr's 1,000 sentences with beam 4 (α 0.6) and with MBR over ``N``
+candidates for each ``--n`` (``--search.mbr N --search.mbr_utility UTILITY --search.mbr_candidates
+CANDIDATES --search.seed 1``; epsilon candidates use ``--search.epsilon 0.02``), each scored with
+``attnx score``. sentences/s is 1,000 over the whole ``attnx translate`` command's wall time (model loading
+included, the same for every row). Every step is an ``attnx`` command (logged in WORK/logs) and is not
+repeated when its result exists, so the same command continues an interrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from pathlib import Path
+
+from attnx_steps import Steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--work", type=Path, required=True, help="work directory (created; reused to continue)"
+    )
+    parser.add_argument("--data", help="corpora directory (default $ATTNX_DATA_DIR or ../shared/data)")
+    parser.add_argument("--ckpt_path", type=Path, help="the model to decode (default: train one)")
+    parser.add_argument("--minutes", type=float, default=30, help="training budget when no --ckpt_path")
+    parser.add_argument("--n", type=int, nargs="+", default=[8, 16, 32], help="MBR candidates")
+    parser.add_argument("--utility", choices=["chrf", "bleu"], default="chrf")
+    parser.add_argument("--candidates", choices=["sample", "epsilon", "nbest"], default="sample")
+    parser.add_argument(
+        "--vocab_size", type=int, default=8000, help="joint BPE pieces of every prepared corpus"
+    )
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every command")
+    parser.add_argument("--output", type=Path, help="also write the table here")
+    args = parser.parse_args()
+    default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    data = Path(args.data or os.environ.get("ATTNX_DATA_DIR", default)) / "multi30k"
+    work = args.work.resolve()
+    steps = Steps(work, data, args.threads, args.vocab_size)
+    corpus = steps.prepare("multi30k", "en", "de", [str(data / "train")])
+    ckpt = args.ckpt_path or steps.fit("model", steps.arm_config("model", corpus, args.minutes))
+    source, reference = corpus / "test.en", corpus / "test.de"
+    sentences = len(source.read_text(encoding="utf-8").splitlines())
+
+    arms: list[tuple[str, tuple[str, ...]]] = [("beam 4", ("--search.beam", "4"))]
+    for n in args.n:
+        search = ("--search.mbr", str(n), "--search.mbr_utility", args.utility, "--search.seed", "1")
+        search += ("--search.mbr_candidates", args.candidates)
+        if args.candidates == "epsilon":
+            search += ("--search.epsilon", "0.02")
+        if args.candidates == "nbest":
+            search += ("--search.beam", str(n))
+        arms.append((f"MBR {args.utility}, {n} {args.candidates} candidates", search))
+    rows = []
+    for i, (name, search) in enumerate(arms):
+        hyp, seconds = steps.translate(f"arm{i}", ckpt, source, *search)
+        score = steps.score(f"arm{i}", hyp, reference)
+        rows.append(f"| {name} | {score['bleu']:.2f} | {score['chrf']:.2f} | {sentences / seconds:.1f} |")
+    table = [
+        f"Multi30k en→de test_2016_flickr, `{ckpt}` ({platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs):",
+        "",
+        "| decoding | sacreBLEU | chrF2 | sentences/s |",
+        "|---|---|---|---|",
+        *rows,
+    ]
+    text = "\n".join(table) + "\n"
+    print(text)
+    if args.output:
+        args.output.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
