@@ -24,16 +24,17 @@ def main(argv: list[str]) -> int:
 
 
 def run(raw: Path, out: Path, *extra: str) -> int:
-    """Prepare ``raw/train`` with a 60-piece vocabulary; language identification is off: the toy corpora's
-    word salad is no language (the cleaning tests below use real lines)."""
+    """Prepare ``raw/train`` (or the `--train` in `extra`: a repeated list option collects its values) with a
+    60-piece vocabulary; language identification is off: the toy corpora's word salad is no language (the
+    cleaning tests below use real lines)."""
+    train = [] if "--train" in extra else ["--train", str(raw / "train")]
     return main(
         [
             "--src_lang",
             "en",
             "--tgt_lang",
             "de",
-            "--train",
-            str(raw / "train"),
+            *train,
             "--output",
             str(out),
             "--vocab_size",
@@ -239,7 +240,7 @@ def test_several_training_corpora_are_concatenated(toy: Path, tmp_path: Path) ->
     extra = sentences(50, 9)
     write_pair(tmp_path / "more" / "train", extra, translate(extra), gz=True)
     argv = ["--train", f"[{toy / 'train'}, {tmp_path / 'more' / 'train'}]", "--valid", f"dev={toy / 'valid'}"]
-    assert run(toy, tmp_path / "out", *argv) == 0  # the later --train replaces run()'s own
+    assert run(toy, tmp_path / "out", *argv) == 0
     corpus = PreparedCorpus(tmp_path / "out")
     assert corpus.splits == ["train", "dev"] and len(corpus.dataset("train")) == 350
     assert corpus.meta["splits"]["train"]["inputs"]["src"][1].endswith("more/train.en.gz")
