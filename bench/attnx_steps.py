@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import yaml
+from machine import cpu_model
 
 MODEL_CONFIG = "multi30k_cpu"
 """The README's model: 3+3 layers, d_model 256, trained for `--minutes` on CPU."""
@@ -111,3 +112,19 @@ class Steps:
             text = (self.logs / f"score_{name}.log").read_text(encoding="utf-8")
             out.write_text(text.strip().splitlines()[-1] + "\n")
         return json.loads(out.read_text())
+
+
+def publish(title: str, columns: list[str], rows: list[list[str]], output: Path | None) -> None:
+    """A Markdown table for docs/benchmarks.md, its title ending with the machine: printed, and written to
+    `output` when given."""
+    lines = [
+        f"{title} ({cpu_model()}, {os.cpu_count()} CPUs):",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *["| " + " | ".join(row) + " |" for row in rows],
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if output:
+        output.write_text(text, encoding="utf-8")

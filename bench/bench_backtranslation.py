@@ -28,10 +28,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
-import platform
 from pathlib import Path
 
-from attnx_steps import Steps
+from attnx_steps import Steps, publish
 
 
 def data_dir(given: str | None) -> Path:
@@ -122,18 +121,13 @@ def main() -> None:
     )
     rows.append((f"(e) (d) fine-tuned on the parallel half, {args.finetune_minutes:g} min", finetuned))
 
-    table = [
-        f"Multi30k en→de, training set in halves; every arm `configs/multi30k_cpu.yaml` for {minutes:g} minutes "
-        f"({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs), test_2016_flickr, beam 4:",
-        "",
-        "| arm | sacreBLEU | chrF2 |",
-        "|---|---|---|",
-        *[f"| {name} | {score['bleu']:.2f} | {score['chrf']:.2f} |" for name, score in rows],
-    ]
-    text = "\n".join(table) + "\n"
-    print(text)
-    if args.output:
-        args.output.write_text(text, encoding="utf-8")
+    publish(
+        f"Multi30k en→de, training set in halves; every arm `configs/multi30k_cpu.yaml` for {minutes:g} minutes, "
+        "test_2016_flickr, beam 4",
+        ["arm", "sacreBLEU", "chrF2"],
+        [[name, f"{score['bleu']:.2f}", f"{score['chrf']:.2f}"] for name, score in rows],
+        args.output,
+    )
 
 
 if __name__ == "__main__":

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 from pathlib import Path
 
-from attnx_steps import Steps
+from attnx_steps import Steps, publish
 
 
 def main() -> None:
@@ -63,19 +62,13 @@ def main() -> None:
     for i, (name, search) in enumerate(arms):
         hyp, seconds = steps.translate(f"arm{i}", ckpt, source, *search)
         score = steps.score(f"arm{i}", hyp, reference)
-        rows.append(f"| {name} | {score['bleu']:.2f} | {score['chrf']:.2f} | {sentences / seconds:.1f} |")
-    table = [
-        f"Multi30k en→de test_2016_flickr, `{ckpt}` ({platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs):",
-        "",
-        "| decoding | sacreBLEU | chrF2 | sentences/s |",
-        "|---|---|---|---|",
-        *rows,
-    ]
-    text = "\n".join(table) + "\n"
-    print(text)
-    if args.output:
-        args.output.write_text(text, encoding="utf-8")
+        rows.append([name, f"{score['bleu']:.2f}", f"{score['chrf']:.2f}", f"{sentences / seconds:.1f}"])
+    publish(
+        f"Multi30k en→de test_2016_flickr, `{ckpt}`",
+        ["decoding", "sacreBLEU", "chrF2", "sentences/s"],
+        rows,
+        args.output,
+    )
 
 
 if __name__ == "__main__":
