@@ -3,18 +3,15 @@ the page cannot drift from the API; what they print is not asserted (the models 
 
 from __future__ import annotations
 
-import io
 import os
 import re
 from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
 
-from attnx.data.tokenizer import Tokenizer
 from attnx.model import build_transformer
-from tests.checkpoints import save_model
+from tests.checkpoints import save_model, train_tokenizer
 from tests.conftest import REPO, tiny_config
 from tests.inference.conftest import multi30k_lines
 
@@ -28,19 +25,7 @@ def python_blocks(text: str) -> list[str]:
 @pytest.mark.slow  # untrained models decode to the page's maximum length (input + 50), with beam 5
 def test_every_python_example_of_the_decoding_page_runs(shared_data: Path, tmp_path: Path, monkeypatch):
     lines = multi30k_lines(shared_data, "train.en.gz", 200) + multi30k_lines(shared_data, "train.de.gz", 200)
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
-        model_writer=model,
-        vocab_size=150,
-        model_type="bpe",
-        pad_id=0,
-        unk_id=1,
-        bos_id=2,
-        eos_id=3,
-        minloglevel=2,
-    )
-    tokenizer = Tokenizer.from_bytes(model.getvalue())
+    tokenizer = train_tokenizer(lines, 150)
     config = tiny_config(vocab_size=tokenizer.vocab_size, max_len=64)
     for seed, name in enumerate(["model.ckpt", "run1/averaged.ckpt", "run2/averaged.ckpt"]):
         torch.manual_seed(seed)

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import gzip
-import io
 from pathlib import Path
 
 import pytest
-import sentencepiece as spm
 import torch
 
 from attnx.checkpoint import LoadedModel, load_model
 from attnx.data.tokenizer import Tokenizer
 from attnx.model import build_transformer
-from tests.checkpoints import save_model
+from tests.checkpoints import save_model, train_tokenizer
 from tests.conftest import tiny_config
 
 
@@ -26,20 +24,7 @@ def multi30k_lines(data: Path, name: str, n: int) -> list[str]:
 def tokenizer(shared_data: Path) -> Tokenizer:
     """Joint BPE over 300 English and 300 German Multi30k training sentences, attnx's special ids."""
     lines = multi30k_lines(shared_data, "train.en.gz", 300) + multi30k_lines(shared_data, "train.de.gz", 300)
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
-        model_writer=model,
-        vocab_size=200,
-        model_type="bpe",
-        character_coverage=1.0,
-        pad_id=0,
-        unk_id=1,
-        bos_id=2,
-        eos_id=3,
-        minloglevel=2,
-    )
-    return Tokenizer.from_bytes(model.getvalue())
+    return train_tokenizer(lines, 200, character_coverage=1.0)
 
 
 @pytest.fixture(scope="session")

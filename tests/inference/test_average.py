@@ -12,7 +12,7 @@ from attnx.cli import main as attnx
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.average import average_checkpoints, last_checkpoints
 from attnx.model import build_transformer
-from tests.checkpoints import save_model
+from tests.checkpoints import save_model, train_tokenizer
 from tests.conftest import tiny_config
 
 
@@ -78,18 +78,10 @@ def test_checkpoints_of_another_sentencepiece_model_are_refused_by_name(
 ) -> None:
     """The same model config with another tokenizer of the same size: the ids of one are not the other's."""
     import gzip
-    import io
-
-    import sentencepiece as spm
 
     with gzip.open(shared_data / "multi30k" / "train.de.gz", "rt", encoding="utf-8") as f:
         lines = f.read().splitlines()[5000:7000]
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, vocab_size=tokenizer.vocab_size, model_type="bpe",
-        pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
-    )  # fmt: skip
-    other = Tokenizer.from_bytes(model.getvalue())
+    other = train_tokenizer(lines, tokenizer.vocab_size)
     assert other.vocab_size == tokenizer.vocab_size and other.sha256 != tokenizer.sha256
     ours = write_checkpoints(tmp_path, tokenizer, steps=(1, 2))
     odd = write_checkpoints(tmp_path / "other", other, steps=(3,))

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
-import sentencepiece as spm
 import torch
 
 import attnx
-from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import SearchConfig
 from attnx.inference.eager import EagerTranslator
 from attnx.inference.hypothesis import Hypothesis
 from attnx.model import build_transformer
-from tests.checkpoints import save_model
+from tests.checkpoints import save_model, train_tokenizer
 from tests.conftest import tiny_config
 from tests.inference.conftest import multi30k_lines
 
@@ -35,19 +31,7 @@ def other_checkpoint(checkpoint, tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def foreign_checkpoint(shared_data, tmp_path_factory):
     """A model with a SentencePiece model of its own (same vocabulary size, other pieces)."""
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(multi30k_lines(shared_data, "train.de.gz", 400)),
-        model_writer=model,
-        vocab_size=200,
-        model_type="unigram",
-        pad_id=0,
-        unk_id=1,
-        bos_id=2,
-        eos_id=3,
-        minloglevel=2,
-    )
-    tokenizer = Tokenizer.from_bytes(model.getvalue())
+    tokenizer = train_tokenizer(multi30k_lines(shared_data, "train.de.gz", 400), 200, model_type="unigram")
     config = tiny_config(vocab_size=tokenizer.vocab_size, max_len=64)
     path = tmp_path_factory.mktemp("foreign") / "foreign.ckpt"
     save_model(path, build_transformer(config), config, tokenizer)
