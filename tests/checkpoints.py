@@ -4,13 +4,12 @@ Lightning."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from attnx.checkpoint import STATE_PREFIX, atomic_save, make_metadata
-from attnx.data.tokenizer import Tokenizer
+from attnx.data.tokenizer import Tokenizer, train_sentencepiece
 from attnx.model import Transformer, TransformerConfig
 
 
@@ -21,20 +20,5 @@ def save_model(path: str | Path, model: Transformer, config: TransformerConfig, 
 
 
 def train_tokenizer(lines: Iterable[str], vocab_size: int, **options: Any) -> Tokenizer:
-    """A SentencePiece model trained in memory on `lines`, with attnx's special ids (pad 0, unk 1, bos 2,
-    eos 3); `options` go to the trainer (`model_type` defaults to `bpe`)."""
-    import sentencepiece as spm
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
-        model_writer=model,
-        vocab_size=vocab_size,
-        **{"model_type": "bpe", **options},
-        pad_id=0,
-        unk_id=1,
-        bos_id=2,
-        eos_id=3,
-        minloglevel=2,
-    )
-    return Tokenizer.from_bytes(model.getvalue())
+    """A SentencePiece model trained in memory on `lines` with attnx's special ids; `options` go to the trainer."""
+    return train_sentencepiece(vocab_size, sentences=lines, **options)

@@ -3,13 +3,62 @@
 from __future__ import annotations
 
 import hashlib
+import io
+from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 """Special ids fixed in every SentencePiece model attnx trains."""
+
+
+SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>", "eos_piece": "</s>"}
+
+
+def train_sentencepiece(
+    vocab_size: int,
+    *,
+    sentences: Iterable[str] | None = None,
+    files: Sequence[str | Path] = (),
+    model_prefix: str | Path | None = None,
+    model_type: str = "bpe",
+    **options: Any,
+) -> Tokenizer:
+    """Train a joint SentencePiece model with attnx's special ids (pad 0, unk 1, bos 2, eos 3).
+
+    The text is `sentences` (an iterable of lines) or `files` (paths of text files, one sentence a line).
+    With `model_prefix` the trainer writes `PREFIX.model` and `PREFIX.vocab`; without it the model stays in
+    memory. `options` go to `SentencePieceTrainer.train` (`character_coverage`, `input_sentence_size`,
+    `num_threads`, `user_defined_symbols`, ...). The one place attnx calls the trainer: `attnx prepare`, the
+    tests and the benchmarks all train through it. SentencePiece's own errors come through as `RuntimeError`.
+    """
+    if (sentences is None) == (not files):
+        raise ValueError("train_sentencepiece needs either sentences or files")
+    source: dict[str, Any] = (
+        {"sentence_iterator": iter(sentences)}
+        if sentences is not None
+        else {"input": [str(f) for f in files]}
+    )
+    writer = io.BytesIO()
+    target: dict[str, Any] = {"model_prefix": str(model_prefix)} if model_prefix else {"model_writer": writer}
+    spm.SentencePieceTrainer.train(
+        **source,
+        **target,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        **SPECIAL_PIECES,
+        **{"minloglevel": 2, **options},
+    )
+    if model_prefix:
+        return Tokenizer.load(f"{model_prefix}.model")
+    return Tokenizer.from_bytes(writer.getvalue())
 
 
 def sha256_hex(data: bytes) -> str:
