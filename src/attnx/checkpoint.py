@@ -165,6 +165,18 @@ def make_metadata(config: TransformerConfig, tokenizer: Tokenizer) -> dict[str, 
     }
 
 
+def save_model(
+    path: str | Path, model: torch.nn.Module, config: TransformerConfig, tokenizer: Tokenizer
+) -> None:
+    """Write a decodable checkpoint: the model's weights and attnx's metadata, no training state.
+
+    What [`load_model`][attnx.checkpoint.load_model] (so `attnx translate`, `attnx export`) reads; a model
+    built or trained outside Lightning (a test, a benchmark, a conversion) is saved this way.
+    """
+    state = {STATE_PREFIX + k: v for k, v in model.state_dict().items()}
+    atomic_save({"state_dict": state, "attnx": make_metadata(config, tokenizer)}, path)
+
+
 TEMPORARY_SUFFIX = ".attnx.tmp"
 """Ends the name of every file attnx is still writing: `.<target name>.<8 random characters>.attnx.tmp`."""
 
