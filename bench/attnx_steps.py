@@ -7,6 +7,7 @@ translation, a score) is not run again, so an interrupted benchmark continues wh
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -16,10 +17,24 @@ import time
 from pathlib import Path
 
 import yaml
-from machine import cpu_model
+from harness import data_root
 
 MODEL_CONFIG = "multi30k_cpu"
 """The README's model: 3+3 layers, d_model 256, trained for `--minutes` on CPU."""
+
+
+def add_step_options(parser: argparse.ArgumentParser) -> None:
+    """What every research benchmark takes: its work directory, the corpora, the vocabulary, the threads of
+    every command and where its table goes."""
+    parser.add_argument(
+        "--work", type=Path, required=True, help="work directory (created; reused to continue)"
+    )
+    parser.add_argument("--data", help="corpora directory (default $ATTNX_DATA_DIR or ../shared/data)")
+    parser.add_argument(
+        "--vocab_size", type=int, default=8000, help="joint BPE pieces of every prepared corpus"
+    )
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every command")
+    parser.add_argument("--output", type=Path, help="also write the table here")
 
 
 class Steps:
@@ -32,6 +47,11 @@ class Steps:
         self.env = dict(os.environ)
         if threads:
             self.env["OMP_NUM_THREADS"] = str(threads)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Steps:
+        """Steps in ``--work`` over Multi30k of ``--data`` (the options of ``add_step_options``)."""
+        return cls(args.work.resolve(), data_root(args.data) / "multi30k", args.threads, args.vocab_size)
 
     def attnx(self, name: str, *argv: str) -> float:
         """Run `attnx ARGV` in the work directory; its output goes to logs/NAME.log. Returns the seconds it took."""
@@ -112,19 +132,3 @@ class Steps:
             text = (self.logs / f"score_{name}.log").read_text(encoding="utf-8")
             out.write_text(text.strip().splitlines()[-1] + "\n")
         return json.loads(out.read_text())
-
-
-def publish(title: str, columns: list[str], rows: list[list[str]], output: Path | None) -> None:
-    """A Markdown table for docs/benchmarks.md, its title ending with the machine: printed, and written to
-    `output` when given."""
-    lines = [
-        f"{title} ({cpu_model()}, {os.cpu_count()} CPUs):",
-        "",
-        "| " + " | ".join(columns) + " |",
-        "|" + "---|" * len(columns),
-        *["| " + " | ".join(row) + " |" for row in rows],
-    ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if output:
-        output.write_text(text, encoding="utf-8")

@@ -26,16 +26,10 @@ of training plus two translations of 14,500 sentences (some 3.5 hours with the d
 from __future__ import annotations
 
 import argparse
-import gzip
-import os
 from pathlib import Path
 
-from attnx_steps import Steps, publish
-
-
-def data_dir(given: str | None) -> Path:
-    default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    return Path(given or os.environ.get("ATTNX_DATA_DIR", default)) / "multi30k"
+from attnx_steps import Steps, add_step_options
+from harness import publish, read_lines
 
 
 def halves(data: Path, raw: Path) -> None:
@@ -43,10 +37,7 @@ def halves(data: Path, raw: Path) -> None:
     if (raw / "mono.de").is_file():
         return
     raw.mkdir(parents=True, exist_ok=True)
-    sides = {}
-    for lang in ("en", "de"):
-        with gzip.open(data / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            sides[lang] = f.read().splitlines()
+    sides = {lang: read_lines(data / f"train.{lang}.gz") for lang in ("en", "de")}
     n = len(sides["en"]) // 2
     for lang, lines in sides.items():
         (raw / f"full.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -56,24 +47,15 @@ def halves(data: Path, raw: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--work", type=Path, required=True, help="work directory (created; reused to continue)"
-    )
-    parser.add_argument("--data", help="corpora directory (default $ATTNX_DATA_DIR or ../shared/data)")
+    add_step_options(parser)
     parser.add_argument("--minutes", type=float, default=30, help="training budget of every arm")
     parser.add_argument("--finetune_minutes", type=float, default=5)
     parser.add_argument("--real_repeat", type=int, default=1, help="times the real pairs are used in (b)-(d)")
-    parser.add_argument(
-        "--vocab_size", type=int, default=8000, help="joint BPE pieces of every prepared corpus"
-    )
-    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every command")
-    parser.add_argument("--output", type=Path, help="also write the table here")
     args = parser.parse_args()
-    data = data_dir(args.data)
-    work = args.work.resolve()
+    steps = Steps.from_args(args)
+    work = steps.work
     raw = work / "raw"
-    halves(data, raw)
-    steps = Steps(work, data, args.threads, args.vocab_size)
+    halves(steps.data, raw)
     minutes = args.minutes
 
     def train_and_score(arm: str, corpus: Path, extra_fit: tuple[str, ...] = (), arm_minutes: float = minutes,

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 
 import torch
 import torch.nn.functional as F
-from machine import cpu_model
+from harness import load_average, machine_line
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HEADS, D_K = 4, 64
@@ -73,16 +72,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"CPU: {cpu_model()}; torch {torch.__version__}, {args.threads} thread(s)")
+    print(machine_line())
     print("| round | dtype | " + " | ".join(VARIANTS) + " | load |")
     print("|---" * (len(VARIANTS) + 3) + "|")
     for r in range(args.rounds):
         for dtype in (torch.float32, torch.bfloat16):
             times = [milliseconds(fn, dtype, args.batch, args.length, args.calls) for fn in VARIANTS.values()]
             cells = " | ".join(f"{t:.1f}" for t in times)
-            print(
-                f"| {r + 1} | {str(dtype).split('.')[1]} | {cells} | {os.getloadavg()[0]:.1f} |", flush=True
-            )
+            print(f"| {r + 1} | {str(dtype).split('.')[1]} | {cells} | {load_average()} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -31,9 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from machine import cpu_model
-
-REPO = Path(__file__).resolve().parents[1]
+from harness import add_data_option, machine, machine_line
 
 
 def rss_mb(kind: str = "VmRSS") -> float:
@@ -88,10 +85,9 @@ def wmt_sized_text(data: Path, raw: Path, pairs: int) -> list[Path]:
 
 def stages(data: Path, n: int = 100_000) -> dict[str, float]:
     """Seconds per 100k pairs of each cleaning and encoding step alone, in one process on one core."""
-    import sentencepiece as spm
-
     from attnx.data.cleaning import SeenPairs, copies, identifier, pair_keys
     from attnx.data.text import normalize
+    from attnx.data.tokenizer import train_sentencepiece
 
     src, tgt = real_pairs(data)
     src = [f"{src[i % len(src)]} ({i // len(src)})" for i in range(n)]
@@ -113,18 +109,11 @@ def stages(data: Path, n: int = 100_000) -> dict[str, float]:
 
     k = 5000
     timed(f"py3langid line by line, {k} pairs", lambda: [py3langid.classify(x) for x in src[:k] + tgt[:k]])
-    model = REPO / "bench" / ".spm-for-stages"
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(src[:20_000] + tgt[:20_000]), model_prefix=str(model), vocab_size=8000,
-        model_type="bpe", minloglevel=2,
-    )  # fmt: skip
-    sp = spm.SentencePieceProcessor(model_file=f"{model}.model")
+    tokenizer = train_sentencepiece(8000, sentences=src[:20_000] + tgt[:20_000])
     timed(
         "sentencepiece encode (both sides, 1 thread)",
-        lambda: (sp.encode(src, num_threads=1), sp.encode(tgt, num_threads=1)),
+        lambda: (tokenizer.encode_batch(src, num_threads=1), tokenizer.encode_batch(tgt, num_threads=1)),
     )
-    for suffix in (".model", ".vocab"):
-        Path(f"{model}{suffix}").unlink()
     return timings
 
 
@@ -358,7 +347,7 @@ def main() -> None:
         print(json.dumps(fn(*(t(a) for t, a in zip(types, sys.argv[3:], strict=True)))))
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="folder holding multi30k/")
+    add_data_option(p)
     p.add_argument("--tmp", default="/tmp/attnx-bench-data", help="scratch folder (deleted at the end)")
     p.add_argument("--pairs", type=int, default=1_000_000, help="pairs of the synthetic text corpus")
     p.add_argument("--big_pairs", type=int, default=4_500_000, help="pairs of the synthetic binarized corpus")
@@ -373,9 +362,7 @@ def main() -> None:
     tmp = Path(args.tmp)
     tmp.mkdir(parents=True, exist_ok=True)
     m30k = Path(args.data) / "multi30k"
-    print(
-        f"# {cpu_model()} · {os.cpu_count()} cores · load {os.getloadavg()[0]:.1f} · Python {platform.python_version()}"
-    )
+    print(f"# {machine_line(machine(with_torch=False))}")
     results: dict[str, object] = {}
     langs = ["--src_lang", "en", "--tgt_lang", "de", "--vocab_size", "8000"]
     prepared = tmp / "multi30k"

@@ -5,8 +5,8 @@ the beam's outputs (one teacher-forced pass per batch).
     python bench/bench_decode.py [--data DIR] [--ckpt_path CKPT] [--sentences 1000] [--beam 4]
         [--batch_size 64] [--batch_sizes 1 16 64 128 256] [--repeats 5] [--threads 2]
 
-Without ``--ckpt_path`` the model is the 3+3-layer, d_model 256, 4-head, d_ff 1024 Transformer with
-random weights over a joint 8k SentencePiece BPE vocabulary trained on Multi30k train (cached in
+Without ``--ckpt_path`` the model is the README's (``configs/multi30k_cpu.yaml``: 3+3 layers, d_model 256,
+4 heads, d_ff 1024) with random weights over a joint 8k SentencePiece BPE vocabulary trained on Multi30k train (cached in
 ``--cache_dir``). A random model hardly ever ends a sentence, so its output length is set by the maximum-length
 rule: the default for random weights is ``--max_len_a 1.1 --max_len_b 0`` (German is about 1.1× the English
 token count here), which gives output lengths like a trained model's. With a trained checkpoint the
@@ -25,58 +25,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
-import os
-import platform
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import sentencepiece as spm
 import torch
+from harness import add_data_option, machine_line, model_config, multi30k, multi30k_tokenizer, timed
 from torch import Tensor, nn
 
 from attnx.checkpoint import load_model
-from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, UNK_ID, collate
-from attnx.data.tokenizer import Tokenizer
+from attnx.data.batch import collate
 from attnx.inference.config import SearchConfig
 from attnx.inference.scoring import force_decode
 from attnx.inference.search import translate_batch
-from attnx.model import Transformer, TransformerConfig, build_transformer
+from attnx.model import Transformer, build_transformer
 from attnx.model.transformer import DecoderState
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH_MODEL = dict(
-    d_model=256, n_heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3, dropout=0.1, max_len=256
-)
-
-
-def read_gz(path: Path) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
-
-
-def multi30k_tokenizer(data: Path, cache_dir: Path, vocab_size: int = 8000) -> Tokenizer:
-    """Joint BPE over Multi30k train (English + German), trained once and cached."""
-    path = cache_dir / f"multi30k_bpe{vocab_size}.model"
-    if not path.is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        text = read_gz(data / "multi30k" / "train.en.gz") + read_gz(data / "multi30k" / "train.de.gz")
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(text),
-            model_prefix=str(path.with_suffix("")),
-            model_type="bpe",
-            vocab_size=vocab_size,
-            character_coverage=1.0,
-            pad_id=PAD_ID,
-            unk_id=UNK_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            minloglevel=2,
-        )
-    return Tokenizer.load(path)
+VOCAB_SIZE = 8000
+"""Pieces of the joint BPE of the random-weights model."""
 
 
 class PrefixState(DecoderState):
@@ -138,6 +105,12 @@ HEADER = (
 )
 
 
+def by_length(ids: list[list[int]], batch_size: int) -> list[list[int]]:
+    """Indices of ``ids`` sorted by length, in batches of ``batch_size`` sentences."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    return [order[first : first + batch_size] for first in range(0, len(order), batch_size)]
+
+
 def score_all(
     model: nn.Module,
     ids: list[list[int]],
@@ -147,20 +120,18 @@ def score_all(
     repeats: int,
 ) -> Run:
     """Forced scoring of ``targets`` (the beam's outputs) as translations of ``ids``: one teacher-forced pass per batch."""
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    batches = [order[first : first + batch_size] for first in range(0, len(order), batch_size)]
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    batches = by_length(ids, batch_size)
+
+    def run() -> None:
         for rows in batches:
             batch = collate([(ids[i], []) for i in rows])
             force_decode(model, batch.src, batch.src_mask, [targets[i] for i in rows], config)
-        times.append(time.perf_counter() - start)
+
     return Run(
         name="forced scoring of the beam outputs",
         batch_size=batch_size,
         sentences=len(ids),
-        times=times,
+        times=timed(run, repeats).times,
         out_tokens=sum(len(y) + 1 for y in targets),
         outputs=targets,
     )
@@ -170,39 +141,24 @@ def decode_all(
     model: nn.Module, ids: list[list[int]], batch_size: int, config: SearchConfig, name: str, repeats: int = 1
 ) -> Run:
     """Decode ``ids`` sorted by length in batches of ``batch_size`` sentences, ``repeats`` times."""
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    batches = [order[first : first + batch_size] for first in range(0, len(order), batch_size)]
-    times = []
-    for _ in range(repeats):
+    batches = by_length(ids, batch_size)
+
+    def run() -> list[list[int]]:
         outputs: list[list[int]] = [[] for _ in ids]
-        start = time.perf_counter()
         for rows in batches:
             batch = collate([(ids[i], []) for i in rows])
             for i, out in zip(rows, translate_batch(model, batch.src, batch.src_mask, config), strict=True):
                 outputs[i] = out
-        times.append(time.perf_counter() - start)
+        return outputs
+
+    timing = timed(run, repeats)
     return Run(
         name=name,
         batch_size=batch_size,
         sentences=len(ids),
-        times=times,
-        out_tokens=sum(len(y) + 1 for y in outputs),
-        outputs=outputs,
-    )
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return (
-        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{platform.python_version()}; load average at the end {load}"
+        times=timing.times,
+        out_tokens=sum(len(y) + 1 for y in timing.result),
+        outputs=timing.result,
     )
 
 
@@ -210,12 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--data",
-        type=Path,
-        default=Path(os.environ.get("ATTNX_DATA_DIR", REPO.parent / "shared" / "data")),
-        help="folder holding multi30k/ (default $ATTNX_DATA_DIR or ../shared/data)",
-    )
+    add_data_option(parser)
     parser.add_argument("--ckpt_path", type=Path, help="a trained checkpoint (default: random weights)")
     parser.add_argument(
         "--cache_dir", type=Path, default=Path("/tmp/attnx-bench"), help="where the 8k BPE model is cached"
@@ -256,15 +207,16 @@ def main(argv: list[str] | None = None) -> int:
         model, tokenizer, label = loaded.model, loaded.tokenizer, f"checkpoint {args.ckpt_path}"
         a, b = 1.0, 50
     else:
-        tokenizer = multi30k_tokenizer(args.data, args.cache_dir)
-        config = TransformerConfig(vocab_size=tokenizer.vocab_size, **BENCH_MODEL)
+        cache = args.cache_dir / f"multi30k_bpe{VOCAB_SIZE}"
+        tokenizer = multi30k_tokenizer(args.data, VOCAB_SIZE, cache=cache)
+        config = model_config(tokenizer.vocab_size)
         model, label = build_transformer(config).eval(), "random weights"
         a, b = 1.1, 0
     a = a if args.max_len_a is None else args.max_len_a
     b = b if args.max_len_b is None else args.max_len_b
     search = SearchConfig(beam=args.beam, max_len_a=a, max_len_b=b)
     params = sum(p.numel() for p in model.parameters())
-    src = read_gz(args.data / "multi30k" / "test_2016_flickr.en.gz")[: args.sentences]
+    src = multi30k(args.data, "test_2016_flickr", "en", args.sentences)
     ids = tokenizer.encode_batch(src)
     print(
         f"model: {label}, {params / 1e6:.1f}M parameters, vocabulary {tokenizer.vocab_size}", file=sys.stderr
@@ -301,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     for size in args.batch_sizes:
         m = min(args.sweep_sentences, 100 * size, len(ids))
         print(decode_all(model, ids[:m], size, search, f"beam {args.beam}, cache", r).row(), flush=True)
-    print(f"\nmachine: {machine()}")
+    print(f"\nmachine at the end: {machine_line()}")
     return 0
 
 

@@ -19,17 +19,14 @@ hypotheses with attnx. Results go to stdout as Markdown.
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
-import platform
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from machine import cpu_model
+from harness import data_root, machine_line, read_lines, timed
 
 from attnx.checkpoint import LoadedModel, load_model
 from attnx.data.batch import collate
@@ -40,14 +37,6 @@ from attnx.inference.ctranslate2 import CTranslate2Translator
 from attnx.inference.eager import EagerTranslator
 from attnx.inference.search import length_penalty
 from attnx.inference.translator import Translator
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def read_gz(path: Path, n: int) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f][:n]
-
 
 Output = tuple[list[str], int]
 """Translations and the number of target tokens generated (``</s>`` included)."""
@@ -102,15 +91,6 @@ def explain(
         print(f"- {n}: {why}")
 
 
-def timed(run: Callable[[], Output], repeats: int) -> tuple[Output, list[float]]:
-    times, out = [], ([], 0)
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = run()
-        times.append(time.perf_counter() - start)
-    return out, times
-
-
 def dir_size(path: Path) -> float:
     return sum(p.stat().st_size for p in path.iterdir()) / 2**20
 
@@ -123,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--data_dir",
         type=Path,
-        default=REPO.parent / "shared" / "data" / "multi30k",
-        help="folder with test_2016_flickr.{en,de}.gz (default ../shared/data/multi30k)",
+        default=data_root() / "multi30k",
+        help="folder with test_2016_flickr.{en,de}.gz (default $ATTNX_DATA_DIR/multi30k or ../shared/data/multi30k)",
     )
     parser.add_argument("--sentences", type=int, default=1000, help="first N test sentences (default 1000)")
     parser.add_argument("--beam", type=int, default=4)
@@ -140,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    sources = read_gz(args.data_dir / "test_2016_flickr.en.gz", args.sentences)
-    references = read_gz(args.data_dir / "test_2016_flickr.de.gz", args.sentences)
+    sources = read_lines(args.data_dir / "test_2016_flickr.en.gz", args.sentences)
+    references = read_lines(args.data_dir / "test_2016_flickr.de.gz", args.sentences)
     loaded = load_model(args.ckpt_path)
     max_positions = loaded.config.max_len
     fairseq = SearchConfig(
@@ -198,9 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Multi30k test_2016_flickr, first {len(sources)} sentences, en→de, beam {args.beam}, max length input + 50"
     )
     print(
-        f"{cpu_model()}, {os.cpu_count()} cores; {args.threads} threads (torch / CTranslate2 intra_threads); "
-        f"torch {torch.__version__}, ctranslate2 {__import__('ctranslate2').__version__}, "
-        f"Python {platform.python_version()}; best of {args.repeats} (median)"
+        f"{machine_line()}; ctranslate2 {__import__('ctranslate2').__version__}, intra_threads {args.threads}; "
+        f"best of {args.repeats} (median)"
     )
     for quantization, (path, seconds) in exports.items():
         print(f"export {quantization or 'fp32'}: {seconds:.1f} s, {dir_size(path):.1f} MiB")
@@ -209,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|")
     same_search: list[str] | None = None
     for name, run in systems:
-        (out, tokens), times = timed(run, args.repeats)
-        best, median = min(times), statistics.median(times)
+        timing = timed(run, args.repeats)
+        (out, tokens), best, median = timing.result, timing.best, timing.median
         bleu = score(out, references).bleu
         if name.startswith("attnx eager, len"):
             same_search = out

@@ -32,24 +32,15 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
-import yaml
-from machine import cpu_model
+from bench_train import EPSILON, add_training_data_options, lightning, manual, training_data
+from harness import cpu_model, load_average, run_timed
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_train import lightning, manual  # noqa: E402
-
-from attnx.data.corpus import PreparedCorpus  # noqa: E402
-from attnx.data.datamodule import TranslationDataModule  # noqa: E402
-from attnx.model import TransformerConfig, build_transformer  # noqa: E402
-from attnx.model.builders import count_parameters  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-EPSILON = 0.1
+from attnx.data.corpus import PreparedCorpus
+from attnx.model import TransformerConfig, build_transformer
+from attnx.model.builders import count_parameters
 
 # Run by the fairseq interpreter: one timed training run, its result as JSON on the last line.
 FAIRSEQ_RUN = r"""
@@ -167,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fairseq_python", required=True, help="python of a virtual environment with fairseq"
     )
-    parser.add_argument("--data", type=Path, default=REPO / "data" / "multi30k", help="prepared Multi30k")
-    parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_cpu.yaml")
+    add_training_data_options(parser)
     parser.add_argument("--max_tokens", type=int, default=None, help="default: the config's data.max_tokens")
     parser.add_argument("--steps", type=int, default=20, help="timed training steps")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
@@ -176,29 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="runs of each toolkit per thread count")
     parser.add_argument("--work", type=Path, default=Path("/tmp/attnx_vs_fairseq"), help="fairseq's data")
     args = parser.parse_args(argv)
-    if not (args.data / "meta.json").is_file():
-        sys.exit(
-            f"{args.data} is not a prepared corpus: attnx prepare --src_lang en --tgt_lang de "
-            "--train ../shared/data/multi30k/train --valid ../shared/data/multi30k/val "
-            f"--test ../shared/data/multi30k/test_2016_flickr --vocab_size 8000 --out {args.data}"
-        )
-    section = yaml.safe_load(args.config.read_text())
-    max_tokens = args.max_tokens or section["data"]["max_tokens"]
-    corpus = PreparedCorpus(args.data)
+    setup = training_data(args.data, args.config, args.max_tokens, args.warmup + args.steps)
+    config, datamodule, batches, max_tokens = setup.config, setup.datamodule, setup.batches, setup.max_tokens
+    corpus = datamodule.corpus
     bin_dir = export_for_fairseq(corpus, args.work, args.fairseq_python)
-    datamodule = TranslationDataModule(str(args.data), max_tokens=max_tokens, seed=1)
-    config = TransformerConfig.from_dict(section["model"]["transformer"] | {"vocab_size": corpus.vocab_size})
-    loader = iter(datamodule.train_dataloader())
-    batches = [next(loader) for _ in range(args.warmup + args.steps)]
-    timed = batches[args.warmup :]
-    attnx_src = sum(b.n_src_tokens for b in timed)
-    attnx_tgt = sum(b.n_tgt_tokens for b in timed)
-    f_argv = fairseq_argv(bin_dir, config, section, max_tokens)
+    measured = batches[args.warmup :]
+    attnx_src = sum(b.n_src_tokens for b in measured)
+    attnx_tgt = sum(b.n_tgt_tokens for b in measured)
+    f_argv = fairseq_argv(bin_dir, config, setup.section, max_tokens)
 
     # rows: (toolkit, threads) -> list of (src+tgt tokens/s, tgt tokens/s)
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
     about_fairseq: dict = {}
-    loads = [os.getloadavg()[0]]
+    loads = [load_average()]
     for threads in args.threads:
         torch.set_num_threads(threads)
         for _ in range(args.repeats):
@@ -216,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             results.setdefault(("fairseq Trainer.train_step", threads), []).append(
                 ((src + tgt) / seconds, tgt / seconds)
             )
-            loads.append(os.getloadavg()[0])
+            loads.append(load_average())
 
     with torch.device("meta"):
         attnx_params = count_parameters(build_transformer(config))
@@ -244,7 +224,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    start = time.perf_counter()
-    code = main()
-    print(f"\n({time.perf_counter() - start:.0f} s)")
-    sys.exit(code)
+    run_timed(main)

@@ -25,8 +25,9 @@ configuration that runs the real ``TranslationTask`` in a ``lightning.Trainer`` 
 * tokens/s: real (non-padding) source + target tokens per second, and target tokens only (fairseq's ``wps``);
 * MFU: model FLOPs (forward + backward of every matmul, attention included, per real token:
   ``training_flops_per_token``) per second over the device's dense bf16 peak, the same denominator for every
-  precision (CUDA: a table of data-sheet figures by ``torch.cuda.get_device_name``, else Lightning's;
-  ``--peak_tflops`` overrides; CPU: the fp32 matmul rate measured here, which this CPU reaches and bf16 does not);
+  precision: attnx's own ``device_peak_flops``, what ``train/mfu`` divides by (CUDA: the data-sheet table
+  ``GPU_PEAKS`` by ``torch.cuda.get_device_name``, else Lightning's; CPU: the fp32 matmul rate measured at
+  start, which this CPU reaches and bf16 does not); ``--peak_tflops`` overrides it;
 * peak memory: ``torch.cuda.max_memory_allocated`` over the run (CUDA only);
 * padding: the share of padded positions in the timed batches.
 
@@ -45,17 +46,16 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from machine import cpu_model
+from harness import REPO, batch_flops, data_root, machine_line, markdown_row, markdown_table, training_trainer
+from harness import machine as host
 
 from attnx.data.batch import Batch
 from attnx.data.batching import TokenBatchSampler, collate_indices, plan_batches
@@ -65,12 +65,9 @@ from attnx.data.prepare import Inputs, Settings, prepare, report
 from attnx.inference.config import SearchConfig
 from attnx.inference.search import translate_batch
 from attnx.model import Transformer, TransformerConfig, build_transformer
-from attnx.model.builders import training_flops_per_token
 from attnx.training.loss import translation_loss
-from attnx.training.throughput import gpu_peak
+from attnx.training.throughput import device_peak_flops, gpu_peak
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 LABEL_SMOOTHING = 0.1
 PAPER_TOKENS_PER_STEP = 25_000
 PRECISIONS = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16, "fp32": None}
@@ -98,14 +95,7 @@ NEWS_TRAIN = [
 
 
 def machine(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "device": device.type,
-        "device_name": "cpu",
-        "cpu": cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "load_average": round(os.getloadavg()[0], 1),
-    }
+    info: dict[str, Any] = {"device": device.type, "device_name": "cpu", **host()}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info |= {
@@ -122,57 +112,30 @@ def describe(info: dict[str, Any]) -> str:
     text = f"device: {info['device_name']}"
     if info["device"] == "cuda":
         text += f" (sm {info['capability']}, {info['memory_gib']} GiB, CUDA {info['cuda']}, cuDNN {info['cudnn']})"
-    cpu = f"CPU: {info['cpu']}, {info['cpu_cores']} cores (1-min load {info['load_average']} at start)"
-    return f"{text}; {cpu}; torch {info['torch']}"
-
-
-def matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
-    """Best measured FLOP/s of an ``n``³ matmul."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    best = math.inf
-    for _ in range(repeats + 1):
-        sync(device)
-        start = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+    return f"{text}; {machine_line(info)}"
 
 
 def peak_flops(device: torch.device, override_tflops: float | None) -> tuple[float, str]:
-    """The MFU denominator and where it comes from."""
+    """The MFU denominator and where it comes from: attnx's ``device_peak_flops`` in bf16 on GPUs, in fp32 on
+    the CPU."""
     if override_tflops:
         return override_tflops * 1e12, "--peak_tflops"
     if device.type != "cuda":
-        rate = matmul_flops(device, torch.float32)
-        return rate, f"measured fp32 2048³ matmul on {torch.get_num_threads()} threads"
+        source = f"fp32 matmul measured at start on {torch.get_num_threads()} threads"
+        return float(device_peak_flops(device, "32-true")), source
     peak = gpu_peak(torch.cuda.get_device_name(device))  # attnx's table, the one train/mfu divides by
-    if peak is not None:
-        return peak.bf16_tflops * 1e12, f"dense bf16 data-sheet figure for '{peak.key}' ({peak.source})"
-    from lightning.fabric.utilities.throughput import get_available_flops
-
-    flops = get_available_flops(device, torch.bfloat16)
-    if flops:
-        return float(flops), "Lightning's bf16 table (check: it may be a sparse figure)"
-    rate = matmul_flops(device, torch.bfloat16, n=8192)
-    return rate, "measured bf16 8192³ matmul (no table entry for this GPU)"
+    source = (
+        f"dense bf16 data-sheet figure for '{peak.key}' ({peak.source})"
+        if peak is not None
+        else "no GPU_PEAKS entry for this GPU: Lightning's bf16 table (check: it may be a sparse figure), "
+        "else a bf16 matmul measured now"
+    )
+    return float(device_peak_flops(device, "bf16-mixed")), source
 
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def flops_per_token() -> Callable[..., dict[str, float]]:
-    """``training_flops_per_token(config, src_len, tgt_len)``: the count ``train/mfu`` uses."""
-    return training_flops_per_token
-
-
-def batch_flops(config: TransformerConfig, batch: Batch) -> float:
-    n = batch.size
-    per_token = flops_per_token()(config, batch.n_src_tokens / n, batch.n_tgt_tokens / n)["per_token"]
-    return per_token * (batch.n_src_tokens + batch.n_tgt_tokens)
 
 
 # --- data -------------------------------------------------------------------------------------------------
@@ -382,18 +345,12 @@ def train_lightning(
         transformer=config, label_smoothing=LABEL_SMOOTHING, lr_factor=1.0, warmup_steps=4000
     )
     warmup = max(warmup, 1)  # timing starts at the end of a batch
-    trainer = pl.Trainer(
+    trainer = training_trainer(
+        clock,
         accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
         precision=LIGHTNING_PRECISION[result.precision],
         max_steps=warmup + steps,
         accumulate_grad_batches=result.accumulate,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[clock],
     )
     dm = TranslationDataModule(str(data), max_tokens=result.max_tokens, seed=1)
     trainer.fit(task, datamodule=dm)
@@ -482,8 +439,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=REPO / "data" / "news", help="prepared corpus")
     parser.add_argument("--prepare", action="store_true", help="prepare --data from the raw news sets first")
-    parser.add_argument("--news_raw", type=Path, default=SHARED / "wmt_newstest_deen_other")
-    parser.add_argument("--wmt14_raw", type=Path, default=SHARED / "wmt14_ende_test")
+    parser.add_argument("--news_raw", type=Path, default=data_root() / "wmt_newstest_deen_other")
+    parser.add_argument("--wmt14_raw", type=Path, default=data_root() / "wmt14_ende_test")
     parser.add_argument("--test_split", default="newstest2014", help="split decoded for sentences/s")
     parser.add_argument("--model", choices=["base", "big", "both", "tiny"], default=None,
                         help="default: both on CUDA, tiny on CPU")  # fmt: skip
@@ -538,12 +495,6 @@ def accumulation(args: argparse.Namespace, max_tokens: int, on_gpu: bool) -> int
     return max(1, math.ceil(args.tokens_per_step / max_tokens))
 
 
-def markdown(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -576,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     results["padding"] = padding
     print(f"## Padding of token-budget batches (training split, one epoch)\n{where}\n")
     print(
-        markdown(
+        markdown_table(
             [
                 "max_tokens",
                 "batches",
@@ -655,10 +606,10 @@ def main(argv: list[str] | None = None) -> int:
                                      losses])  # fmt: skip
                     if result.graphs_compiled_while_timed:
                         rows[-1][4] += f" ({result.graphs_compiled_while_timed} graphs compiled while timed)"
-                    print(markdown(header, rows[-1:]).split("\n")[-1], flush=True)
+                    print(markdown_row(rows[-1]), flush=True)
         del batches
     results["training"] = records
-    print(f"\n{markdown(header, rows)}\n", flush=True)
+    print(f"\n{markdown_table(header, rows)}\n", flush=True)
 
     decoding = []
     if args.decode_sentences > 0:
@@ -688,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
         weights = "trained" if args.checkpoint else "random"
         print(f"## Decoding: beam {args.beam}, α {search.alpha}, max length {args.max_len_a} × input + "
               f"{args.max_len_b}, {weights} weights, budget {args.eval_max_tokens} tokens\n{where}\n")  # fmt: skip
-        print(markdown(["device", "model", "precision", "sentences", "sentences/s", "output tokens/s",
+        print(markdown_table(["device", "model", "precision", "sentences", "sentences/s", "output tokens/s",
                         "mean output tokens"], drows))  # fmt: skip
     results["decoding"] = decoding
     if args.json:

@@ -20,31 +20,13 @@ calls the Rust ``fastchrf.pairwise_chrf``, measured when ``fastchrf`` imports
 from __future__ import annotations
 
 import argparse
-import gzip
-import os
-import platform
 import random
-import statistics
-import sys
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
+from harness import data_root, machine, machine_line, multi30k, timed
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from attnx.inference.mbr import UTILITIES  # noqa: E402
-
-
-def data_dir(given: str | None) -> Path:
-    default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    return Path(given or os.environ.get("ATTNX_DATA_DIR", default))
-
-
-def read(path: Path, n: int) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [line.strip() for line, _ in zip(f, range(n), strict=False)]
+from attnx.inference.mbr import UTILITIES
 
 
 def variants(sentence: str, n: int, rng: random.Random) -> list[str]:
@@ -60,16 +42,16 @@ def variants(sentence: str, n: int, rng: random.Random) -> list[str]:
 
 
 def candidates(args: argparse.Namespace, n: int) -> list[list[str]]:
-    data = data_dir(args.data) / "multi30k"
+    data = data_root(args.data)
     if args.ckpt_path:
         import attnx
 
         translator = attnx.load(args.ckpt_path)
         sampler = translator.with_search(sampling=True, nbest=n, seed=1)
-        sources = read(data / "test_2016_flickr.en.gz", args.sentences)
+        sources = multi30k(data, "test_2016_flickr", "en", args.sentences)
         return [[h.text for h in hyps] for hyps in sampler.generate(sources)]
     rng = random.Random(1)
-    return [variants(s, n, rng) for s in read(data / "test_2016_flickr.de.gz", args.sentences)]
+    return [variants(s, n, rng) for s in multi30k(data, "test_2016_flickr", "de", args.sentences)]
 
 
 def expected_attnx(utility: str) -> Callable[[list[str]], np.ndarray]:
@@ -106,13 +88,10 @@ def expected_fastchrf() -> Callable[[list[str]], np.ndarray] | None:
     return run
 
 
-def timed(fn: Callable[[list[str]], np.ndarray], lists: Sequence[list[str]], repeats: int):
-    times, out = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = [fn(texts) for texts in lists]
-        times.append((time.perf_counter() - start) / len(lists))
-    return min(times), statistics.median(times), out
+def per_sentence(fn: Callable[[list[str]], np.ndarray], lists: Sequence[list[str]], repeats: int):
+    """Best and median seconds per candidate list of ``repeats`` runs over all of them, and their results."""
+    timing = timed(lambda: [fn(texts) for texts in lists], repeats)
+    return timing.best / len(lists), timing.median / len(lists), timing.result
 
 
 def main() -> None:
@@ -123,9 +102,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
-    )
+    print(machine_line(machine(with_torch=False)))
     print(
         f"candidates: {'samples of ' + args.ckpt_path if args.ckpt_path else 'word-dropout variants'}, "
         f"{args.sentences} sentences of test_2016_flickr\n"
@@ -137,7 +114,7 @@ def main() -> None:
     for n in args.n:
         lists = candidates(args, n)
         for utility in ("chrf", "bleu"):
-            ours_best, ours_median, ours = timed(expected_attnx(utility), lists, args.repeats)
+            ours_best, ours_median, ours = per_sentence(expected_attnx(utility), lists, args.repeats)
             rows = [("attnx", ours_best, ours_median, ours)]
             others = [("sacreBLEU pair by pair (mbrs without fastchrf)", expected_sacrebleu(utility))]
             if utility == "chrf":
@@ -146,7 +123,7 @@ def main() -> None:
                 if fn is None:
                     rows.append((name, None, None, None))
                     continue
-                best, median, out = timed(fn, lists, args.repeats)
+                best, median, out = per_sentence(fn, lists, args.repeats)
                 rows.append((name, best, median, out))
             for name, best, median, out in rows:
                 if out is None:

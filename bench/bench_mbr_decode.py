@@ -17,34 +17,23 @@ repeated when its result exists, so the same command continues an interrupted ru
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from attnx_steps import Steps, publish
+from attnx_steps import Steps, add_step_options
+from harness import publish
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--work", type=Path, required=True, help="work directory (created; reused to continue)"
-    )
-    parser.add_argument("--data", help="corpora directory (default $ATTNX_DATA_DIR or ../shared/data)")
+    add_step_options(parser)
     parser.add_argument("--ckpt_path", type=Path, help="the model to decode (default: train one)")
     parser.add_argument("--minutes", type=float, default=30, help="training budget when no --ckpt_path")
     parser.add_argument("--n", type=int, nargs="+", default=[8, 16, 32], help="MBR candidates")
     parser.add_argument("--utility", choices=["chrf", "bleu"], default="chrf")
     parser.add_argument("--candidates", choices=["sample", "epsilon", "nbest"], default="sample")
-    parser.add_argument(
-        "--vocab_size", type=int, default=8000, help="joint BPE pieces of every prepared corpus"
-    )
-    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every command")
-    parser.add_argument("--output", type=Path, help="also write the table here")
     args = parser.parse_args()
-    default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    data = Path(args.data or os.environ.get("ATTNX_DATA_DIR", default)) / "multi30k"
-    work = args.work.resolve()
-    steps = Steps(work, data, args.threads, args.vocab_size)
-    corpus = steps.prepare("multi30k", "en", "de", [str(data / "train")])
+    steps = Steps.from_args(args)
+    corpus = steps.prepare("multi30k", "en", "de", [str(steps.data / "train")])
     ckpt = args.ckpt_path or steps.fit("model", steps.arm_config("model", corpus, args.minutes))
     source, reference = corpus / "test.en", corpus / "test.de"
     sentences = len(source.read_text(encoding="utf-8").splitlines())

@@ -31,31 +31,21 @@ keeps the fp32 curve if its gap to fp32 is within the gap between the two fp32 s
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
-import yaml
-from machine import cpu_model
+from bench_train import EPSILON, add_training_data_options, lightning, manual, require_prepared, training_data
+from harness import load_average, machine, machine_line, run_timed
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_train import lightning, manual  # noqa: E402
-
-from attnx.data.datamodule import TranslationDataModule  # noqa: E402
-from attnx.model import TransformerConfig, build_transformer  # noqa: E402
-from attnx.training.loss import translation_loss  # noqa: E402
-from attnx.training.precision import cpu_flags  # noqa: E402
-from attnx.training.schedule import lr_lambda  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-EPSILON = 0.1
+from attnx.model import build_transformer
+from attnx.training.loss import translation_loss
+from attnx.training.precision import cpu_flags
+from attnx.training.schedule import lr_lambda
 
 
 def curve(config, model_section, datamodule, steps: int, seed: int, bf16: bool) -> tuple[float, float]:
@@ -130,8 +120,8 @@ def whole_run(args) -> int:
     if args.python and "this" not in pythons:
         pythons = {"this": sys.executable, **pythons}
     print(
-        f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.whole_run} steps of attnx fit --config {args.config.name}, "
-        f"windows of {args.window} steps, {args.threads} thread(s); load {os.getloadavg()[0]:.1f}",
+        f"{machine_line(machine(with_torch=False))}; {args.whole_run} steps of attnx fit --config "
+        f"{args.config.name}, windows of {args.window} steps, {args.threads} thread(s)",
         flush=True,
     )
     runs: dict[tuple[str, str, str], list[dict]] = {}
@@ -142,7 +132,7 @@ def whole_run(args) -> int:
                     runs.setdefault((label, precision, buckets), []).append(
                         fit_run(python, args, precision, buckets)
                     )
-        print(f"  round done, load {os.getloadavg()[0]:.1f}", flush=True)
+        print(f"  round done, load {load_average()}", flush=True)
     later = args.whole_run // 2
     print(
         "\n| checkout | precision | shape_buckets | shapes an epoch | padding | tok/s per window | mean after step "
@@ -171,8 +161,7 @@ def whole_run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=REPO / "data" / "multi30k", help="prepared Multi30k")
-    parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_cpu.yaml")
+    add_training_data_options(parser)
     parser.add_argument("--steps", type=int, default=10, help="timed training batches")
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches first")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of fp32 then bf16-mixed")
@@ -189,25 +178,17 @@ def main(argv: list[str] | None = None) -> int:
         "--python", nargs="*", default=[], help="whole run: LABEL=PATH of other checkouts' python"
     )
     args = parser.parse_args(argv)
-    if not (args.data / "meta.json").is_file():
-        sys.exit(f"{args.data} is not a prepared corpus: see bench/bench_train.py")
+    require_prepared(args.data)
     if args.whole_run:
         return whole_run(args)
     torch.set_num_threads(args.threads)
-    section = yaml.safe_load(args.config.read_text())
-    max_tokens = section["data"]["max_tokens"]
-    datamodule = TranslationDataModule(str(args.data), max_tokens=max_tokens, seed=1)
-    config = TransformerConfig.from_dict(
-        section["model"]["transformer"] | {"vocab_size": datamodule.vocab_size}
-    )
-    loader = iter(datamodule.train_dataloader())
-    batches = [next(loader) for _ in range(args.warmup + args.steps)]
+    setup = training_data(args.data, args.config, None, args.warmup + args.steps)
+    config, datamodule, batches = setup.config, setup.datamodule, setup.batches
     tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches[args.warmup :])
     bf16_flags = sorted(f for f in cpu_flags() if "bf16" in f or f.startswith("amx"))
     print(
-        f"CPU: {cpu_model()}, {os.cpu_count()} cores, bf16 flags: {' '.join(bf16_flags) or 'none'}; "
-        f"torch {torch.__version__}, {args.threads} thread(s); {args.steps} timed batches of "
-        f"{tokens / args.steps:,.0f} source+target tokens; load {os.getloadavg()[0]:.1f}",
+        f"{machine_line()}; bf16 flags: {' '.join(bf16_flags) or 'none'}; {args.steps} timed batches of "
+        f"{tokens / args.steps:,.0f} source+target tokens",
         flush=True,
     )
     rates: dict[tuple[str, str], list[float]] = {}
@@ -218,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             rates.setdefault(("step", precision), []).append(tokens / seconds)
             seconds = lightning(config, datamodule, args.steps, args.warmup, precision=precision)
             rates.setdefault(("Trainer.fit", precision), []).append(tokens / seconds)
-        print(f"  round done, load {os.getloadavg()[0]:.1f}", flush=True)
+        print(f"  round done, load {load_average()}", flush=True)
     print("\n| loop | precision | source+target tokens/s, best | median | bf16 / fp32 (medians) |")
     print("|---|---|---:|---:|---:|")
     for loop in ("step", "Trainer.fit") if args.repeats else ():
@@ -228,11 +209,11 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f"{statistics.median(runs) / fp32:.2f}" if precision != "32-true" else ""
             print(f"| {loop} | {precision} | {max(runs):,.0f} | {statistics.median(runs):,.0f} | {ratio} |")
     if args.curve_steps:
-        model_section = section["model"]
+        model_section = setup.section["model"]
         runs = [(f"fp32, seed {s}", s, False) for s in args.seeds] + [
             (f"bf16-mixed, seed {args.seeds[0]}", args.seeds[0], True)
         ]
-        print(f"\nafter {args.curve_steps} steps (load {os.getloadavg()[0]:.1f}):")
+        print(f"\nafter {args.curve_steps} steps (load {load_average()}):")
         print("| run | train loss, last 20 steps | valid loss |\n|---|---:|---:|")
         for name, seed, bf16 in runs:
             train, valid = curve(config, model_section, datamodule, args.curve_steps, seed, bf16)
@@ -241,7 +222,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    start = time.perf_counter()
-    code = main()
-    print(f"\n({time.perf_counter() - start:.0f} s)")
-    sys.exit(code)
+    run_timed(main)

@@ -12,8 +12,8 @@ stops after ``--requests`` answered requests or ``--seconds``, whichever comes f
 one request per client. Latency is from sending the request to reading the whole answer; p50 and p99 are
 nearest-rank percentiles. Lines/s counts source sentences translated.
 
-Without ``--model`` the model is the test suite's tiny random one (2+2 layers, d_model 32, a 200-piece BPE
-over 600 Multi30k sentences), written to a temporary directory: it measures the service's own overhead
+Without ``--model`` the model is a tiny random one (2+2 layers, d_model 32, a 200-piece BPE over 600
+Multi30k sentences), written to a temporary directory: it measures the service's own overhead
 (HTTP, queues, batching) more than translation. Clients and server share the machine's cores; results go to
 stdout as Markdown with the CPU model, for docs/serve.md. The server's worker runs one torch thread by
 default: on cores busy with other work, torch threads that wait for each other can make decoding a hundred
@@ -23,8 +23,6 @@ times slower.
 from __future__ import annotations
 
 import argparse
-import gzip
-import io
 import json
 import math
 import os
@@ -40,43 +38,17 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from machine import cpu_model
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def read_gz(path: Path, n: int | None = None) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line in f]
-    return lines[:n] if n else lines
+from harness import REPO, add_data_option, machine, machine_line, multi30k, multi30k_tokenizer
 
 
 def tiny_checkpoint(data: Path, directory: Path) -> Path:
-    """The tests' tiny random model with a BPE over 300 English + 300 German Multi30k sentences."""
-    import sentencepiece as spm
+    """A tiny random model (2+2 layers, d_model 32) with a BPE over 300 English + 300 German Multi30k sentences."""
     import torch
 
-    from attnx.data.tokenizer import Tokenizer
+    from attnx.checkpoint import save_model
     from attnx.model import TransformerConfig, build_transformer
 
-    sys.path.insert(0, str(REPO))  # the checkout, for tests/checkpoints.py
-    from tests.checkpoints import save_model
-
-    text = read_gz(data / "multi30k" / "train.en.gz", 300) + read_gz(data / "multi30k" / "train.de.gz", 300)
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(text),
-        model_writer=model,
-        vocab_size=200,
-        model_type="bpe",
-        character_coverage=1.0,
-        pad_id=0,
-        unk_id=1,
-        bos_id=2,
-        eos_id=3,
-        minloglevel=2,
-    )
-    tokenizer = Tokenizer.from_bytes(model.getvalue())
+    tokenizer = multi30k_tokenizer(data, 200, per_side=300)
     torch.manual_seed(0)
     config = TransformerConfig(
         vocab_size=tokenizer.vocab_size,
@@ -208,13 +180,8 @@ def measure(url: str, sentences: list[str], clients: int, lines: int, requests: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, help="checkpoint to serve (default: the tests' tiny model)")
-    parser.add_argument(
-        "--data",
-        type=Path,
-        default=Path(os.environ.get("ATTNX_DATA_DIR", REPO.parent / "shared" / "data")),
-        help="folder holding multi30k/ (default $ATTNX_DATA_DIR or ../shared/data)",
-    )
+    parser.add_argument("--model", type=Path, help="checkpoint to serve (default: a tiny random model)")
+    add_data_option(parser)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--requests", type=int, default=200, help="answered requests per level at most")
     parser.add_argument("--seconds", type=float, default=60.0, help="seconds per level at most")
@@ -226,10 +193,13 @@ def main() -> None:
     parser.add_argument("--max_len_b", type=int, default=50)
     args = parser.parse_args()
 
-    sentences = read_gz(args.data / "multi30k" / "test_2016_flickr.en.gz")
+    sentences = multi30k(args.data, "test_2016_flickr", "en")
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or tiny_checkpoint(args.data, Path(tmp))
-        print(f"CPU: {cpu_model()} ({os.cpu_count()} cores, clients and server on the same machine)")
+        print(
+            f"{machine_line(machine(with_torch=False))}; the server's worker on {args.threads} torch "
+            "thread(s); clients and server on the same machine"
+        )
         print(
             f"model: {args.model or 'tiny random (2+2 layers, d_model 32)'}; {args.lines} sentence(s) a request"
         )

@@ -25,36 +25,74 @@ shared machine every number is a lower bound.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 import yaml
+from harness import (
+    MULTI30K_CPU,
+    REPO,
+    batch_flops,
+    load_average,
+    machine_line,
+    model_config,
+    training_trainer,
+)
 
 from attnx.data.batch import Batch
 from attnx.data.datamodule import TranslationDataModule
 from attnx.model import TransformerConfig, build_transformer
-from attnx.model.builders import training_flops_per_token
 from attnx.training.loss import translation_loss
 from attnx.training.module import TranslationTask
 from attnx.training.throughput import measure_matmul_flops
 
-REPO = Path(__file__).resolve().parents[1]
 EPSILON = 0.1
 
 
-def load() -> str:
-    return f"{os.getloadavg()[0]:.1f}"
+@dataclass
+class TrainingData:
+    """What the CPU training benchmarks (this one, bench_precision.py, bench_fairseq_side_by_side.py) time on:
+    a prepared corpus's training batches in the loader's order, and the model and batch budget of a config."""
+
+    section: dict[str, Any]  # the whole config file
+    max_tokens: int
+    datamodule: TranslationDataModule
+    config: TransformerConfig
+    batches: list[Batch]
 
 
-def batch_flops(config: TransformerConfig, batch: Batch) -> float:
-    n = batch.size
-    per_token = training_flops_per_token(config, batch.n_src_tokens / n, batch.n_tgt_tokens / n)["per_token"]
-    return per_token * (batch.n_src_tokens + batch.n_tgt_tokens)
+def add_training_data_options(parser: argparse.ArgumentParser) -> None:
+    """``--data`` (the prepared Multi30k) and ``--config`` (the model and batch budget): what the CPU training
+    benchmarks read."""
+    parser.add_argument("--data", type=Path, default=REPO / "data" / "multi30k", help="prepared Multi30k")
+    parser.add_argument("--config", type=Path, default=MULTI30K_CPU)
+
+
+def require_prepared(data: Path) -> None:
+    """Exit with the ``attnx prepare`` command of Multi30k when ``data`` is not a prepared corpus."""
+    if not (data / "meta.json").is_file():
+        sys.exit(
+            f"{data} is not a prepared corpus: attnx prepare --src_lang en --tgt_lang de "
+            "--train ../shared/data/multi30k/train --valid ../shared/data/multi30k/val "
+            f"--test ../shared/data/multi30k/test_2016_flickr --vocab_size 8000 --output {data}"
+        )
+
+
+def training_data(data: Path, config: Path, max_tokens: int | None, count: int) -> TrainingData:
+    """The first ``count`` training batches of the prepared corpus ``data`` at ``max_tokens`` (default the
+    config's ``data.max_tokens``), and the config's model over the corpus's vocabulary."""
+    require_prepared(data)
+    section = yaml.safe_load(config.read_text())
+    max_tokens = max_tokens or section["data"]["max_tokens"]
+    datamodule = TranslationDataModule(str(data), max_tokens=max_tokens, seed=1)
+    loader = iter(datamodule.train_dataloader())
+    batches = [next(loader) for _ in range(count)]
+    return TrainingData(section, max_tokens, datamodule, model_config(datamodule.vocab_size, config), batches)
 
 
 def manual(
@@ -108,18 +146,7 @@ def lightning(
 
     clock = Clock()
     task = TranslationTask(transformer=config, label_smoothing=EPSILON, warmup_steps=500)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        precision=precision,
-        max_steps=warmup + steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[clock],
-    )
+    trainer = training_trainer(clock, accelerator="cpu", precision=precision, max_steps=warmup + steps)
     task.tokenizer = datamodule.tokenizer
     trainer.fit(task, datamodule=datamodule)
     return clock.times[-1] - clock.times[warmup - 1]
@@ -127,8 +154,7 @@ def lightning(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=REPO / "data" / "multi30k", help="prepared Multi30k")
-    parser.add_argument("--config", type=Path, default=REPO / "configs" / "multi30k_cpu.yaml")
+    add_training_data_options(parser)
     parser.add_argument("--max_tokens", type=int, default=None, help="default: the config's data.max_tokens")
     parser.add_argument("--steps", type=int, default=30, help="timed training batches")
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches first")
@@ -142,27 +168,15 @@ def main(argv: list[str] | None = None) -> int:
         "--bf16", action="store_true", help="profile the step under bf16 autocast (bf16-mixed)"
     )
     args = parser.parse_args(argv)
-    if not (args.data / "meta.json").is_file():
-        sys.exit(
-            f"{args.data} is not a prepared corpus: attnx prepare --src_lang en --tgt_lang de "
-            "--train ../shared/data/multi30k/train --valid ../shared/data/multi30k/val "
-            f"--test ../shared/data/multi30k/test_2016_flickr --vocab_size 8000 --output {args.data}"
-        )
-    section = yaml.safe_load(args.config.read_text())
-    max_tokens = args.max_tokens or section["data"]["max_tokens"]
-    datamodule = TranslationDataModule(str(args.data), max_tokens=max_tokens, seed=1)
-    config = TransformerConfig.from_dict(
-        section["model"]["transformer"] | {"vocab_size": datamodule.vocab_size}
-    )
-    loader = iter(datamodule.train_dataloader())
-    batches = [next(loader) for _ in range(args.warmup + args.steps)]
-    timed = batches[args.warmup :]
-    tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in timed)
-    flops = sum(batch_flops(config, b) for b in timed)
-    padded = sum(b.src.numel() + b.tgt_out.numel() for b in timed)
+    setup = training_data(args.data, args.config, args.max_tokens, args.warmup + args.steps)
+    config, datamodule, batches, max_tokens = setup.config, setup.datamodule, setup.batches, setup.max_tokens
+    measured = batches[args.warmup :]
+    tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in measured)
+    flops = sum(batch_flops(config, b) for b in measured)
+    padded = sum(b.src.numel() + b.tgt_out.numel() for b in measured)
 
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; "
+        f"{machine_line()}; "
         f"model {config.encoder_layers}+{config.decoder_layers} layers, d_model {config.d_model}, "
         f"{config.n_heads} heads, d_ff {config.d_ff}, vocab {config.vocab_size}; max_tokens {max_tokens}; "
         f"{args.steps} timed batches of {tokens / args.steps:,.0f} real tokens ({tokens / padded:.1%} of "
@@ -179,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     for threads in args.threads:
         torch.set_num_threads(threads)
         for variant in args.variants:
-            before = load()
+            before = load_average()
             best = float("inf")
             for _ in range(args.repeats):
                 if variant == "lightning":
@@ -190,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             rate = flops / best
             print(
                 f"| {variant} | {threads} | {tokens / best:,.0f} | {best / args.steps * 1000:.0f} | "
-                f"{rate / 1e9:.0f} | {rate / peaks[threads]:.0%} | {before} → {load()} |",
+                f"{rate / 1e9:.0f} | {rate / peaks[threads]:.0%} | {before} → {load_average()} |",
                 flush=True,
             )
     if args.profile:

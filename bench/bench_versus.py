@@ -26,9 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_model
-
-REPO = Path(__file__).resolve().parents[1]
+from harness import REPO, add_data_option, machine, machine_line, multi30k
 
 
 def run(src: Path, argv: list[str], cwd: Path, stdin: Path | None = None) -> float:
@@ -65,9 +63,7 @@ def main() -> int:
     )
     parser.add_argument("--rev", default="HEAD~1", help="the commit to compare with")
     parser.add_argument("--ckpt_path", type=Path, required=True, help="a trained checkpoint for decoding")
-    parser.add_argument(
-        "--data", type=Path, default=Path(os.environ.get("ATTNX_DATA_DIR", REPO.parent / "shared" / "data"))
-    )
+    add_data_option(parser)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--skip", choices=("fit", "translate"), action="append", default=[])
@@ -97,11 +93,9 @@ def main() -> int:
                                "--valid", str(raw / "val"), "--test", str(raw / "test_2016_flickr"),
                                "--vocab_size", "8000", "--output", str(prepared)], work)  # fmt: skip
         source = work / "test.en"
-        import gzip
-
-        with gzip.open(raw / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
-            source.write_text(f.read(), encoding="utf-8")
-        lines = len(source.read_text(encoding="utf-8").splitlines())
+        sentences = multi30k(args.data, "test_2016_flickr", "en")
+        source.write_text("".join(f"{line}\n" for line in sentences), encoding="utf-8")
+        lines = len(sentences)
         tgt_share = 18_555 / (17_457 + 18_555)  # test split; the train split's share is printed by prepare
         results: dict[str, dict[str, list[float]]] = {name: {"fit": [], "translate": []} for name in versions}
         for _ in range(args.rounds):
@@ -114,7 +108,7 @@ def main() -> int:
                                         "--output", str(work / "hyp")], work)  # fmt: skip
                     results[name]["translate"].append(lines / seconds)
         print(
-            f"CPU: {cpu_model()}, {os.cpu_count()} cores; torch threads 2; {args.rounds} alternating rounds, best"
+            f"{machine_line(machine(with_torch=False))}; torch threads 2; {args.rounds} alternating rounds, best"
         )
         print(
             "| version | fit tokens/s (src+tgt) | fit tokens/s (tgt, approx.) | translate beam 4 sentences/s |"

@@ -8,28 +8,26 @@ Lightning, so that the export benchmark has a meaningful model whatever state th
         --work_dir /tmp/multi30k_export --out ckpt/multi30k.ckpt --minutes 15
 
 ``--work_dir`` receives the prepared corpus (``attnx prepare``'s format); ``--out`` the averaged checkpoint,
-written with ``save_model`` of ``tests/checkpoints.py``.
+written with ``attnx.checkpoint.save_model``. The model is that config's ``model.transformer`` section.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from harness import model_config
 
+from attnx.checkpoint import save_model
 from attnx.data.batching import collate_indices, plan_batches
 from attnx.data.corpus import PreparedCorpus
 from attnx.data.prepare import Inputs, Settings, prepare
-from attnx.model import TransformerConfig, build_transformer
+from attnx.model import build_transformer
 from attnx.training.loss import translation_loss
 from attnx.training.schedule import lr_lambda
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for tests/checkpoints.py
-from tests.checkpoints import save_model  # noqa: E402
 
 
 def main() -> None:
@@ -63,16 +61,7 @@ def main() -> None:
     prepare(inputs, args.work_dir, Settings("en", "de", vocab_size=8000))
     corpus = PreparedCorpus(args.work_dir)
     train = corpus.dataset("train")
-    config = TransformerConfig(
-        vocab_size=corpus.vocab_size,
-        d_model=256,
-        n_heads=4,
-        d_ff=1024,
-        encoder_layers=3,
-        decoder_layers=3,
-        dropout=0.1,
-        max_len=256,
-    )
+    config = model_config(corpus.vocab_size)
     model = build_transformer(config).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     schedule = torch.optim.lr_scheduler.LambdaLR(

@@ -16,7 +16,7 @@ from tests.conftest import REPO
 
 
 def load_script():
-    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_gpu.py` has it: its `machine` module
+    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_gpu.py` has it: its `harness` module
     spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "bench" / "bench_gpu.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
