@@ -111,7 +111,7 @@ class Steps:
             self.attnx(f"fit_{arm}", "fit", "--config", MODEL_CONFIG, "--config", str(config), *extra)
         return ckpt
 
-    def translate(self, name: str, model: Path, source: Path, *search: str) -> tuple[Path, float]:
+    def translate(self, name: str, model: str | Path, source: Path, *search: str) -> tuple[Path, float]:
         """Translate `source` into outputs/NAME (once); returns the file and the seconds the command took."""
         out = self.work / "outputs" / name
         timing = out.with_suffix(".seconds")
