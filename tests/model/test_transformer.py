@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnx.data.batch import BOS_ID, collate
 from attnx.model import TransformerConfig, build_transformer
 from attnx.model.builders import count_parameters
 from tests.conftest import tiny_config
@@ -18,6 +19,14 @@ def pair_batch(vocab: int = 50):
     src = src.masked_fill(~src_mask, 0)
     tgt_in = torch.randint(4, vocab, (3, 7))
     return src, src_mask, lengths, tgt_in
+
+
+def sources(*lengths: int, vocab: int = 50):
+    """A padded batch of random sources of the given lengths (ids >= 4), EOS appended."""
+    gen = torch.Generator().manual_seed(sum(lengths))
+    ids = [torch.randint(4, vocab, (n,), generator=gen).tolist() for n in lengths]
+    batch = collate([(x, []) for x in ids])
+    return batch.src, batch.src_mask
 
 
 def test_matches_float64_reference():
@@ -100,6 +109,51 @@ def test_cache_follows_reorder():
     state.reorder(order)
     step = model.decode_step(tgt_in[order, 3], state)
     torch.testing.assert_close(step, full[order, 3], rtol=1e-5, atol=1e-5)
+
+
+def test_cached_decode_step_equals_full_recomputation_also_after_reorder():
+    model = build_transformer(tiny_config()).eval()
+    src, src_mask = sources(5, 9, 7)
+    gen = torch.Generator().manual_seed(1)
+    prefix = torch.cat([torch.full((3, 1), BOS_ID), torch.randint(4, 50, (3, 8), generator=gen)], 1)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        state = model.start_decoding(memory, src_mask)
+        for i in range(5):
+            step = model.decode_step(prefix[:, i], state)
+            full = model.decode(prefix[:, : i + 1], memory, src_mask)[:, -1]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+        # beam-style reorder: rows 2, 0, 0 continue; the cache must follow them
+        index = torch.tensor([2, 0, 0])
+        state.reorder(index)
+        prefix, memory, src_mask = prefix[index], memory[index], src_mask[index]
+        for i in range(5, 9):
+            step = model.decode_step(prefix[:, i], state)
+            full = model.decode(prefix[:, : i + 1], memory, src_mask)[:, -1]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+
+
+def test_beam_reorder_within_sentences_moves_only_the_self_attention_cache():
+    model = build_transformer(tiny_config()).eval()
+    src, src_mask = sources(5, 9)
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.cat([torch.full((4, 1), BOS_ID), torch.randint(4, 50, (4, 6), generator=gen)], 1)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask).repeat_interleave(2, 0)  # rows 0-1: sentence 0, 2-3: 1
+        mask = src_mask.repeat_interleave(2, 0)
+        state = model.start_decoding(model.encode(src, src_mask), src_mask)
+        state.reorder(torch.arange(2).repeat_interleave(2))  # each sentence twice, as the beam does
+        for i in range(3):
+            model.decode_step(prefix[:, i], state)
+        index = torch.tensor([1, 1, 3, 2])  # back-pointers within each sentence
+        cross_before = state.caches[0][1].k
+        state.reorder(index, same_sources=True)
+        assert state.caches[0][1].k is cross_before  # the source side was not copied
+        prefix = prefix[index]
+        for i in range(3, 6):
+            step = model.decode_step(prefix[:, i], state)
+            full = model.decode(prefix[:, : i + 1], memory, mask)[:, -1]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
 
 
 def test_one_weight_matrix_is_shared():
