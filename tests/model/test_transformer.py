@@ -1,4 +1,5 @@
-"""§3 The whole model: reference agreement, no leaks, padding, cache, shared weights, paper sizes."""
+"""§3 The whole model: reference agreement, no leaks, padding, incremental decoding and its cache, shared weights,
+embeddings scaled."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from attnx.data.batch import BOS_ID, collate
-from attnx.model import TransformerConfig, build_transformer
+from attnx.model import build_transformer
 from attnx.model.builders import count_parameters
 from tests.conftest import tiny_config
 from tests.model.reference import transformer_logits
@@ -176,47 +177,3 @@ def test_embeddings_scaled_by_sqrt_d_model():
     expected = model.src_positional(x)
     got = model._embed(tokens, model.src_embedding, model.src_positional)
     torch.testing.assert_close(got, expected)
-
-
-@pytest.mark.parametrize(("preset", "paper"), [("base", 65e6), ("big", 213e6)])
-def test_parameter_counts_match_table_3(preset, paper):
-    model = build_transformer(getattr(TransformerConfig, preset)(vocab_size=37000))
-    assert abs(count_parameters(model) - paper) / paper < 0.03
-
-
-def test_big_preset_is_the_papers():
-    big = TransformerConfig.big()
-    assert (big.d_model, big.d_ff, big.n_heads, big.dropout) == (1024, 4096, 16, 0.3)
-    assert (big.encoder_layers, big.decoder_layers) == (6, 6)
-
-
-def test_config_round_trips_through_plain_dict():
-    config = tiny_config(share_embeddings=False)
-    config.self_attention.args = {"dropout": 0.1}
-    again = TransformerConfig.from_dict(config.to_dict())
-    assert again == config
-    with pytest.raises(ValueError, match="unknown transformer config keys.*'d_modle'"):
-        TransformerConfig.from_dict({"d_modle": 3})
-
-
-def test_d_model_not_divisible_by_heads_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"d_model \(30\) must be a positive multiple of n_heads \(4\)"):
-        build_transformer(tiny_config(d_model=30))
-
-
-def test_a_positional_component_acting_elsewhere_than_the_embeddings_is_refused_by_name():
-    from attnx.components.positional import SinusoidalPositionalEncoding
-    from attnx.model.builders import ComponentSpec
-    from attnx.plugins import collect, plugin_manager
-    from attnx.registry import Kind
-
-    class ScoreBias(SinusoidalPositionalEncoding):
-        acts_on = "scores"  # would be added to attention scores: the Transformer has no such place
-
-    registry = collect(plugin_manager(entry_points=False))
-    registry.add(Kind.POSITIONAL, "score_bias", ScoreBias)
-    config = tiny_config()
-    build_transformer(config, registry)  # the built-in sinusoid acts on the embeddings
-    config.positional = ComponentSpec("score_bias")
-    with pytest.raises(ValueError, match="positional component 'score_bias' acts on 'scores'"):
-        build_transformer(config, registry)
