@@ -95,26 +95,3 @@ def test_attention_collects_every_layer(translator, loaded):
     assert maps.translation == translator.translate(["A man in an orange hat."])[0]
     with pytest.raises(ValueError, match="non-empty"):
         translator.attention("  ")
-
-
-def test_a_directory_that_is_no_exported_model_is_refused(tmp_path):
-    from attnx.checkpoint import CheckpointError
-
-    with pytest.raises(CheckpointError, match="not a model exported"):
-        attnx.load(tmp_path)
-
-
-def test_load_returns_the_protocol_both_engines_implement_with_the_text_side_written_once(translator):
-    import typing
-
-    from attnx.inference.ctranslate2 import CTranslate2Translator
-    from attnx.inference.eager import EagerTranslator
-    from attnx.inference.load import load
-
-    assert typing.get_type_hints(load)["return"] is Translator
-    assert attnx.Translator is Translator and attnx.load is load
-    assert isinstance(translator, EagerTranslator)
-    for engine in (EagerTranslator, CTranslate2Translator):
-        assert Translator in engine.__mro__
-        for name in ("encode", "truncate", "decode", "translate", "__call__"):
-            assert getattr(engine, name) is getattr(Translator, name), f"{engine.__name__}.{name}"
