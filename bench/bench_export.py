@@ -35,7 +35,7 @@ from attnx.export import export_ctranslate2
 from attnx.inference.config import SearchConfig
 from attnx.inference.ctranslate2 import CTranslate2Translator
 from attnx.inference.eager import EagerTranslator
-from attnx.inference.search import length_penalty
+from attnx.inference.lengths import length_penalty
 from attnx.inference.translator import Translator
 
 Output = tuple[list[str], int]

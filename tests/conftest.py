@@ -1,9 +1,10 @@
-"""Shared fixtures: where the real corpora are, tiny model configs, a fresh plugin registry."""
+"""Shared fixtures: where the real corpora are, tiny model configs, a fresh plugin registry, torch on one thread."""
 
 from __future__ import annotations
 
 import gzip
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from attnx.cli import main as attnx
 from attnx.model import TransformerConfig
 
 REPO = Path(__file__).resolve().parents[1]
+
+pytest_plugins = ["tests.trained"]  # the small trained model, trained once per session for every folder
 
 
 def shared_data_dir() -> Path:
@@ -31,6 +34,18 @@ def shared_data() -> Path:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+def one_thread() -> Iterator[None]:
+    """Torch on one thread for the duration: tiny models gain nothing from threads, and on a busy 2-core machine
+    threads wait on each other (a second thread makes them 2-3× slower).
+
+    The folders whose tests decode or train use it on every test, each with one line of its conftest:
+    `_one_thread = pytest.fixture(autouse=True)(one_thread)` (a scope of its own where it needs one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def tiny_config(**overrides) -> TransformerConfig:

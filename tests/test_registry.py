@@ -11,7 +11,7 @@ from torch import nn
 
 from attnx import hookimpl
 from attnx.model import build_transformer
-from attnx.plugins import DEFAULT_PLUGINS, collect, plugin_manager
+from attnx.plugins import collect, plugin_manager
 from attnx.registry import (
     ComponentArgumentError,
     ComponentRegistry,
@@ -40,27 +40,6 @@ def throwaway_plugin(name: str, kind_method: str, cls: type):
 
     module.attnx_register_components = attnx_register_components
     return module
-
-
-def test_builtins_register_through_the_hook():
-    pm = plugin_manager(entry_points=False)
-    assert [name for name, _ in pm.list_name_plugin()] == list(DEFAULT_PLUGINS)
-    reg = collect(pm)
-    assert reg.entry("attention", "multihead").plugin == "attnx.components.attention"
-
-
-def test_a_registered_plugin_is_usable_by_name():
-    pm = plugin_manager(entry_points=False)
-    plugin = throwaway_plugin("swish_plugin", "add_feedforward", Swish)
-    pm.register(plugin)
-    try:
-        reg = collect(pm)
-        config = tiny_config()
-        config.feedforward.name = "swish"
-        model = build_transformer(config, reg)
-        assert isinstance(model.encoder_layers[0].ffn, Swish)
-    finally:
-        pm.unregister(plugin)
 
 
 def test_unknown_name_lists_the_known_ones():

@@ -10,7 +10,8 @@ from torch import nn
 
 from attnx.data.batch import BOS_ID, PAD_ID, collate
 from attnx.inference.config import SearchConfig
-from attnx.inference.search import length_penalty, translate_batch
+from attnx.inference.lengths import length_penalty
+from attnx.inference.search import translate_batch
 
 
 def attnx_translate(

@@ -21,8 +21,8 @@ from attnx.export.huggingface import residual_permutation  # noqa: E402
 from attnx.inference.config import SearchConfig  # noqa: E402
 from attnx.model import TransformerConfig, build_transformer  # noqa: E402
 from tests.checkpoints import save_model  # noqa: E402
-from tests.export.conftest import Pairs  # noqa: E402
 from tests.export.reference import attnx_translate, top2_gap  # noqa: E402
+from tests.trained import Pairs  # noqa: E402
 
 
 @pytest.fixture(scope="module")

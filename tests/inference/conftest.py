@@ -6,13 +6,12 @@ import gzip
 from pathlib import Path
 
 import pytest
-import torch
 
 from attnx.checkpoint import LoadedModel, load_model
 from attnx.data.tokenizer import Tokenizer
 from attnx.model import build_transformer
 from tests.checkpoints import save_model, train_tokenizer
-from tests.conftest import tiny_config
+from tests.conftest import one_thread, tiny_config
 
 
 def multi30k_lines(data: Path, name: str, n: int) -> list[str]:
@@ -41,10 +40,4 @@ def loaded(checkpoint: Path) -> LoadedModel:
     return load_model(checkpoint)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from threads, and on a busy 2-core machine threads wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = pytest.fixture(autouse=True)(one_thread)

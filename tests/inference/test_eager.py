@@ -1,4 +1,5 @@
-"""The eager engine: n-best with text, sampling, ensembles of checkpoints, forced scoring, prefixes, alignments."""
+"""The eager engine: n-best with text, sampling, ensembles of checkpoints, forced scoring, prefixes, alignments,
+batches by tokens, attention maps."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import torch
 
 import attnx
 from attnx.inference.config import SearchConfig
-from attnx.inference.eager import EagerTranslator
+from attnx.inference.eager import EagerTranslator, token_batches
 from attnx.inference.hypothesis import Hypothesis
 from attnx.model import build_transformer
 from tests.checkpoints import save_model, train_tokenizer
 from tests.conftest import tiny_config
 from tests.inference.conftest import multi30k_lines
+from tests.inference.test_translator import LINES as MIXED_LINES
 
 LINES = ["A man rides a bike.", "", "Two dogs play in the snow.", "A girl in a red dress is jumping."]
 FAST = SearchConfig(beam=4, nbest=3, max_len_b=6)
@@ -130,3 +132,32 @@ def test_an_ensemble_of_different_sentencepiece_models_is_one_line_naming_both(
     assert "different SentencePiece models" in message
     with pytest.raises(ValueError, match="ensemble weights need an ensemble"):
         attnx.load(checkpoint, weights=[1.0])
+
+
+def test_token_batches_respect_the_budget_and_cover_every_line_once():
+    lengths = [5, 30, 2, 9, 9, 50, 1, 70]
+    batches = list(token_batches(lengths, max_tokens=60))
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 60
+    assert [len(b) for b in batches] == [5, 1, 1, 1]  # shortest first; a line over budget goes alone
+
+
+def test_batching_by_tokens_does_not_change_the_output(checkpoint):
+    small = attnx.load(checkpoint, search=SearchConfig(beam=2, max_len_b=6), max_tokens=8)
+    assert small.translate(MIXED_LINES) == attnx.load(
+        checkpoint, search=SearchConfig(beam=2, max_len_b=6)
+    ).translate(MIXED_LINES)
+
+
+def test_attention_collects_every_layer(checkpoint, loaded):
+    translator = attnx.load(checkpoint, search=SearchConfig(beam=2, max_len_b=6))
+    maps = translator.attention("A man in an orange hat.")
+    heads, s, t = loaded.config.n_heads, len(maps.source_tokens), len(maps.target_tokens)
+    assert maps.source_tokens[-1] == maps.target_tokens[-1] == "</s>"
+    assert [w.shape for w in maps.encoder] == [(heads, s, s)] * loaded.config.encoder_layers
+    assert [w.shape for w in maps.cross] == [(heads, t, s)] * loaded.config.decoder_layers
+    torch.testing.assert_close(maps.cross[0].sum(-1), torch.ones(heads, t))  # rows are distributions
+    assert maps.translation == translator.translate(["A man in an orange hat."])[0]
+    with pytest.raises(ValueError, match="non-empty"):
+        translator.attention("  ")

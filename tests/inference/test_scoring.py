@@ -10,7 +10,7 @@ from attnx.inference.config import SearchConfig
 from attnx.inference.decoder import EnsembleDecoder, ModelDecoder
 from attnx.inference.scoring import force_decode
 from attnx.inference.search import generate
-from tests.inference.test_search import make_model, sources
+from tests.inference.toys import make_model, sources
 
 
 def eos_prone_model():

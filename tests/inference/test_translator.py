@@ -10,7 +10,6 @@ import torch
 import attnx
 from attnx.data.batch import collate
 from attnx.inference.config import SearchConfig
-from attnx.inference.eager import token_batches
 from attnx.inference.search import translate_batch
 from attnx.inference.translator import Translator
 
@@ -34,15 +33,6 @@ def translator(checkpoint) -> Translator:
     return attnx.load(checkpoint, search=FAST)
 
 
-def test_token_batches_respect_the_budget_and_cover_every_line_once():
-    lengths = [5, 30, 2, 9, 9, 50, 1, 70]
-    batches = list(token_batches(lengths, max_tokens=60))
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    for b in batches:
-        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 60
-    assert [len(b) for b in batches] == [5, 1, 1, 1]  # shortest first; a line over budget goes alone
-
-
 def test_translate_keeps_line_count_order_and_blank_lines(translator, caplog):
     with caplog.at_level(logging.WARNING, logger="attnx"):
         got = translator.translate(LINES)
@@ -54,11 +44,6 @@ def test_translate_keeps_line_count_order_and_blank_lines(translator, caplog):
         assert "\n" not in translation
     alone = [translator.translate([line])[0] for line in LINES]  # each line on its own: same output
     assert got == alone
-
-
-def test_batching_by_tokens_does_not_change_the_output(checkpoint):
-    small = attnx.load(checkpoint, search=FAST, max_tokens=8)
-    assert small.translate(LINES) == attnx.load(checkpoint, search=FAST).translate(LINES)
 
 
 def test_translate_ids_is_the_search_of_each_sentence(translator, loaded):
@@ -83,38 +68,3 @@ def test_to_moves_the_model_and_a_string_is_refused(translator):
     assert translator.to("cpu") is translator and translator.device == torch.device("cpu")
     with pytest.raises(TypeError, match="list of lines"):
         translator.translate("A dog runs.")
-
-
-def test_attention_collects_every_layer(translator, loaded):
-    maps = translator.attention("A man in an orange hat.")
-    heads, s, t = loaded.config.n_heads, len(maps.source_tokens), len(maps.target_tokens)
-    assert maps.source_tokens[-1] == maps.target_tokens[-1] == "</s>"
-    assert [w.shape for w in maps.encoder] == [(heads, s, s)] * loaded.config.encoder_layers
-    assert [w.shape for w in maps.cross] == [(heads, t, s)] * loaded.config.decoder_layers
-    torch.testing.assert_close(maps.cross[0].sum(-1), torch.ones(heads, t))  # rows are distributions
-    assert maps.translation == translator.translate(["A man in an orange hat."])[0]
-    with pytest.raises(ValueError, match="non-empty"):
-        translator.attention("  ")
-
-
-def test_a_directory_that_is_no_exported_model_is_refused(tmp_path):
-    from attnx.checkpoint import CheckpointError
-
-    with pytest.raises(CheckpointError, match="not a model exported"):
-        attnx.load(tmp_path)
-
-
-def test_load_returns_the_protocol_both_engines_implement_with_the_text_side_written_once(translator):
-    import typing
-
-    from attnx.inference.ctranslate2 import CTranslate2Translator
-    from attnx.inference.eager import EagerTranslator
-    from attnx.inference.load import load
-
-    assert typing.get_type_hints(load)["return"] is Translator
-    assert attnx.Translator is Translator and attnx.load is load
-    assert isinstance(translator, EagerTranslator)
-    for engine in (EagerTranslator, CTranslate2Translator):
-        assert Translator in engine.__mro__
-        for name in ("encode", "truncate", "decode", "translate", "__call__"):
-            assert getattr(engine, name) is getattr(Translator, name), f"{engine.__name__}.{name}"

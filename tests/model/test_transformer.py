@@ -1,11 +1,13 @@
-"""§3 The whole model: reference agreement, no leaks, padding, cache, shared weights, paper sizes."""
+"""§3 The whole model: reference agreement, no leaks, padding, incremental decoding and its cache, shared weights,
+embeddings scaled."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attnx.model import TransformerConfig, build_transformer
+from attnx.data.batch import BOS_ID, collate
+from attnx.model import build_transformer
 from attnx.model.builders import count_parameters
 from tests.conftest import tiny_config
 from tests.model.reference import transformer_logits
@@ -18,6 +20,14 @@ def pair_batch(vocab: int = 50):
     src = src.masked_fill(~src_mask, 0)
     tgt_in = torch.randint(4, vocab, (3, 7))
     return src, src_mask, lengths, tgt_in
+
+
+def sources(*lengths: int, vocab: int = 50):
+    """A padded batch of random sources of the given lengths (ids >= 4), EOS appended."""
+    gen = torch.Generator().manual_seed(sum(lengths))
+    ids = [torch.randint(4, vocab, (n,), generator=gen).tolist() for n in lengths]
+    batch = collate([(x, []) for x in ids])
+    return batch.src, batch.src_mask
 
 
 def test_matches_float64_reference():
@@ -102,6 +112,51 @@ def test_cache_follows_reorder():
     torch.testing.assert_close(step, full[order, 3], rtol=1e-5, atol=1e-5)
 
 
+def test_cached_decode_step_equals_full_recomputation_also_after_reorder():
+    model = build_transformer(tiny_config()).eval()
+    src, src_mask = sources(5, 9, 7)
+    gen = torch.Generator().manual_seed(1)
+    prefix = torch.cat([torch.full((3, 1), BOS_ID), torch.randint(4, 50, (3, 8), generator=gen)], 1)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        state = model.start_decoding(memory, src_mask)
+        for i in range(5):
+            step = model.decode_step(prefix[:, i], state)
+            full = model.decode(prefix[:, : i + 1], memory, src_mask)[:, -1]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+        # beam-style reorder: rows 2, 0, 0 continue; the cache must follow them
+        index = torch.tensor([2, 0, 0])
+        state.reorder(index)
+        prefix, memory, src_mask = prefix[index], memory[index], src_mask[index]
+        for i in range(5, 9):
+            step = model.decode_step(prefix[:, i], state)
+            full = model.decode(prefix[:, : i + 1], memory, src_mask)[:, -1]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+
+
+def test_beam_reorder_within_sentences_moves_only_the_self_attention_cache():
+    model = build_transformer(tiny_config()).eval()
+    src, src_mask = sources(5, 9)
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.cat([torch.full((4, 1), BOS_ID), torch.randint(4, 50, (4, 6), generator=gen)], 1)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask).repeat_interleave(2, 0)  # rows 0-1: sentence 0, 2-3: 1
+        mask = src_mask.repeat_interleave(2, 0)
+        state = model.start_decoding(model.encode(src, src_mask), src_mask)
+        state.reorder(torch.arange(2).repeat_interleave(2))  # each sentence twice, as the beam does
+        for i in range(3):
+            model.decode_step(prefix[:, i], state)
+        index = torch.tensor([1, 1, 3, 2])  # back-pointers within each sentence
+        cross_before = state.caches[0][1].k
+        state.reorder(index, same_sources=True)
+        assert state.caches[0][1].k is cross_before  # the source side was not copied
+        prefix = prefix[index]
+        for i in range(3, 6):
+            step = model.decode_step(prefix[:, i], state)
+            full = model.decode(prefix[:, : i + 1], memory, mask)[:, -1]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+
+
 def test_one_weight_matrix_is_shared():
     model = build_transformer(tiny_config())
     assert model.src_embedding.weight is model.tgt_embedding.weight
@@ -122,47 +177,3 @@ def test_embeddings_scaled_by_sqrt_d_model():
     expected = model.src_positional(x)
     got = model._embed(tokens, model.src_embedding, model.src_positional)
     torch.testing.assert_close(got, expected)
-
-
-@pytest.mark.parametrize(("preset", "paper"), [("base", 65e6), ("big", 213e6)])
-def test_parameter_counts_match_table_3(preset, paper):
-    model = build_transformer(getattr(TransformerConfig, preset)(vocab_size=37000))
-    assert abs(count_parameters(model) - paper) / paper < 0.03
-
-
-def test_big_preset_is_the_papers():
-    big = TransformerConfig.big()
-    assert (big.d_model, big.d_ff, big.n_heads, big.dropout) == (1024, 4096, 16, 0.3)
-    assert (big.encoder_layers, big.decoder_layers) == (6, 6)
-
-
-def test_config_round_trips_through_plain_dict():
-    config = tiny_config(share_embeddings=False)
-    config.self_attention.args = {"dropout": 0.1}
-    again = TransformerConfig.from_dict(config.to_dict())
-    assert again == config
-    with pytest.raises(ValueError, match="unknown transformer config keys.*'d_modle'"):
-        TransformerConfig.from_dict({"d_modle": 3})
-
-
-def test_d_model_not_divisible_by_heads_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"d_model \(30\) must be a positive multiple of n_heads \(4\)"):
-        build_transformer(tiny_config(d_model=30))
-
-
-def test_a_positional_component_acting_elsewhere_than_the_embeddings_is_refused_by_name():
-    from attnx.components.positional import SinusoidalPositionalEncoding
-    from attnx.model.builders import ComponentSpec
-    from attnx.plugins import collect, plugin_manager
-    from attnx.registry import Kind
-
-    class ScoreBias(SinusoidalPositionalEncoding):
-        acts_on = "scores"  # would be added to attention scores: the Transformer has no such place
-
-    registry = collect(plugin_manager(entry_points=False))
-    registry.add(Kind.POSITIONAL, "score_bias", ScoreBias)
-    config = tiny_config()
-    build_transformer(config, registry)  # the built-in sinusoid acts on the embeddings
-    config.positional = ComponentSpec("score_bias")
-    with pytest.raises(ValueError, match="positional component 'score_bias' acts on 'scores'"):
-        build_transformer(config, registry)

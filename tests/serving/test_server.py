@@ -115,18 +115,6 @@ def test_split_as_keeps_order_and_empty_pieces():
     assert split_as(["a", "b", "c"], [2, 0, 1]) == [["a", "b"], [], ["c"]]
 
 
-def test_settings_refuse_what_litserve_cannot_do():
-    for bad, words in [
-        (dict(host="localhost"), "--host localhost"),
-        (dict(port=80), "--port 80"),
-        (dict(workers=0), "--workers must be at least 1"),
-        (dict(batch_timeout=40.0), "below --timeout"),
-    ]:
-        with pytest.raises(ValueError, match=words):
-            ServeSettings(**bad)
-    assert ServeSettings(host="::", port=9000).url == "http://[::1]:9000"
-
-
 def test_device_placement_names_one_device():
     assert device_placement("cpu") == ("cpu", 1)
     assert device_placement("cuda") == ("cuda", [0])

@@ -58,11 +58,6 @@ def test_each_bad_body_gets_its_status_and_a_message(body, status, words):
     assert words in message and "\n" not in message
 
 
-def test_limits_must_be_positive():
-    with pytest.raises(ValueError, match="--max_lines must be at least 1"):
-        RequestLimits(max_lines=0)
-
-
 class Recorder:
     """An ASGI app that records what reached it, and answers 200."""
 

@@ -6,20 +6,13 @@ import csv
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, one_thread
 
 TINY = REPO / "configs" / "tiny.yaml"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from a second thread, and on a busy 2-core machine it makes them 2-3× slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+_one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
 
 def fit_args(corpus: Path, *extra: str, subcommand: str = "fit") -> list[str]:

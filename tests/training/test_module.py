@@ -16,7 +16,8 @@ from attnx.cli import main as attnx
 from attnx.data.batch import BOS_ID, PAD_ID, Batch, collate
 from attnx.data.batching import no_collate
 from attnx.inference.config import SearchConfig
-from attnx.inference.search import max_output_lengths, translate_batch
+from attnx.inference.lengths import max_output_lengths
+from attnx.inference.search import translate_batch
 from attnx.training.module import TranslationTask
 from attnx.training.schedule import inverse_sqrt_schedule
 from tests.conftest import tiny_config

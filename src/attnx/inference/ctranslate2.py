@@ -51,8 +51,8 @@ from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.hypothesis import Hypothesis
+from attnx.inference.lengths import length_penalty, max_output_length
 from attnx.inference.mbr import candidate_search, rerank
-from attnx.inference.search import length_penalty, max_output_length
 from attnx.inference.translator import Translator, blank, fitted_search
 from attnx.model import TransformerConfig
 
@@ -263,7 +263,7 @@ class CTranslate2Translator(Translator):
 
     def max_output_length(self, source_length: int) -> int:
         """`L` tokens before `</s>` for `n` source ids (+ `</s>`), as
-        [`max_output_length`][attnx.inference.search.max_output_length] counts them."""
+        [`max_output_length`][attnx.inference.lengths.max_output_length] counts them."""
         s = self.search
         return max_output_length(source_length + 1, s.max_len_a, s.max_len_b, s.max_positions)
 

@@ -18,7 +18,7 @@ from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.inference.config import SearchConfig
 from attnx.inference.decoder import Decoder, as_decoder, decoding
 from attnx.inference.hypothesis import Hypothesis
-from attnx.inference.search import length_penalty
+from attnx.inference.lengths import length_penalty
 
 __all__ = ["force_decode", "hard_alignments"]
 

@@ -1,0 +1,35 @@
+"""Layer normalization, the `LayerNorm` of `LayerNorm(x + Sublayer(x))`."""
+
+from __future__ import annotations
+
+import torch
+
+from attnx.components.norm import LayerNorm
+from attnx.plugins import registry
+from attnx.registry import Kind
+
+
+def test_each_position_is_normalized_over_d_model_then_scaled_and_shifted():
+    norm = LayerNorm(16)
+    x = 5 + 3 * torch.randn(2, 4, 16)
+    out = norm(x)
+    torch.testing.assert_close(out.mean(-1), torch.zeros(2, 4), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.var(-1, unbiased=False), torch.ones(2, 4), atol=1e-3, rtol=0)
+    with torch.no_grad():
+        norm.weight.fill_(2.0)
+        norm.bias.fill_(-1.0)
+    mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+    torch.testing.assert_close(norm(x), 2 * (x - mean) / torch.sqrt(var + 1e-5) - 1)
+
+
+def test_epsilon_is_the_papers_default_or_the_one_given():
+    assert LayerNorm(16).eps == 1e-5
+    assert LayerNorm(16, eps=1e-6).eps == 1e-6
+    constant = torch.full((1, 1, 16), 3.0)  # zero variance: epsilon alone keeps it finite
+    assert bool((LayerNorm(16, eps=1e-6)(constant) == 0).all())
+    assert sum(p.numel() for p in LayerNorm(16).parameters()) == 2 * 16
+
+
+def test_it_is_the_registered_layernorm():
+    entry = registry().entry(Kind.NORM, "layernorm")
+    assert entry.factory is LayerNorm and entry.plugin == "attnx.components.norm"

@@ -1,0 +1,77 @@
+"""`attnx.load`: the engine that reads a path (a checkpoint, an ensemble of checkpoints, a CTranslate2 export),
+and one line for what no engine reads."""
+
+from __future__ import annotations
+
+import pytest
+
+import attnx
+from attnx.inference.config import SearchConfig
+from attnx.inference.eager import EagerTranslator
+from attnx.inference.load import load
+from attnx.inference.translator import Translator
+
+FAST = SearchConfig(beam=2, max_len_b=6)
+LINES = ["A man rides a bike.", "", "Two dogs play in the snow."]
+
+
+def test_a_directory_that_is_no_exported_model_is_refused(tmp_path):
+    from attnx.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="not a model exported"):
+        attnx.load(tmp_path)
+
+
+def test_load_returns_the_protocol_both_engines_implement_with_the_text_side_written_once(checkpoint):
+    import typing
+
+    from attnx.inference.ctranslate2 import CTranslate2Translator
+    from attnx.inference.eager import EagerTranslator
+    from attnx.inference.load import load
+
+    assert typing.get_type_hints(load)["return"] is Translator
+    assert attnx.Translator is Translator and attnx.load is load
+    assert isinstance(attnx.load(checkpoint), EagerTranslator)
+    for engine in (EagerTranslator, CTranslate2Translator):
+        assert Translator in engine.__mro__
+        for name in ("encode", "truncate", "decode", "translate", "__call__"):
+            assert getattr(engine, name) is getattr(Translator, name), f"{engine.__name__}.{name}"
+
+
+def test_a_checkpoint_and_a_list_of_one_checkpoint_are_the_same_model(checkpoint):
+    alone = load(checkpoint, search=FAST, max_tokens=64)
+    listed = load([str(checkpoint)], search=FAST, max_tokens=64)
+    assert isinstance(alone, EagerTranslator) and isinstance(listed, EagerTranslator)
+    assert len(alone.models) == len(listed.models) == 1
+    assert alone.search == listed.search and alone.max_tokens == listed.max_tokens == 64
+    assert alone.translate(LINES) == listed.translate(LINES)
+
+
+def test_a_list_of_checkpoints_is_one_ensemble_with_its_weights(checkpoint):
+    pair = load([checkpoint, checkpoint], search=FAST, weights=[3, 1])
+    assert isinstance(pair, EagerTranslator) and len(pair.models) == 2
+    assert pair.decoder.weights == [0.75, 0.25]
+
+
+def test_what_no_engine_reads_is_one_line(checkpoint, tmp_path):
+    (tmp_path / "export").mkdir()
+    with pytest.raises(ValueError, match=r"^ensemble weights need an ensemble: give a list of checkpoints$"):
+        load(checkpoint, weights=[1.0])
+    with pytest.raises(ValueError) as err:
+        load([checkpoint, tmp_path / "export"])
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'export'} is a directory: an ensemble decodes checkpoint files")
+    assert "CTranslate2 exports cannot be ensembled" in message and "\n" not in message
+
+
+def test_an_exported_directory_is_decoded_by_ctranslate2(checkpoint, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from attnx.export import export_ctranslate2
+    from attnx.inference.ctranslate2 import CTranslate2Translator
+
+    exported = export_ctranslate2(checkpoint, tmp_path / "ct2")
+    translator = load(exported, search=SearchConfig(beam=1, max_len_b=6), max_tokens=64)
+    assert isinstance(translator, CTranslate2Translator)
+    assert translator.search.beam == 1 and translator.max_tokens == 64
+    (output,) = translator.translate_ids([[5, 6, 7]])
+    assert len(output) <= translator.max_output_length(3)

@@ -1,0 +1,123 @@
+"""Builders: a config of names and numbers becomes the model it describes; the paper's presets; what a bad
+config is told; the FLOPs formula; what must match for weights to belong to one model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from attnx.model import TRAINING_ONLY, TransformerConfig, architecture, build_transformer
+from attnx.model.builders import count_parameters, training_flops_per_token
+from attnx.model.layers import PostNorm, PreNorm
+from tests.conftest import tiny_config
+
+
+@pytest.mark.parametrize(("preset", "paper"), [("base", 65e6), ("big", 213e6)])
+def test_parameter_counts_match_table_3(preset, paper):
+    model = build_transformer(getattr(TransformerConfig, preset)(vocab_size=37000))
+    assert abs(count_parameters(model) - paper) / paper < 0.03
+
+
+def test_big_preset_is_the_papers():
+    big = TransformerConfig.big()
+    assert (big.d_model, big.d_ff, big.n_heads, big.dropout) == (1024, 4096, 16, 0.3)
+    assert (big.encoder_layers, big.decoder_layers) == (6, 6)
+
+
+def test_config_round_trips_through_plain_dict():
+    config = tiny_config(share_embeddings=False)
+    config.self_attention.args = {"dropout": 0.1}
+    again = TransformerConfig.from_dict(config.to_dict())
+    assert again == config
+    with pytest.raises(ValueError, match="unknown transformer config keys.*'d_modle'"):
+        TransformerConfig.from_dict({"d_modle": 3})
+
+
+def test_d_model_not_divisible_by_heads_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"d_model \(30\) must be a positive multiple of n_heads \(4\)"):
+        build_transformer(tiny_config(d_model=30))
+
+
+def test_a_positional_component_acting_elsewhere_than_the_embeddings_is_refused_by_name():
+    from attnx.components.positional import SinusoidalPositionalEncoding
+    from attnx.model.builders import ComponentSpec
+    from attnx.plugins import collect, plugin_manager
+    from attnx.registry import Kind
+
+    class ScoreBias(SinusoidalPositionalEncoding):
+        acts_on = "scores"  # would be added to attention scores: the Transformer has no such place
+
+    registry = collect(plugin_manager(entry_points=False))
+    registry.add(Kind.POSITIONAL, "score_bias", ScoreBias)
+    config = tiny_config()
+    build_transformer(config, registry)  # the built-in sinusoid acts on the embeddings
+    config.positional = ComponentSpec("score_bias")
+    with pytest.raises(ValueError, match="positional component 'score_bias' acts on 'scores'"):
+        build_transformer(config, registry)
+
+
+def test_the_model_built_is_the_one_the_config_describes():
+    config = tiny_config(encoder_layers=3, decoder_layers=1, d_ff=48, vocab_size=40, max_len=20)
+    model = build_transformer(config)
+    assert (len(model.encoder_layers), len(model.decoder_layers)) == (3, 1)
+    assert model.encoder_layers[0].ffn.w1.weight.shape == (48, 32)
+    assert model.vocab_size == 40 and model.max_positions == 20
+    assert model.src_embedding.padding_idx == config.pad_id
+    assert bool(
+        (model.src_embedding.weight[config.pad_id] == 0).all()
+    )  # the padding embedding starts at zero
+    assert isinstance(model.encoder_layers[0].attn_residual, PostNorm)
+    assert isinstance(model.encoder_norm, torch.nn.Identity)  # post-norm: no final norm
+    pre = build_transformer(tiny_config(norm_position="pre"))
+    assert isinstance(pre.decoder_layers[0].ffn_residual, PreNorm)
+    assert isinstance(pre.encoder_norm, torch.nn.LayerNorm) and isinstance(
+        pre.decoder_norm, torch.nn.LayerNorm
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(vocab_size=0), r"^vocab_size \(0\) must exceed pad_id \(0\)$"),
+        (dict(norm_position="sandwich"), r"^norm_position must be one of \['post', 'pre'\], got 'sandwich'$"),
+        (dict(dropout=1.0), r"^dropout must be in \[0, 1\), got 1.0$"),
+        (dict(n_heads=0), r"^d_model \(32\) must be a positive multiple of n_heads \(0\)"),
+    ],
+)
+def test_an_impossible_config_is_one_line_naming_the_value(changes, message):
+    with pytest.raises(ValueError, match=message):
+        build_transformer(tiny_config(**changes))
+
+
+def test_architecture_leaves_out_only_what_acts_while_training():
+    values = tiny_config(dropout=0.3).to_dict()
+    assert TRAINING_ONLY == ("dropout",)
+    assert architecture(values) == {k: v for k, v in values.items() if k != "dropout"}
+    assert architecture(values) == architecture(tiny_config(dropout=0.0).to_dict())
+    assert architecture(values) != architecture(tiny_config(dropout=0.3, d_ff=128).to_dict())
+
+
+def test_training_flops_per_token_are_three_times_the_forward_matmuls_torch_counts():
+    """A forward pass with equal source and target lengths (the formula charges the encoder-decoder keys and
+    values to target tokens), counted by torch; the decoder's self-attention runs on the fused kernel, which torch
+    does not count, so its two matmuls per layer (`2·T·T·d` multiply-adds) are added by hand."""
+    config = tiny_config(d_ff=48, vocab_size=40, encoder_layers=2, decoder_layers=3)
+    model = build_transformer(config).eval()
+    n = 6
+    src, tgt = torch.randint(4, 40, (1, n)), torch.randint(4, 40, (1, n))
+    mask = torch.ones(1, n, dtype=torch.bool)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        memory = model.encode(src, mask, weights=[])  # weights: the explicit attention, which torch counts
+        model.decode(tgt, memory, mask, weights=[])
+    forward = counter.get_total_flops() + config.decoder_layers * 2 * (2 * n * n * config.d_model)
+    flops = training_flops_per_token(config, n, n)
+    assert flops["per_token"] == pytest.approx(3 * forward / (2 * n))
+    assert flops["per_target_token"] == pytest.approx(3 * forward / n)
+
+
+def test_count_parameters_counts_a_shared_matrix_once_and_only_what_trains():
+    model = build_transformer(tiny_config())
+    assert count_parameters(model) == sum(p.numel() for p in set(model.parameters()))
+    model.src_embedding.weight.requires_grad_(False)
+    assert count_parameters(model) == sum(p.numel() for p in set(model.parameters())) - 50 * 32
