@@ -104,6 +104,7 @@ def main() -> int:
                     results[name]["fit"].append(fit_tokens_per_s(src, new_cli, prepared, args.steps, work))
                 if "translate" not in args.skip:
                     model = ["--model"] if new_cli else ["--ckpt_path"]
+                    (work / "hyp").unlink(missing_ok=True)  # its own file: translate keeps what exists
                     seconds = run(src, ["translate", *model, str(args.ckpt_path), "--input", str(source),
                                         "--output", str(work / "hyp")], work)  # fmt: skip
                     results[name]["translate"].append(lines / seconds)
