@@ -1,4 +1,5 @@
-"""Fixtures of the data tests: tiny corpora written on the fly, and Multi30k prepared once per session."""
+"""Fixtures of the data tests: tiny corpora written on the fly, Multi30k prepared once per session, and a toy
+corpus prepared through `attnx prepare`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from attnx.cli import main as attnx
 from attnx.data.prepare import Inputs, Settings, prepare
 
 GERMAN = {
@@ -45,6 +47,30 @@ def write_pair(prefix: Path, src: list[str] | bytes, tgt: list[str] | bytes, gz:
     write(Path(f"{prefix}.en"), src, gz)
     write(Path(f"{prefix}.de"), tgt, gz)
     return prefix
+
+
+def run(raw: Path, out: Path, *extra: str) -> int:
+    """Prepare ``raw/train`` (or the `--train` in `extra`: a repeated list option collects its values) with a
+    60-piece vocabulary; language identification is off: the toy corpora's word salad is no language (the
+    cleaning tests use real lines)."""
+    train = [] if "--train" in extra else ["--train", str(raw / "train")]
+    return attnx(
+        [
+            "prepare",
+            "--src_lang",
+            "en",
+            "--tgt_lang",
+            "de",
+            *train,
+            "--output",
+            str(out),
+            "--vocab_size",
+            "60",
+            "--drop_wrong_language",
+            "false",
+        ]
+        + list(extra)
+    )
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnx.data.corpus import PreparedCorpus
+from attnx.data.corpus import PreparedCorpus, ids_dtype
 from attnx.data.datamodule import TranslationDataModule
 from attnx.data.errors import DataError
 from tests.training.conftest import TINY
 
-from .test_prepare import run
+from .conftest import run
 
 
 def overwrite_ids(path: Path) -> None:
@@ -133,3 +133,53 @@ def test_a_damaged_checksums_entry_is_one_error(prepared: Path) -> None:
         DataError, match=r"meta\.json has a damaged 'checksums' entry: run `attnx prepare` again"
     ):
         PreparedCorpus(prepared)
+
+
+def test_corpus_reader_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not a prepared corpus"):
+        PreparedCorpus(tmp_path)
+    (tmp_path / "meta.json").write_text(json.dumps({"format_version": 0}))
+    with pytest.raises(DataError, match="run `attnx prepare` again"):
+        PreparedCorpus(tmp_path)
+
+
+def test_ids_dtype() -> None:
+    assert ids_dtype(8000) == np.uint16 and ids_dtype(65_535) == np.uint16 and ids_dtype(65_536) == np.int32
+
+
+@pytest.mark.parametrize("damage", ["out-of-vocabulary", "changed", "truncated"])
+def test_damaged_bin_is_named_when_the_corpus_is_opened(toy: Path, tmp_path: Path, damage: str) -> None:
+    from attnx.data.datamodule import TranslationDataModule
+
+    out = tmp_path / "out"
+    assert run(toy, out) == 0
+    path = out / "train.de.bin"
+    ids = np.fromfile(path, np.uint16)
+    recorded = PreparedCorpus(out).meta["splits"]["train"]["max_id"]["de"]
+    assert recorded == ids.max() < 60
+    if damage == "out-of-vocabulary":
+        ids[len(ids) // 2] = 60_000
+        unchecked = r"train\.de\.bin holds token id 60000, outside the vocabulary of 60 pieces"
+    elif damage == "changed":
+        ids[ids == recorded] = 4  # still inside the vocabulary, but not what was written
+        unchecked = r"train\.de\.bin changed after it was prepared \(largest id"
+    else:
+        ids = ids[:-5]
+        unchecked = r"train\.de\.bin holds .* ids but its index train\.de\.idx\.npy covers"
+    message = {  # the size, else the SHA-256 that meta.json records, names it first
+        "truncated": r"train\.de\.bin has [\d,]+ bytes, meta\.json records [\d,]+"
+    }.get(
+        damage,
+        r"train\.de\.bin is not the file prepare wrote \(its SHA-256 is not the one meta\.json records\)",
+    )
+    path.write_bytes(ids.tobytes())
+    with pytest.raises(DataError, match=message):
+        PreparedCorpus(out).dataset("train")
+    with pytest.raises(DataError, match=rf"{message}.*run `attnx prepare` again into"):
+        TranslationDataModule(str(out)).train_dataloader()
+    # without the checksums (a corpus of an earlier attnx) the ids themselves are still checked
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["checksums"]
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=unchecked):
+        PreparedCorpus(out).dataset("train")

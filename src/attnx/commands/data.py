@@ -98,7 +98,7 @@ def prepare(
         workers: Threads for SentencePiece training and encoding, processes for language identification
             (default: every core).
     """
-    from attnx.data.prepare import prepare_command
+    from attnx.commands.prepare import prepare_command
 
     return prepare_command(
         Settings(
