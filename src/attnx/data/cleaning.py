@@ -111,13 +111,20 @@ LANGUAGE_ID_LINES = 10_000
 
 
 def start_worker() -> None:
-    """A language-identification worker: one thread (the processes are the parallelism), default signals."""
+    """A language-identification worker: one thread (the processes are the parallelism), default signals.
+
+    The worker is forked with SIGTERM and SIGINT blocked and unblocks them only once their handlers are the
+    defaults: a `Pool.terminate()` that comes before this runs (prepare with nothing to identify) is then
+    delivered to the default handler and ends the worker, instead of reaching the parent's handler that the
+    fork copied, which swallowed it and left the parent waiting for the worker forever.
+    """
     import signal
 
     import torch
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     torch.set_num_threads(1)
 
 

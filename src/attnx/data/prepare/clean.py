@@ -5,6 +5,7 @@ what is left is written for the next steps.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from collections import Counter, deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,7 +89,13 @@ def _identify_languages(
     identifier()  # loaded once here, inherited by the worker processes
     pool = None
     if workers > 1:
-        pool = multiprocessing.get_context("fork").Pool(workers, initializer=start_worker)
+        # forked with the stop signals blocked: each worker unblocks them once its handlers are the defaults
+        # (start_worker), so a terminate() that comes sooner still ends it
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        try:
+            pool = multiprocessing.get_context("fork").Pool(workers, initializer=start_worker)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         found: Iterator[tuple[list[str], list[str]]] = pool.imap(languages_of, texts())
     else:
         found = map(languages_of, texts())
