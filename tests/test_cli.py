@@ -87,7 +87,7 @@ def test_full_disk_during_a_checkpoint_save_is_one_line(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("attnx.checkpoint.os.fsync", full)
+    monkeypatch.setattr("attnx.files.os.fsync", full)
     assert main(fit_args(corpus, "--trainer.max_steps", "2")) == 1
     line = one_line(capsys)
     assert "the disk is full" in line and "step=1.ckpt" in line and "previous file is kept" in line
