@@ -135,7 +135,7 @@ UNREADABLE = {
 def test_an_unreadable_checkpoint_is_one_line_in_every_command(
     command: str, corpus: Path, tmp_path: Path
 ) -> None:
-    from tests.test_checkpoint import unreadable_files
+    from tests.checkpoint.test_format import unreadable_files
 
     files = unreadable_files(tmp_path / "bad")
     for kind in UNREADABLE[command]:

@@ -47,7 +47,7 @@ class LoadedModel:
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """`torch.load` with `weights_only=True`, turning every failure into a
-    [`CheckpointError`][attnx.checkpoint.CheckpointError] of one line naming the file.
+    [`CheckpointError`][attnx.checkpoint.format.CheckpointError] of one line naming the file.
 
     The one loader of every command. A file that is not a zip archive (what `torch.save` writes) is refused
     before anything is unpickled; a pickle payload inside one never runs (`weights_only`), and torch's advice
@@ -166,7 +166,7 @@ def save_model(
 ) -> None:
     """Write a decodable checkpoint: the model's weights and attnx's metadata, no training state.
 
-    What [`load_model`][attnx.checkpoint.load_model] (so `attnx translate`, `attnx export`) reads; a model
+    What [`load_model`][attnx.checkpoint.format.load_model] (so `attnx translate`, `attnx export`) reads; a model
     built or trained outside Lightning (a test, a benchmark, a conversion) is saved this way.
     """
     state = {STATE_PREFIX + k: v for k, v in model.state_dict().items()}
@@ -176,7 +176,7 @@ def save_model(
 @contextlib.contextmanager
 def atomic_write(path: str | Path, needed: int = 0) -> Iterator[BinaryIO]:
     """[`attnx.files.atomic_write`][attnx.files.atomic_write] of a checkpoint: a failed write raises
-    [`CheckpointError`][attnx.checkpoint.CheckpointError] naming the file (and on a full disk the free space and
+    [`CheckpointError`][attnx.checkpoint.format.CheckpointError] naming the file (and on a full disk the free space and
     the `needed` bytes), which says to resume from the last whole checkpoint."""
     try:
         with files.atomic_write(path, needed, what="checkpoint", then=RESUME) as f:
@@ -203,12 +203,12 @@ def tensor_bytes(obj: Any) -> int:
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
-    """Write `obj` with `torch.save` through [`atomic_write`][attnx.checkpoint.atomic_write]."""
+    """Write `obj` with `torch.save` through [`atomic_write`][attnx.checkpoint.format.atomic_write]."""
     with atomic_write(path, needed=tensor_bytes(obj)) as f:
         torch.save(obj, f)
 
 
 def atomic_copy(source: str | Path, target: str | Path) -> None:
-    """Copy `source` to `target` through [`atomic_write`][attnx.checkpoint.atomic_write]."""
+    """Copy `source` to `target` through [`atomic_write`][attnx.checkpoint.format.atomic_write]."""
     with open(source, "rb") as src, atomic_write(target, needed=os.fstat(src.fileno()).st_size) as f:
         shutil.copyfileobj(src, f, 1 << 20)
