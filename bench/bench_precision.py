@@ -48,9 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_train import lightning, manual  # noqa: E402
 
+from attnx.components.loss import translation_loss  # noqa: E402
 from attnx.data.datamodule import TranslationDataModule  # noqa: E402
 from attnx.model import TransformerConfig, build_transformer  # noqa: E402
-from attnx.training.loss import translation_loss  # noqa: E402
 from attnx.training.precision import cpu_flags  # noqa: E402
 from attnx.training.schedule import lr_lambda  # noqa: E402
 

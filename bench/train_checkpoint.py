@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnx.components.loss import translation_loss
 from attnx.data.batching import collate_indices, plan_batches
 from attnx.data.corpus import PreparedCorpus
 from attnx.data.prepare import Inputs, Settings, prepare
 from attnx.model import TransformerConfig, build_transformer
-from attnx.training.loss import translation_loss
 from attnx.training.schedule import lr_lambda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for tests/checkpoints.py
