@@ -173,6 +173,10 @@ def save_model(
     atomic_save({"state_dict": state, "attnx": make_metadata(config, tokenizer)}, path)
 
 
+RESUME = "resume from the last whole checkpoint"
+"""What a failed checkpoint write tells the user to do once there is disk space again."""
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | Path, needed: int = 0) -> Iterator[BinaryIO]:
     """[`attnx.files.atomic_write`][attnx.files.atomic_write] of a checkpoint: a failed write raises
@@ -183,10 +187,6 @@ def atomic_write(path: str | Path, needed: int = 0) -> Iterator[BinaryIO]:
             yield f
     except files.WriteError as err:
         raise CheckpointError(str(err)) from err
-
-
-RESUME = "resume from the last whole checkpoint"
-"""What a failed checkpoint write tells the user to do once there is disk space again."""
 
 
 def tensor_bytes(obj: Any) -> int:
