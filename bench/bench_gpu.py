@@ -18,7 +18,7 @@ copied to the device inside the timed loop, as ``attnx fit`` does.
 Training: ``--max_tokens`` is per device and side, as in the configs (3,125 = 25,000 / 8 GPUs). One
 optimizer step accumulates ``--tokens_per_step / max_tokens`` batches, so every row trains on the paper's
 25k + 25k tokens per step on one GPU (3,125 × 8 or 12,500 × 2). The step is ``TranslationTask.training_step``'s
-without Lightning: :func:`attnx.training.loss.translation_loss` (label smoothing 0.1) under autocast, the
+without Lightning: :func:`attnx.components.loss.translation_loss` (label smoothing 0.1) under autocast, the
 NaN check, backward, fused AdamW (``GradScaler`` loss scaling for fp16). ``--lightning`` adds a row per
 configuration that runs the real ``TranslationTask`` in a ``lightning.Trainer`` on the same data. Reported:
 
@@ -57,6 +57,7 @@ import torch
 from harness import REPO, batch_flops, data_root, machine_line, markdown_row, markdown_table, training_trainer
 from harness import machine as host
 
+from attnx.components.loss import translation_loss
 from attnx.data.batch import Batch
 from attnx.data.batching import TokenBatchSampler, collate_indices, plan_batches
 from attnx.data.corpus import PreparedCorpus
@@ -65,7 +66,6 @@ from attnx.data.prepare import Inputs, Settings, prepare, report
 from attnx.inference.config import SearchConfig
 from attnx.inference.search import translate_batch
 from attnx.model import Transformer, TransformerConfig, build_transformer
-from attnx.training.loss import translation_loss
 from attnx.training.throughput import device_peak_flops, gpu_peak
 
 LABEL_SMOOTHING = 0.1

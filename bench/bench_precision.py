@@ -42,8 +42,8 @@ import torch
 from bench_train import EPSILON, add_training_data_options, lightning, manual, require_prepared, training_data
 from harness import load_average, machine, machine_line, run_timed
 
+from attnx.components.loss import translation_loss
 from attnx.model import build_transformer
-from attnx.training.loss import translation_loss
 from attnx.training.precision import cpu_flags
 from attnx.training.schedule import lr_lambda
 

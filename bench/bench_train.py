@@ -8,7 +8,7 @@ over the prepared corpus's vocabulary (``attnx prepare ... --vocab_size 8000 --o
 variant runs the same ``--steps`` training batches (forward, loss, backward, optimizer step) after
 ``--warmup`` untimed ones; the best of ``--repeats`` runs is reported:
 
-* ``attnx``: what ``TranslationTask.training_step`` runs: ``attnx.training.loss.translation_loss``
+* ``attnx``: what ``TranslationTask.training_step`` runs: ``attnx.components.loss.translation_loss``
   (only real target positions projected onto the vocabulary, one-pass label-smoothed loss) and fused AdamW.
 * ``naive``: the textbook step: logits for every position, ``F.cross_entropy(label_smoothing=0.1,
   ignore_index=pad)`` and the per-tensor AdamW loop; the same model, batches and numbers up to rounding.
@@ -44,10 +44,10 @@ from harness import (
     training_trainer,
 )
 
+from attnx.components.loss import translation_loss
 from attnx.data.batch import Batch
 from attnx.data.datamodule import TranslationDataModule
 from attnx.model import TransformerConfig, build_transformer
-from attnx.training.loss import translation_loss
 from attnx.training.module import TranslationTask
 from attnx.training.throughput import measure_matmul_flops
 

@@ -22,11 +22,11 @@ import torch
 from harness import model_config
 
 from attnx.checkpoint import save_model
+from attnx.components.loss import translation_loss
 from attnx.data.batching import collate_indices, plan_batches
 from attnx.data.corpus import PreparedCorpus
 from attnx.data.prepare import Inputs, Settings, prepare
 from attnx.model import build_transformer
-from attnx.training.loss import translation_loss
 from attnx.training.schedule import lr_lambda
 
 

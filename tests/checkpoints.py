@@ -1,5 +1,5 @@
 """What tests use to make a decodable model without Lightning: the small SentencePiece model it carries and
-[`attnx.checkpoint.save_model`][attnx.checkpoint.save_model] to write it."""
+[`attnx.checkpoint.save_model`][attnx.checkpoint.format.save_model] to write it."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def test_full_disk_during_a_checkpoint_save_is_one_line(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("attnx.checkpoint.os.fsync", full)
+    monkeypatch.setattr("attnx.files.os.fsync", full)
     assert main(fit_args(corpus, "--trainer.max_steps", "2")) == 1
     line = one_line(capsys)
     assert "the disk is full" in line and "step=1.ckpt" in line and "previous file is kept" in line
@@ -135,7 +135,7 @@ UNREADABLE = {
 def test_an_unreadable_checkpoint_is_one_line_in_every_command(
     command: str, corpus: Path, tmp_path: Path
 ) -> None:
-    from tests.test_checkpoint import unreadable_files
+    from tests.checkpoint.test_format import unreadable_files
 
     files = unreadable_files(tmp_path / "bad")
     for kind in UNREADABLE[command]:

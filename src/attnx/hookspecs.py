@@ -27,5 +27,5 @@ def attnx_register_components(registry: ComponentRegistry) -> None:
     A name must be unique within its kind across every installed plugin; a clash is an error naming both
     plugins. The class is constructed with the model's shape arguments (see `attnx.components.protocols`)
     plus the `args` mapping given for it in the config; a loss is built with the label smoothing ε and its
-    `args`, and called as `loss(model, batch)` returning `attnx.training.loss.LossSums`.
+    `args`, and called as `loss(model, batch)` returning `attnx.components.loss.LossSums`.
     """

@@ -7,20 +7,17 @@ through the `attnx` entry-point group (`[project.entry-points.attnx]` in their `
 from __future__ import annotations
 
 import functools
-import importlib
+from types import ModuleType
 
 import pluggy
 
 from attnx import hookspecs
+from attnx.components import attention, feedforward, loss, norm, positional
 from attnx.registry import ComponentRegistry
 
-DEFAULT_PLUGINS: tuple[str, ...] = (
-    "attnx.components.attention",
-    "attnx.components.feedforward",
-    "attnx.components.positional",
-    "attnx.components.norm",
-    "attnx.training.loss",
-)
+_BUILT_INS: tuple[ModuleType, ...] = (attention, feedforward, positional, norm, loss)
+
+DEFAULT_PLUGINS: tuple[str, ...] = tuple(module.__name__ for module in _BUILT_INS)
 """The modules that register the paper's own components, loaded before any entry point (in this order)."""
 
 ENTRY_POINT_GROUP = "attnx"
@@ -30,8 +27,8 @@ def plugin_manager(*, entry_points: bool = True) -> pluggy.PluginManager:
     """A fresh plugin manager with the built-ins and (by default) every installed entry point."""
     pm = pluggy.PluginManager("attnx")
     pm.add_hookspecs(hookspecs)
-    for name in DEFAULT_PLUGINS:
-        pm.register(importlib.import_module(name), name=name)
+    for module in _BUILT_INS:
+        pm.register(module, name=module.__name__)
     if entry_points:
         pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
     return pm

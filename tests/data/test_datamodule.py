@@ -143,6 +143,40 @@ def test_lightning_resume_mid_epoch_continues_with_the_next_batch(multi30k: Path
     assert first.seen + second.seen == straight.seen
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_private_batch_count_read_from_lightning_is_still_there(multi30k: Path, tmp_path: Path) -> None:
+    """The datamodule reads Lightning's private fit-loop progress (`trainer.fit_loop.epoch_loop.batch_progress
+    .current.processed`; Lightning 2.6 has no public count of the batches done in an epoch): it must still
+    exist and count the batches whose step finished in this epoch, as the public `batch_idx` of the batch
+    hooks does, or resuming mid-epoch would skip or repeat batches."""
+
+    class Counts(L.Callback):
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, int, int, int]] = []
+
+        def record(self, when: str, trainer: L.Trainer, batch_idx: int) -> None:
+            private = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            consumed = trainer.datamodule.state_dict()["consumed"]
+            self.seen.append((when, batch_idx, private, consumed))
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.record("start", trainer, batch_idx)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.record("end", trainer, batch_idx)
+
+    dm = TranslationDataModule(str(multi30k), max_tokens=8192, seed=3)
+    counts = Counts()
+    trainer(tmp_path, limit_train_batches=3, callbacks=[counts]).fit(Recorder(dm.vocab_size), datamodule=dm)
+    expected = [
+        (when, i, i + done, i + done)
+        for _ in range(2)
+        for i in range(3)
+        for when, done in (("start", 0), ("end", 1))
+    ]
+    assert counts.seen == expected
+
+
 class Echo(Recorder):
     def predict_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         return batch.index

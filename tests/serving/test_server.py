@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +26,7 @@ pytest.importorskip("litserve", reason="attnx serve needs the serve extra: pip i
 
 import attnx  # noqa: E402
 from attnx.inference.config import SearchConfig  # noqa: E402
+from attnx.serving import server as server_module  # noqa: E402
 from attnx.serving.server import (  # noqa: E402
     GracefulStop,
     ServeSettings,
@@ -32,6 +35,7 @@ from attnx.serving.server import (  # noqa: E402
     check_port_free,
     device_placement,
     model_info,
+    serve,
     split_as,
 )
 from tests.inference.test_translator import LINES  # noqa: E402
@@ -174,6 +178,35 @@ def test_the_first_signal_interrupts_and_a_second_is_ignored():
         os.kill(os.getpid(), signal.SIGINT)  # ignored: shutdown is under way
         assert stop.stopping
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_signal_before_serving_stops_the_processes_the_server_started_and_no_other(monkeypatch):
+    """A signal while LitServe's workers load escapes `LitServer.run`; `serve` stops the processes that run
+    started (found through multiprocessing's public `active_children`, not LitServe's undocumented list)."""
+    spawn = multiprocessing.get_context("spawn")
+    ours = spawn.Process(target=time.sleep, args=(60,))
+    ours.start()
+    started: list = []
+
+    class Interrupted:
+        def run(self, **options) -> None:
+            for _ in range(2):  # a manager and a worker
+                started.append(spawn.Process(target=time.sleep, args=(60,)))
+                started[-1].start()
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(server_module, "check_port_free", lambda host, port: None)
+    monkeypatch.setattr(server_module, "build_server", lambda model, search, settings: Interrupted())
+    monkeypatch.setattr(server_module, "announce_when_ready", lambda url, message, ready: None)
+    monkeypatch.setattr(
+        "attnx.inference.load.load", lambda *args, **kwargs: types.SimpleNamespace(search=FAST)
+    )
+    try:
+        serve("model.ckpt", FAST, ServeSettings())
+        assert [p.is_alive() for p in started] == [False, False] and ours.is_alive()
+    finally:
+        ours.terminate()
+        ours.join()
 
 
 # ----------------------------------------------------------------------------------------------- end to end

@@ -26,7 +26,7 @@ RSS_STEP = textwrap.dedent(
     import json, sys, torch
     from attnx.data.batch import collate
     from attnx.model import TransformerConfig, build_transformer
-    from attnx.training.loss import translation_loss
+    from attnx.components.loss import translation_loss
 
     def status(key):
         with open("/proc/self/status") as f:
@@ -82,9 +82,9 @@ def test_activation_estimate_matches_the_peak_rss_of_a_cpu_training_step() -> No
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_activation_estimate_matches_cuda_max_memory_allocated() -> None:
     """The same step on a GPU in bf16 autocast, against the allocator's own peak."""
+    from attnx.components.loss import translation_loss
     from attnx.data.batch import collate
     from attnx.model import build_transformer
-    from attnx.training.loss import translation_loss
 
     config = tiny_config(
         d_model=512, d_ff=2048, n_heads=8, encoder_layers=6, decoder_layers=6, vocab_size=8000

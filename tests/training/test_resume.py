@@ -11,7 +11,7 @@ import pytest
 
 from attnx.cli import main as attnx
 from attnx.data.datamodule import TranslationDataModule
-from tests.test_checkpoint import killed_write
+from tests.test_files import killed_write
 from tests.training.conftest import fit_args, read_metrics, train_losses
 
 MAX_TOKENS = "1536"  # 10 batches an epoch: the run below crosses an epoch boundary after resuming

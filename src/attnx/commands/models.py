@@ -28,9 +28,8 @@ def average(
     """
     import sys
 
-    from attnx.checkpoint import CheckpointError, atomic_save
+    from attnx.checkpoint import CheckpointError, atomic_save, average_checkpoints, last_checkpoints
     from attnx.commands.usage import refuse_to_replace
-    from attnx.inference.average import average_checkpoints, last_checkpoints
 
     if bool(checkpoints) == bool(dir):
         raise ValueError("give either --checkpoints or --dir (with --last k), not both and not neither")

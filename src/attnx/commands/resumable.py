@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from attnx.commands.text_input import TextInput
+from attnx.files import atomic_write, move_into_place
 
 PARTIAL = ".attnx-partial"
 """Suffix of the file a run writes before it is complete."""
@@ -214,7 +215,6 @@ class ResumableOutput:
 
     def _save(self, inputs: Mapping[str, TextInput]) -> None:
         from attnx import __version__
-        from attnx.checkpoint import atomic_write
 
         first = next(iter(inputs.values()))
         record = {
@@ -258,7 +258,7 @@ class ResumableOutput:
         assert self.file is not None
         with signals_held():
             self.file.close()
-            os.replace(self.partial, self.output)
+            move_into_place(self.partial, self.output)
             self.record.unlink(missing_ok=True)
 
     def abandon(self) -> None:

@@ -201,9 +201,13 @@ class TranslationDataModule(L.LightningDataModule):
         """Training batches finished in this epoch, from the trainer when fitting (workers may run ahead)."""
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
-            # Lightning has no public count of the batches done in this epoch (the loader's workers run
-            # ahead of it); the fit loop's progress tracker is what Lightning's own loop state is restored
-            # from, and is not underscored.
+            # Private Lightning API, kept for want of a public one: Lightning 2.6 counts the training batches
+            # finished in this epoch only in the fit loop's progress tracker, what it restores its own loop
+            # state from (classes `_TrainingEpochLoop`, `_BatchProgress`). The loader's workers run ahead of
+            # the loop; a datamodule gets no batch-end hook (its transfer hooks run before the step, so a batch
+            # interrupted mid-step would count); the Trainer's public counters are optimizer steps and
+            # epochs. tests/data/test_datamodule.py::test_the_private_batch_count_read_from_lightning_is_still_there
+            # fails when an upgrade moves it or changes what it counts.
             return trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return None
 

@@ -26,16 +26,16 @@ import json
 import os
 import shutil
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from attnx.data.errors import DataError
+from attnx.files import move_into_place, scratch_directory
 
 LANGS = ("en", "de")
 MULTI30K = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
@@ -85,6 +85,9 @@ def targets(corpus: str, out: Path) -> list[Path]:
 
 
 # --- writing only what is ours --------------------------------------------------------------------------
+
+SCRATCH_PREFIX = ".attnx-download-"
+"""Starts the name of the scratch directory a download writes in, inside the corpus folder."""
 
 MANIFEST = ".attnx-download.json"
 """In each `{out}/{corpus}` folder: the files `attnx download` wrote there and their SHA-256, so a later
@@ -137,28 +140,22 @@ class Folder:
             )
         return True
 
-    @contextlib.contextmanager
-    def scratch(self) -> Iterator[Path]:
+    def scratch(self) -> contextlib.AbstractContextManager[Path]:
         """A private directory inside the corpus folder (same file system: files move in with a rename)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=".attnx-download-", dir=self.path))
-        try:
-            yield work
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        return scratch_directory(self.path, SCRATCH_PREFIX)
 
     def install(self, written: Path, dest: Path) -> Path:
         """Move a finished file from the scratch directory to `dest` and record it as attnx's."""
         if dest.name not in self.verified:
             self.check(dest)  # nothing appeared there since the start
         digest = _digest(written)
-        os.replace(written, dest)
+        move_into_place(written, dest)
         self.owned[dest.name] = digest
         partial = written.parent / MANIFEST  # in the scratch directory, then renamed into place
         partial.write_text(
             json.dumps({"files": self.owned}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
         )
-        os.replace(partial, self.manifest)
+        move_into_place(partial, self.manifest)
         return dest
 
 

@@ -13,15 +13,13 @@ target supports, instead of writing a model that silently computes something els
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnx.checkpoint import LoadedModel, load_model, read_checkpoint
+from attnx.files import staged_directory
 from attnx.model import ComponentSpec, TransformerConfig
 
 
@@ -127,7 +125,8 @@ def load_exportable(ckpt_path: str | Path, target: Target) -> LoadedModel:
 
 @contextlib.contextmanager
 def staged_output(output: str | Path, force: bool) -> Iterator[Path]:
-    """A fresh directory beside `output` to write into; it replaces `output` only once complete.
+    """A fresh directory beside `output` to write into; it replaces `output` only once complete
+    ([`staged_directory`][attnx.files.staged_directory]).
 
     `output` must not exist, or be an empty directory, unless `force`. An interrupted export leaves no
     half-written model behind (and, with `force`, the previous one intact).
@@ -137,21 +136,5 @@ def staged_output(output: str | Path, force: bool) -> Iterator[Path]:
         raise ExportError(
             f"{output} already exists; choose another output directory or replace it with --force (force=True from Python)"
         )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
+    with staged_directory(output) as work:
         yield work
-        umask = os.umask(0)
-        os.umask(umask)
-        work.chmod(0o777 & ~umask)  # mkdtemp's directory (and some writers' files) are private to the owner
-        for path in work.iterdir():
-            if path.is_file():
-                path.chmod(0o666 & ~umask)
-        if output.is_dir():
-            shutil.rmtree(output)
-        elif output.exists():
-            output.unlink()
-        work.rename(output)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise

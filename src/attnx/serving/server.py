@@ -22,12 +22,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import socket
 import sys
 import threading
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +268,16 @@ class GracefulStop:
         raise KeyboardInterrupt
 
 
+def stop_processes(processes: Iterable[multiprocessing.process.BaseProcess]) -> None:
+    """SIGTERM each process, newest first (LitServe's workers before the manager that hands them requests,
+    so that none sees its manager go and reports it), then wait up to 5 s for each."""
+    processes = sorted(processes, key=lambda process: process.pid or 0, reverse=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+
+
 def serve(model: str, search: SearchConfig, settings: ServeSettings) -> None:
     """Check `model` loads, then serve it until SIGTERM or SIGINT; returns after a clean shutdown."""
     from attnx.inference.load import load
@@ -282,6 +294,7 @@ def serve(model: str, search: SearchConfig, settings: ServeSettings) -> None:
         ready,
     )
     with GracefulStop() as stop:
+        before = set(multiprocessing.active_children())
         try:
             server.run(
                 host=settings.host,
@@ -290,12 +303,11 @@ def serve(model: str, search: SearchConfig, settings: ServeSettings) -> None:
                 generate_client_file=False,
             )
         except KeyboardInterrupt:  # a signal before LitServe was serving: stop what it had started
-            # LitServer.run starts the workers but offers no public way to stop them when it is cut short
-            # before serving (its own shutdown path runs only once uvicorn is up): `inference_workers` is the
-            # list of processes it keeps, read defensively since it is not documented.
-            for worker in getattr(server, "inference_workers", []):
-                worker.terminate()
-                worker.join(timeout=5)
+            # LitServer.run starts its request manager and workers, then waits for the workers to load; a
+            # signal meanwhile escapes it before its own shutdown path (which runs only once uvicorn is up),
+            # and it has no public way to stop them. They are this process's children that were not there
+            # before `run`, which multiprocessing lists publicly.
+            stop_processes(set(multiprocessing.active_children()) - before)
         finally:
             ready.set()
     if stop.stopping:

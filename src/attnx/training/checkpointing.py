@@ -25,18 +25,17 @@ from lightning.pytorch.callbacks import Callback, Checkpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from attnx.checkpoint import atomic_copy, atomic_save, read_checkpoint
-from attnx.inference.average import average_checkpoints
+from attnx.checkpoint import atomic_copy, atomic_save, average_checkpoints, read_checkpoint
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoint files that are whole or absent, read with `weights_only=True`.
 
-    Saving goes through [`atomic_save`][attnx.checkpoint.atomic_save]: stream to a temporary file beside the target,
+    Saving goes through [`atomic_save`][attnx.checkpoint.format.atomic_save]: stream to a temporary file beside the target,
     fsync, rename. (Lightning 2.6's own writer also renames, through an fsspec transaction, but first holds
     the whole serialized checkpoint in memory and never fsyncs, so a power cut can still leave an empty file.)
-    Loading goes through [`read_checkpoint`][attnx.checkpoint.read_checkpoint]: a truncated file or a checkpoint of another
-    program raises [`CheckpointError`][attnx.checkpoint.CheckpointError] naming the file.
+    Loading goes through [`read_checkpoint`][attnx.checkpoint.format.read_checkpoint]: a truncated file or a checkpoint of another
+    program raises [`CheckpointError`][attnx.checkpoint.format.CheckpointError] naming the file.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:

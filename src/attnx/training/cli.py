@@ -34,13 +34,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from attnx.checkpoint import (
-    CheckpointError,
-    config_difference,
-    model_state,
-    read_checkpoint,
-    remove_stale_temporaries,
-)
+from attnx.checkpoint import CheckpointError, config_difference, model_state, read_checkpoint
+from attnx.files import remove_stale_temporaries
 from attnx.model import architecture
 from attnx.training.checkpointing import (
     AtomicCheckpointIO,

@@ -17,13 +17,13 @@ import torch
 from torch import Tensor
 
 from attnx.checkpoint import CheckpointError, check_tokenizer, config_difference, make_metadata
+from attnx.components.loss import LossSums
 from attnx.data.batch import Batch
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import SearchConfig
 from attnx.inference.eager import EagerTranslator
 from attnx.model import ComponentSpec, TransformerConfig, architecture, build_transformer
 from attnx.registry import Kind
-from attnx.training.loss import LossSums
 from attnx.training.schedule import lr_lambda
 
 BASE_MODEL = TransformerConfig()

@@ -34,7 +34,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from attnx.checkpoint import atomic_copy, atomic_write
+from attnx.checkpoint import atomic_copy
+from attnx.files import atomic_write
 from attnx.model import TRAINING_ONLY
 
 STATE_KEY = "RunFolder"

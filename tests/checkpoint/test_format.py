@@ -1,5 +1,6 @@
 """The checkpoint file: one reader that refuses every unreadable file in one line and never runs a payload;
-writes that are whole or absent; leftovers of killed writes removed, and nothing else."""
+a write that fails on a full disk is one line naming the file and the space (the writing itself:
+tests/test_files.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import os
 import pickle
 import random
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from attnx.checkpoint import CheckpointError, atomic_save, read_checkpoint, remove_stale_temporaries
+from attnx.checkpoint import CheckpointError, atomic_save, read_checkpoint
 from tests.training.conftest import TINY
 
 
@@ -64,40 +64,6 @@ def test_unreadable_files_are_one_line_and_a_payload_never_runs(tmp_path: Path) 
         }
         assert expected.get(kind, "not a checkpoint") in message, (kind, message)
     assert not (tmp_path / "ran").exists()
-
-
-HOLDER = """
-import sys, time
-from attnx.checkpoint import atomic_write
-with atomic_write(sys.argv[1]) as f:
-    f.write(b"partial checkpoint")
-    f.flush()
-    print("writing", flush=True)
-    time.sleep(600)
-"""
-
-
-def killed_write(path: Path) -> Path:
-    """Start a write of ``path``, kill its process mid-write, return the temporary file it left."""
-    before = set(path.parent.iterdir())
-    writer = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert writer.stdout.readline().strip() == "writing"
-        (left,) = set(path.parent.iterdir()) - before
-        assert remove_stale_temporaries(path.parent) == [] and left.exists()  # a live writer's file stays
-    finally:
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
-    return left
-
-
-def test_leftovers_of_killed_writes_are_removed_and_nothing_else(tmp_path: Path) -> None:
-    theirs = [".last.ckpt.abcdefgh.tmp", "notes.tmp", ".step=3.ckpt.tmp", "x.attnx.tmp", "last.ckpt"]
-    for name in theirs:
-        (tmp_path / name).write_text("the user's")
-    left = killed_write(tmp_path / "last.ckpt")
-    assert remove_stale_temporaries(tmp_path) == [left]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(theirs)
 
 
 def test_a_full_disk_during_fit_is_one_line_naming_the_file_and_the_space(
@@ -182,75 +148,3 @@ def test_a_full_disk_is_one_line_at_every_free_space(tmp_path: Path) -> None:
     for kib, rest in results:  # no temporary is ever left behind; a failed write leaves no file at all
         if rest.startswith("left:"):
             assert rest in ("left: []", "left: ['step=1.ckpt']"), (kib, rest)
-
-
-BORN = """
-import sys, time
-from attnx.checkpoint import atomic_write
-with atomic_write(sys.argv[1]) as f:
-    print("created", flush=True)
-    time.sleep(600)
-"""
-
-BETWEEN = """
-import fcntl, os, sys, time
-directory, name = sys.argv[1:3]
-fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-fcntl.flock(fd, fcntl.LOCK_SH)  # what atomic_write holds between creating its temporary file and locking it
-open(os.path.join(directory, name), "wb").close()
-print("created", flush=True)
-sys.stdin.readline()
-file = os.open(os.path.join(directory, name), os.O_RDWR)
-fcntl.flock(file, fcntl.LOCK_EX)
-os.close(fd)
-print("locked", flush=True)
-time.sleep(600)
-"""
-
-
-def test_an_empty_temporary_of_a_killed_write_is_removed_by_the_next_fit(
-    corpus: Path, tmp_path: Path
-) -> None:
-    """A write killed as its file appeared leaves an empty temporary: the next `attnx fit` removes it (it
-    survived every later fit); a file a writer is creating but has not locked yet is kept."""
-    checkpoints = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints"
-    checkpoints.mkdir(parents=True)
-    writer = subprocess.Popen(
-        [sys.executable, "-c", BORN, str(checkpoints / "last.ckpt")], stdout=subprocess.PIPE, text=True
-    )
-    assert writer.stdout.readline().strip() == "created"
-    writer.send_signal(signal.SIGKILL)
-    writer.wait()
-    (left,) = checkpoints.iterdir()
-    assert left.stat().st_size == 0 and left.name.startswith(".last.ckpt.")
-    fit = [sys.executable, "-m", "attnx", "fit", "--config", str(TINY), "--data.data_dir", str(corpus),
-           "--trainer.max_steps", "1", "--evaluation.bleu_samples", "0"]  # fmt: skip
-    done = subprocess.run(
-        fit, cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert (
-        f"attnx fit: removed {left.relative_to(tmp_path)}, left by a checkpoint write that was killed"
-        in done.stderr
-    )
-    assert not left.exists()
-
-
-def test_an_empty_temporary_whose_writer_has_not_locked_it_yet_is_kept(tmp_path: Path, monkeypatch) -> None:
-    import attnx.checkpoint
-
-    monkeypatch.setattr(attnx.checkpoint, "CLEANER_WAIT", 0.2)
-    name = ".last.ckpt.abcd1234.attnx.tmp"
-    writer = subprocess.Popen([sys.executable, "-c", BETWEEN, str(tmp_path), name], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert writer.stdout.readline().strip() == "created"
-        assert remove_stale_temporaries(tmp_path) == [] and (tmp_path / name).exists()  # its writer is alive
-        writer.stdin.write("\n")
-        writer.stdin.flush()
-        assert writer.stdout.readline().strip() == "locked"
-        assert remove_stale_temporaries(tmp_path) == [] and (tmp_path / name).exists()  # still writing
-    finally:
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
-    assert remove_stale_temporaries(tmp_path) == [tmp_path / name]  # its writer is gone

@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnx.checkpoint import CheckpointError, load_model
+from attnx.checkpoint import CheckpointError, average_checkpoints, last_checkpoints, load_model
 from attnx.cli import main as attnx
 from attnx.data.tokenizer import Tokenizer
-from attnx.inference.average import average_checkpoints, last_checkpoints
 from attnx.model import build_transformer
 from tests.checkpoints import save_model, train_tokenizer
 from tests.conftest import tiny_config

@@ -2,28 +2,50 @@
 
 The training loss is a registered component of kind `loss`, chosen in the config (`model.loss`):
 
-* `label_smoothed` ([`LabelSmoothedLoss`][attnx.training.loss.LabelSmoothedLoss], the default): projects only the counted target positions
+* `label_smoothed` ([`LabelSmoothedLoss`][attnx.components.loss.LabelSmoothedLoss], the default): projects only the counted target positions
   onto the vocabulary and fuses the projection with the loss, chunk by chunk
-  ([`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]). This is what `attnx fit` runs.
-* `reference` ([`ReferenceLoss`][attnx.training.loss.ReferenceLoss]): the plain computation — full `(B, T, V)` logits from
-  `Transformer.decode`, then [`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll]. Slower; kept as the definition the fused loss is
+  ([`projected_label_smoothed_nll`][attnx.components.loss.projected_label_smoothed_nll]). This is what `attnx fit` runs.
+* `reference` ([`ReferenceLoss`][attnx.components.loss.ReferenceLoss]): the plain computation — full `(B, T, V)` logits from
+  `Transformer.decode`, then [`label_smoothed_nll`][attnx.components.loss.label_smoothed_nll]. Slower; kept as the definition the fused loss is
   tested against.
 
-A loss component is built as `factory(epsilon, **args)` and called as `loss(model, batch) -> LossSums`.
+A loss component is built as `factory(epsilon, **args)` and called as `loss(model, batch) -> LossSums`, where
+`model` is what [`TranslationModel`][attnx.components.loss.TranslationModel] describes (the
+[`Transformer`][attnx.model.transformer.Transformer]).
 """
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
 from attnx.data.batch import Batch
 from attnx.hookspecs import hookimpl
-from attnx.model import Transformer
+
+
+class TranslationModel(Protocol):
+    """What a loss uses of the model it scores: the [`Transformer`][attnx.model.transformer.Transformer]'s
+    teacher-forced passes (shapes as there) and its pre-softmax weight. A loss is a component, below the
+    model in the layers, so it names the model by what it does rather than by importing it."""
+
+    pad_id: int
+
+    @property
+    def output_weight(self) -> Tensor:  # (V, D)
+        ...
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:  # (B, S, D)
+        ...
+
+    def decode_features(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:  # (B, T, D)
+        ...
+
+    def __call__(self, src: Tensor, tgt_in: Tensor, src_mask: Tensor) -> Tensor:  # (B, T, V) logits
+        ...
 
 
 class LossSums(NamedTuple):
@@ -67,12 +89,12 @@ def _check(epsilon: float) -> None:
 def projected_label_smoothed_nll(
     features: Tensor, weight: Tensor, target: Tensor, epsilon: float, chunk_rows: int | None = None
 ) -> LossSums:
-    """[`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll] of `logits = features @ weight.T`, without materializing the logits.
+    """[`label_smoothed_nll`][attnx.components.loss.label_smoothed_nll] of `logits = features @ weight.T`, without materializing the logits.
 
     `features` `(N, D)` are the decoder outputs of the `N` counted target positions, `weight`
     `(V, D)` the pre-softmax projection, `target` `(N,)`. The rows are processed `chunk_rows` at a
     time (default: on CPU as many rows as fill this machine's L2 cache with float32 logits, read at run time
-    ([`cpu_chunk_rows`][attnx.training.loss.cpu_chunk_rows]), so that a chunk's logits, softmax and gradient stay in cache; all rows at once on
+    ([`cpu_chunk_rows`][attnx.components.loss.cpu_chunk_rows]), so that a chunk's logits, softmax and gradient stay in cache; all rows at once on
     GPUs): each chunk's logits, loss and the gradients of `features` and `weight` are
     computed during the forward pass (the gradient of the logits is `softmax - q` for the smoothed target
     `q`), and the backward pass only scales them. On the 8k-vocabulary model this takes the projection and
@@ -145,7 +167,7 @@ def _chunked(
 
 
 class _ProjectedLoss(torch.autograd.Function):
-    """The fused projection + loss of [`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]; gradients computed forward."""
+    """The fused projection + loss of [`projected_label_smoothed_nll`][attnx.components.loss.projected_label_smoothed_nll]; gradients computed forward."""
 
     @staticmethod
     def forward(ctx, features: Tensor, weight: Tensor, target: Tensor, epsilon: float, rows: int):
@@ -160,12 +182,12 @@ class _ProjectedLoss(torch.autograd.Function):
         return grad_features * grad_loss, grad_weight * grad_loss, None, None, None
 
 
-def translation_loss(model: Transformer, batch: Batch, epsilon: float) -> LossSums:
-    """[`label_smoothed_nll`][attnx.training.loss.label_smoothed_nll] of `model` on `batch` (teacher forcing), the fused way.
+def translation_loss(model: TranslationModel, batch: Batch, epsilon: float) -> LossSums:
+    """[`label_smoothed_nll`][attnx.components.loss.label_smoothed_nll] of `model` on `batch` (teacher forcing), the fused way.
 
     Only the counted target positions are projected onto the vocabulary (padding is dropped from the
     `(B, T, D)` decoder output first), and the projection is fused with the loss
-    ([`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]): the `V`-wide part is the costliest of a small model's step.
+    ([`projected_label_smoothed_nll`][attnx.components.loss.projected_label_smoothed_nll]): the `V`-wide part is the costliest of a small model's step.
     """
     return LabelSmoothedLoss(epsilon)(model, batch)
 
@@ -176,7 +198,7 @@ class LabelSmoothedLoss:
     Args:
         epsilon: ε_ls (the paper: 0.1).
         chunk_rows: Target positions per chunk of the fused projection; None picks it per device
-            ([`projected_label_smoothed_nll`][attnx.training.loss.projected_label_smoothed_nll]).
+            ([`projected_label_smoothed_nll`][attnx.components.loss.projected_label_smoothed_nll]).
     """
 
     def __init__(self, epsilon: float = 0.1, chunk_rows: int | None = None) -> None:
@@ -184,7 +206,7 @@ class LabelSmoothedLoss:
         self.epsilon = epsilon
         self.chunk_rows = chunk_rows
 
-    def __call__(self, model: Transformer, batch: Batch) -> LossSums:
+    def __call__(self, model: TranslationModel, batch: Batch) -> LossSums:
         memory = model.encode(batch.src, batch.src_mask)  # (B, S, D)
         features = model.decode_features(batch.tgt_in, memory, batch.src_mask)  # (B, T, D)
         return projected_label_smoothed_nll(
@@ -207,7 +229,7 @@ class ReferenceLoss:
         _check(epsilon)
         self.epsilon = epsilon
 
-    def __call__(self, model: Transformer, batch: Batch) -> LossSums:
+    def __call__(self, model: TranslationModel, batch: Batch) -> LossSums:
         logits = model(batch.src, batch.tgt_in, batch.src_mask)  # (B, T, V)
         return label_smoothed_nll(logits, batch.tgt_out, self.epsilon, ignore_index=model.pad_id)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnx.training.loss import label_smoothed_nll, projected_label_smoothed_nll
+from attnx.components.loss import label_smoothed_nll, projected_label_smoothed_nll
 
 PAD = 0
 
@@ -62,9 +62,9 @@ def test_rejects_bad_epsilon() -> None:
 
 
 def test_training_loss_equals_the_loss_of_the_full_forward() -> None:
+    from attnx.components.loss import translation_loss
     from attnx.data.batch import collate
     from attnx.model import build_transformer
-    from attnx.training.loss import translation_loss
     from tests.conftest import tiny_config
 
     model = build_transformer(tiny_config())

@@ -13,14 +13,9 @@ Model weights live in `checkpoint["state_dict"]` under the `model.` prefix. Ever
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
 import pickle
-import re
 import shutil
-import tempfile
-import time
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -30,6 +25,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from attnx import files
 from attnx.data.tokenizer import Tokenizer, sha256_hex
 from attnx.model import Transformer, TransformerConfig, build_transformer
 
@@ -51,7 +47,7 @@ class LoadedModel:
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """`torch.load` with `weights_only=True`, turning every failure into a
-    [`CheckpointError`][attnx.checkpoint.CheckpointError] of one line naming the file.
+    [`CheckpointError`][attnx.checkpoint.format.CheckpointError] of one line naming the file.
 
     The one loader of every command. A file that is not a zip archive (what `torch.save` writes) is refused
     before anything is unpickled; a pickle payload inside one never runs (`weights_only`), and torch's advice
@@ -170,133 +166,27 @@ def save_model(
 ) -> None:
     """Write a decodable checkpoint: the model's weights and attnx's metadata, no training state.
 
-    What [`load_model`][attnx.checkpoint.load_model] (so `attnx translate`, `attnx export`) reads; a model
+    What [`load_model`][attnx.checkpoint.format.load_model] (so `attnx translate`, `attnx export`) reads; a model
     built or trained outside Lightning (a test, a benchmark, a conversion) is saved this way.
     """
     state = {STATE_PREFIX + k: v for k, v in model.state_dict().items()}
     atomic_save({"state_dict": state, "attnx": make_metadata(config, tokenizer)}, path)
 
 
-TEMPORARY_SUFFIX = ".attnx.tmp"
-"""Ends the name of every file attnx is still writing: `.<target name>.<8 random characters>.attnx.tmp`."""
-
-_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}" + re.escape(TEMPORARY_SUFFIX) + "$")
+RESUME = "resume from the last whole checkpoint"
+"""What a failed checkpoint write tells the user to do once there is disk space again."""
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | Path, needed: int = 0, what: str = "checkpoint") -> Iterator[BinaryIO]:
-    """A binary file to write `path` through: a temporary file beside it, fsynced and renamed into place.
-
-    A crash mid-write leaves the previous `path` intact, never a truncated one; the writer holds an
-    exclusive lock on its temporary file, so [`remove_stale_temporaries`][attnx.checkpoint.remove_stale_temporaries]
-    removes it only once the writer is gone. A failed write (a full disk, a lost mount) raises
-    [CheckpointError][attnx.checkpoint.CheckpointError] naming the file and, on a full disk, the free space
-    and the `needed` bytes; `what` names the kind of file in that message.
-    """
-    path = Path(path)
+def atomic_write(path: str | Path, needed: int = 0) -> Iterator[BinaryIO]:
+    """[`attnx.files.atomic_write`][attnx.files.atomic_write] of a checkpoint: a failed write raises
+    [`CheckpointError`][attnx.checkpoint.format.CheckpointError] naming the file (and on a full disk the free space and
+    the `needed` bytes), which says to resume from the last whole checkpoint."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # the temporary file appears and is locked under a shared lock of its directory, which the cleaner
-        # takes exclusively: it never sees a file whose writer has not locked it yet (remove_stale_temporaries).
-        # A filesystem without locks (Lustre mounted without flock) refuses them; the write goes on, and the
-        # cleaner, refused as well, keeps what it cannot tell apart.
-        with _directory_lock(path.parent, fcntl.LOCK_SH):
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError as err:
-        raise CheckpointError(f"cannot write {what} {path}: {err.strerror or err}") from err
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with files.atomic_write(path, needed, what="checkpoint", then=RESUME) as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's file is private to its owner; a written file is not
-        os.replace(tmp, path)
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        cause = _write_failure_of(err)
-        if cause is not None:
-            raise CheckpointError(_write_failure(path, cause, needed, what)) from err
-        raise
-
-
-@contextlib.contextmanager
-def _directory_lock(directory: Path, kind: int, wait: float | None = None) -> Iterator[bool]:
-    """Hold a `flock` of `kind` on `directory`; yields whether it is held (False: no locks on this
-    filesystem, or, with `wait` seconds, not granted in time)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        yield False
-        return
-    try:
-        deadline = None if wait is None else time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, kind | (0 if deadline is None else fcntl.LOCK_NB))
-                held = True
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:  # type: ignore[operator]
-                    held = False
-                    break
-                time.sleep(0.01)
-            except OSError:
-                held = False
-                break
-        yield held
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _write_failure_of(err: BaseException) -> BaseException | None:
-    """The failed write behind `err`, or None when `err` is not one.
-
-    An `OSError` is one. torch.save reports a failed write in two ways: `RuntimeError: [enforce fail ...] file
-    write failed` from its own writer, or, when the `OSError` of the Python file it writes to (ENOSPC after part
-    of a record went out) makes it close the archive at the wrong offset, `RuntimeError: [enforce fail ...]
-    unexpected pos N vs M` with that `OSError` as its context: the `OSError` is then what failed.
-    """
-    seen: set[int] = set()
-    link: BaseException | None = err
-    while link is not None and id(link) not in seen:
-        if isinstance(link, OSError):
-            return link
-        seen.add(id(link))
-        link = link.__cause__ or link.__context__
-    if isinstance(err, RuntimeError) and "write failed" in str(err):
-        return err
-    return None
-
-
-def _write_failure(path: Path, err: BaseException, needed: int, what: str) -> str:
-    free = shutil.disk_usage(path.parent).free
-    full = getattr(err, "errno", None) == errno.ENOSPC or (needed and free < needed)
-    if full:
-        reason = (
-            f"the disk is full ({_size(free)} free in {path.parent}, the {what} needs about {_size(needed)})"
-        )
-    else:
-        reason = getattr(err, "strerror", None) or str(err).splitlines()[0][:200]
-    return (
-        f"cannot write {what} {path}: {reason}; the previous file is kept. Free disk space (or write elsewhere) "
-        + (
-            "and resume from the last whole checkpoint"
-            if what == "checkpoint"
-            else "and run the command again"
-        )
-    )
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    except files.WriteError as err:
+        raise CheckpointError(str(err)) from err
 
 
 def tensor_bytes(obj: Any) -> int:
@@ -313,52 +203,12 @@ def tensor_bytes(obj: Any) -> int:
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
-    """Write `obj` with `torch.save` through [`atomic_write`][attnx.checkpoint.atomic_write]."""
+    """Write `obj` with `torch.save` through [`atomic_write`][attnx.checkpoint.format.atomic_write]."""
     with atomic_write(path, needed=tensor_bytes(obj)) as f:
         torch.save(obj, f)
 
 
 def atomic_copy(source: str | Path, target: str | Path) -> None:
-    """Copy `source` to `target` through [`atomic_write`][attnx.checkpoint.atomic_write]."""
+    """Copy `source` to `target` through [`atomic_write`][attnx.checkpoint.format.atomic_write]."""
     with open(source, "rb") as src, atomic_write(target, needed=os.fstat(src.fileno()).st_size) as f:
         shutil.copyfileobj(src, f, 1 << 20)
-
-
-CLEANER_WAIT = 10.0
-"""Seconds the cleaner waits for writers to lock the temporary files they are creating (a writer holds the
-directory's lock for the microseconds between creating and locking its file)."""
-
-
-def remove_stale_temporaries(directory: str | Path) -> list[Path]:
-    """Remove the temporary files that writes through [`atomic_write`][attnx.checkpoint.atomic_write] left when
-    their process was killed; returns them.
-
-    Only files named as `atomic_write` names them are considered, and only those no process holds a lock on
-    (a live writer keeps its lock until it renames the file). Writers create and lock their file under a shared
-    lock of the directory, which this takes exclusively, so an unlocked file is a dead writer's even when it is
-    empty (killed as the file appeared). Where the directory cannot be locked (a filesystem without locks, or
-    writers still creating files after `CLEANER_WAIT` seconds) empty files are left alone: their writer may not
-    have locked them yet.
-    """
-    directory = Path(directory)
-    removed: list[Path] = []
-    if not directory.is_dir():
-        return removed
-    with _directory_lock(directory, fcntl.LOCK_EX, wait=CLEANER_WAIT) as no_writer_between_create_and_lock:
-        for path in sorted(directory.iterdir()):
-            if not _TEMPORARY.match(path.name) or not path.is_file() or path.is_symlink():
-                continue
-            try:
-                fd = os.open(path, os.O_RDWR)
-            except OSError:  # removed meanwhile, or not ours to open
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if no_writer_between_create_and_lock or os.fstat(fd).st_size > 0:
-                    path.unlink()
-                    removed.append(path)
-            except OSError:  # locked: a writer is still at work
-                pass
-            finally:
-                os.close(fd)
-    return removed

@@ -1,7 +1,7 @@
 """Checkpoint averaging (§6.1): the base model averages the last 5 checkpoints, the big model the last 20.
 
 `attnx average --checkpoints '[a.ckpt, b.ckpt]' --output avg.ckpt` or `attnx average --dir RUN/checkpoints
---last 5 --output avg.ckpt`. The result is a decodable attnx checkpoint (`attnx.checkpoint.load_model`) and a valid
+--last 5 --output avg.ckpt`. The result is a decodable attnx checkpoint ([`load_model`][attnx.checkpoint.format.load_model]) and a valid
 `--ckpt_path` for `attnx test`; it carries no optimizer state, so training cannot resume from it.
 Needs neither Lightning nor a GPU.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from attnx.checkpoint import CheckpointError, config_difference, read_checkpoint, tokenizer_sha256
+from attnx.checkpoint.format import CheckpointError, config_difference, read_checkpoint, tokenizer_sha256
 from attnx.model import architecture
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
@@ -28,10 +28,10 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     """The element-wise mean of the model weights in `paths`, as a checkpoint dict.
 
     All inputs must describe the same model (`checkpoint["attnx"]["transformer"]`) and hold the same weight
-    names and shapes; otherwise [`CheckpointError`][attnx.checkpoint.CheckpointError] names the first file that differs. Floating-point
+    names and shapes; otherwise [`CheckpointError`][attnx.checkpoint.format.CheckpointError] names the first file that differs. Floating-point
     weights are summed in float64 and stored in their own dtype; other tensors are taken from the last file.
     Everything else (metadata, hyperparameters, step) is the last file's, minus the training state
-    ([`TRAINING_STATE`][attnx.inference.average.TRAINING_STATE]); `averaged_from` lists the inputs.
+    ([`TRAINING_STATE`][attnx.checkpoint.average.TRAINING_STATE]); `averaged_from` lists the inputs.
     """
     paths = [Path(p) for p in paths]
     if not paths:
