@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
+from attnx.components.loss import translation_loss
 from attnx.data.batching import collate_indices, plan_batches
 from attnx.data.corpus import PreparedCorpus
 from attnx.data.prepare import Inputs, Settings, prepare
 from attnx.model import TransformerConfig, build_transformer
-from attnx.components.loss import translation_loss
 from tests.checkpoints import save_model
 
 TRAIN_PAIRS = 4000

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from attnx.data.errors import DataError
 from attnx.data.prepare.interrupt import uninterrupted
 from attnx.data.prepare.reports import is_report
 from attnx.data.prepare.settings import TRAIN, Inputs
+from attnx.files import make_scratch_directory, move_into_place
 
 SCRATCH_PREFIX = ".attnx-prepare-"
 SCRATCH_MARK = "SCRATCH-OF-ATTNX-PREPARE"
@@ -103,7 +102,7 @@ def scratch_directory(out: Path, owned: set[str]) -> Iterator[Path]:
             for name in owned:
                 if name.startswith(SCRATCH_PREFIX):
                     shutil.rmtree(out / name, ignore_errors=True)
-            work = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=out))
+            work = make_scratch_directory(out, SCRATCH_PREFIX)
             (work / SCRATCH_MARK).write_text(
                 "attnx prepare writes here and moves its files into place when done\n"
             )
@@ -117,7 +116,7 @@ def scratch_directory(out: Path, owned: set[str]) -> Iterator[Path]:
 def _write_meta(out: Path, work: Path, meta: dict[str, Any]) -> None:
     """Replace `out/meta.json` in one step (written in the scratch directory, then renamed)."""
     (work / META).write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(work / META, out / META)
+    move_into_place(work / META, out / META)
 
 
 def _publish(out: Path, work: Path, meta: dict[str, Any], owned: set[str], fresh: list[str]) -> None:
@@ -129,7 +128,7 @@ def _publish(out: Path, work: Path, meta: dict[str, Any], owned: set[str], fresh
     everything = sorted((owned - {META}) | set(meta["files"]))
     _write_meta(out, work, {"format_version": FORMAT_VERSION, "incomplete": True, "files": everything})
     for name in fresh:
-        os.replace(work / name, out / name)
+        move_into_place(work / name, out / name)
     for name in owned - set(meta["files"]) - {META}:
         path = out / name
         if path.is_file() and not path.is_symlink() and not name.startswith(SCRATCH_PREFIX):
