@@ -48,10 +48,14 @@ def uninterrupted() -> Iterator[None]:
         yield
     finally:
         _Deferred.depth -= 1
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if _Deferred.depth == 0 and _Deferred.pending is not None:
-            signum, _Deferred.pending = _Deferred.pending, None
-            raise Interrupted(signum)
+        try:
+            # unblocking runs the handler of a signal the mask held, which may raise Interrupted itself: the one
+            # deferred by the handler is still taken, or the next block of this process would raise it
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        finally:
+            if _Deferred.depth == 0 and _Deferred.pending is not None:
+                signum, _Deferred.pending = _Deferred.pending, None
+                raise Interrupted(signum)
 
 
 def interrupt(signum: int) -> None:
