@@ -6,8 +6,8 @@ help, parsed the same way, so `--config`, `--print_config`, `ATTNX_<COMMAND>__<O
 defaults and error messages work alike everywhere.
 
 Expected failures (a missing file, a bad option, a corrupt checkpoint, a diverged run, a full disk) print one
-line on standard error and exit with 2 (usage) or 1 (runtime); `--debug` (or `ATTNX_DEBUG=1`) shows the
-traceback instead.
+line on standard error and exit with the status the error carries ([attnx.errors][]): 2 (usage) or 1
+(runtime); `--debug` (or `ATTNX_DEBUG=1`) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attnx.commands.usage import UsageError, bare_flags, one_line, option_names, suggest
+from attnx.errors import AttnxError, expected_error
 
 LIGHTNING_COMMANDS: dict[str, str] = {
     "fit": "train a model from a config (LightningCLI; e.g. attnx fit --config base)",
@@ -174,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
             return lightning_main([name, *rest])
         return run_function(name, rest)
     except Exception as err:
-        status = exit_status(err)
+        shown = expected_error(err) or err  # the attnx error a library wrapped in its own, if any
+        status = exit_status(shown)
         if status is None or debug:
             raise
-        print(f"attnx {name}: error: {one_line(str(err))}", file=sys.stderr)
+        print(f"attnx {name}: error: {one_line(str(shown))}", file=sys.stderr)
         return status
     except KeyboardInterrupt:
         print(f"attnx {name}: interrupted", file=sys.stderr)
@@ -185,48 +187,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_status(err: BaseException) -> int | None:
-    """2 for a usage or config error, 1 for an expected runtime failure, None for a bug (traceback) and for
-    a closed standard output (which `main` ends quietly)."""
-    if isinstance(err, BrokenPipeError):
-        return None
-    from attnx.registry import ComponentArgumentError, DuplicateComponentError, UnknownComponentError
-
-    usage_errors: tuple[type[BaseException], ...] = (
-        UsageError,
-        UnknownComponentError,
-        DuplicateComponentError,
-        ComponentArgumentError,
-    )
-    try:
-        from jsonargparse import ArgumentError
-
-        usage_errors += (ArgumentError,)
-    except ImportError:  # pragma: no cover
-        pass
-    if isinstance(err, usage_errors):
-        return 2
-    if (
-        type(err) is ValueError
-    ):  # what attnx raises for impossible settings (e.g. d_model not divisible by heads)
-        return 2
-    runtime: list[type[BaseException]] = [OSError]
-    for module, names in {
-        "attnx.data.errors": ["DataError"],
-        "attnx.checkpoint": ["CheckpointError"],
-        "attnx.training.module": ["NonFiniteLossError"],
-        "attnx.export.common": ["ExportError"],
-    }.items():
-        if module in sys.modules:
-            runtime += [getattr(sys.modules[module], n) for n in names]
-    if isinstance(err, tuple(runtime)):
+    """The exit status an [AttnxError][attnx.errors.AttnxError] carries (2 for usage, 1 for a runtime
+    failure), 1 for what the system refused (a missing file, a full disk, a busy port: an `OSError`, which
+    Python raises, not attnx), and None for a bug (traceback) and for a closed standard output (which `main`
+    ends quietly)."""
+    if isinstance(err, AttnxError):
+        return err.exit_code
+    if isinstance(err, OSError) and not isinstance(err, BrokenPipeError):
         return 1
-    config_errors = [
-        getattr(sys.modules[m], n)
-        for m, n in (("attnx.training.cli", "ConfigError"), ("attnx.configs", "ConfigNotFound"))
-        if m in sys.modules and hasattr(sys.modules[m], n)
-    ]
-    if config_errors and isinstance(err, tuple(config_errors)):
-        return 2
     return None
 
 

@@ -17,9 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-
-class UsageError(Exception):
-    """A command line or config that cannot work as given (exit status 2)."""
+from attnx.errors import UsageError
 
 
 def one_line(message: str) -> str:
@@ -141,7 +139,7 @@ def config_file_action(fields: tuple[str, ...] = ()) -> type:
     """`--config FILE` (jsonargparse's `ActionConfigFile`) that checks the keys of each file as it reads it.
 
     A file that does not exist is said in the words of [attnx.configs.not_found][]. jsonargparse merges every
-    config file unchecked and reports an unknown key once all are merged, without the file or a hint; here a key that names no option is a [UsageError][attnx.commands.usage.UsageError]
+    config file unchecked and reports an unknown key once all are merged, without the file or a hint; here a key that names no option is a [UsageError][attnx.errors.UsageError]
     naming the file, its full dotted path and the option it most likely meant. The parser's own options are
     known to it; `fields` adds the fields of options it sees as one value (`search.beam` of an optional
     `search`). Only a key the parser itself refuses is reported: one it accepts (a linked
@@ -158,7 +156,7 @@ def config_file_action(fields: tuple[str, ...] = ()) -> type:
 
 
 def check_config_keys(parser: Any, value: str, fields: Iterable[str] = ()) -> None:
-    """Raise a [UsageError][attnx.commands.usage.UsageError] for a config file that does not exist, and for
+    """Raise a [UsageError][attnx.errors.UsageError] for a config file that does not exist, and for
     the first key of config file (or string) `value` that `parser` refuses as unknown."""
     import yaml
 

@@ -59,6 +59,7 @@ import torch
 from torch import Tensor, nn
 
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
+from attnx.errors import ConfigError
 from attnx.inference.config import LengthPenalty, SearchConfig
 from attnx.inference.decoder import Decoder, as_decoder, decoding
 from attnx.inference.hypothesis import Hypothesis
@@ -80,7 +81,7 @@ def length_penalty(length: int | float | Tensor, alpha: float, kind: LengthPenal
         return ((5.0 + length) / 6.0) ** alpha
     if kind == "fairseq":
         return length**alpha
-    raise ValueError(f"length_penalty must be 'gnmt' or 'fairseq', got {kind!r}")
+    raise ConfigError(f"length_penalty must be 'gnmt' or 'fairseq', got {kind!r}")
 
 
 def max_output_lengths(
@@ -252,7 +253,7 @@ def _prefix_tensor(
     if prefixes is None or not any(prefixes):
         return None, None
     if len(prefixes) != b:
-        raise ValueError(f"{len(prefixes)} prefixes for {b} sources: give one (possibly empty) per source")
+        raise ConfigError(f"{len(prefixes)} prefixes for {b} sources: give one (possibly empty) per source")
     width = max(len(p) for p in prefixes)
     table = torch.full((b, width), PAD_ID, dtype=torch.long)
     for i, p in enumerate(prefixes):

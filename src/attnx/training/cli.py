@@ -41,6 +41,7 @@ from attnx.checkpoint import (
     read_checkpoint,
     remove_stale_temporaries,
 )
+from attnx.errors import ConfigError
 from attnx.model import architecture
 from attnx.training.checkpointing import (
     AtomicCheckpointIO,
@@ -74,10 +75,6 @@ from attnx.training.throughput import TokenThroughput
 GPU_ACCELERATORS = ("gpu", "cuda")
 DECODING_COMMANDS = ("validate", "test", "predict")
 SUBCOMMANDS = ("fit", *DECODING_COMMANDS)
-
-
-class ConfigError(ValueError):
-    """A config that cannot run here; the message says what to override."""
 
 
 def _requested_devices(devices: Any) -> int:
