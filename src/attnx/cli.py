@@ -1,6 +1,6 @@
 """The `attnx` command: one table of subcommands, one parser (jsonargparse) for all of them.
 
-`fit`, `validate`, `test` and `predict` are LightningCLI's (`attnx.training.cli`); every other
+`fit`, `validate`, `test` and `predict` are LightningCLI's (`attnx.commands.lightning`); every other
 command is a typed function in `attnx.commands` whose signature is its schema and whose docstring is its
 help, parsed the same way, so `--config`, `--print_config`, `ATTNX_<COMMAND>__<OPTION>` environment
 defaults and error messages work alike everywhere.
@@ -35,7 +35,7 @@ LIGHTNING_COMMANDS: dict[str, str] = {
 COMMANDS: dict[str, str] = {
     "download": "attnx.commands.data:download",
     "prepare": "attnx.commands.data:prepare",
-    **dict.fromkeys(LIGHTNING_COMMANDS, "attnx.training.cli:main"),
+    **dict.fromkeys(LIGHTNING_COMMANDS, "attnx.commands.lightning:main"),
     "average": "attnx.commands.models:average",
     "translate": "attnx.commands.translate:translate",
     "attention": "attnx.commands.translate:attention",
@@ -170,9 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if name in LIGHTNING_COMMANDS:
-            from attnx.training.cli import main as lightning_main
-
-            return lightning_main([name, *rest])
+            return command_function(name)([name, *rest])
         return run_function(name, rest)
     except Exception as err:
         shown = expected_error(err) or err  # the attnx error a library wrapped in its own, if any

@@ -1,5 +1,5 @@
 """Command-line plumbing shared by `attnx` (`attnx.cli`) and its LightningCLI commands
-(`attnx.training.cli`): the usage error, one-line messages, "did you mean" hints (for options and for the
+(`attnx.commands.lightning`): the usage error, one-line messages, "did you mean" hints (for options and for the
 keys of `--config` files), bare boolean flags, repeated list options, and how option help is parsed and shown.
 
 Only the command layer imports this module; the library below it raises its own errors.
