@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from attnx.commands.usage import UsageError, bare_flags, one_line, option_names, suggest
+from attnx.commands.usage import bare_flags, one_line, option_names, refused_command_line
 from attnx.errors import AttnxError, expected_error
 
 LIGHTNING_COMMANDS: dict[str, str] = {
@@ -81,7 +81,8 @@ def run_function(name: str, argv: list[str]) -> int:
     """Parse `argv` against command `name`'s signature and run it."""
     from jsonargparse import ArgumentError, ArgumentParser
 
-    from attnx.commands.usage import config_file_action, configure_parsing, help_formatter, repeated_options
+    from attnx.commands.help import configure_parsing, help_formatter
+    from attnx.commands.usage import config_file_action, repeated_options
 
     configure_parsing()
     function = command_function(name)
@@ -108,14 +109,13 @@ def run_function(name: str, argv: list[str]) -> int:
         argv = [json.dumps(argv[:count]), *argv[count:]] if count else argv
     parser.add_function_arguments(function, as_group=False, as_positional=bool(positional))
     try:
-        config = parser.parse_args(argv)
+        # a settings dataclass that refuses its values (e.g. --search.top_p 0) raises as it is instantiated
+        values = parser.instantiate(parser.parse_args(argv)).as_dict()
     except ArgumentError as err:
+        if expected_error(err) is not None:  # a setting refused its value: `main` reports that error
+            raise
         options = ["--config", "--print_config", "--help", *option_names(function)]
-        raise UsageError(suggest(one_line(str(err)), options)) from err
-    try:
-        values = parser.instantiate(config).as_dict()
-    except ValueError as err:  # a settings dataclass refused its values (e.g. --search.top_p 0)
-        raise UsageError(suggest(one_line(str(err)), option_names(function))) from err
+        raise refused_command_line(err, argv, options) from err
     if config_file:
         values.pop("config", None)
     result = function(**values)

@@ -12,13 +12,14 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from attnx.commands.help import configure_parsing, help_formatter
 from attnx.commands.lightning_argv import checkpoint_override, resolve_configs, resume_command
 from attnx.commands.lightning_cli import DECODING_COMMANDS, AttnxCLI
 from attnx.commands.lightning_console import quiet_third_parties
-from attnx.commands.usage import configure_parsing, help_formatter, one_line, suggest
 from attnx.commands.usage import option_names as keys
+from attnx.commands.usage import refused_command_line
 from attnx.data.datamodule import TranslationDataModule
-from attnx.errors import UsageError
+from attnx.errors import UsageError, expected_error
 from attnx.training.checkpointing import StopRequested, StopSignals, TrainingInterrupted, stop_signals
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
@@ -59,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             trainer_defaults={"enable_progress_bar": sys.stderr.isatty()},
         )
     except ArgumentError as err:
-        raise UsageError(suggest(one_line(str(err)), option_names())) from err
+        if expected_error(err) is not None:  # a setting refused its value: `attnx` reports that error
+            raise
+        raise refused_command_line(err, argv, option_names()) from err
     except TrainingInterrupted as err:
         return interrupted(err, original)
     except StopRequested as err:
@@ -99,14 +102,18 @@ def stop_signals_before_training() -> tuple[int, ...]:
 
 
 def option_names() -> list[str]:
-    """Every `--section.key` a fit/test config accepts, for "did you mean" hints."""
+    """Every `--section.key` a fit/test config accepts, for "did you mean" hints; an option whose value is a
+    class (`--optimizer`, `--trainer.logger`) stands for every key below it."""
     names = [
         "--config",
         "--print_config",
+        "--help",
         "--ckpt_path",
         "--init_from",
         "--seed_everything",
         "--torch_threads",
+        "--optimizer",
+        "--lr_scheduler",
     ]
     for prefix, target in {
         "trainer": Trainer.__init__,
