@@ -46,7 +46,8 @@ def help_formatter() -> type:
 
 # Lightning's and PyTorch's docstrings, which jsonargparse shows as option help, are reStructuredText, and
 # neither jsonargparse nor docstring_parser renders it: its markup is rewritten here, by the syntax of reST
-# (tests/commands/test_help.py pins that Lightning's Trainer still writes it, and that no help shows any).
+# (tests/commands/test_help.py pins that Lightning's Trainer still writes it;
+# tests/docs/test_cli_reference.py that no help shows any).
 REST_LITERAL = re.compile(r"``(.+?)``", flags=re.DOTALL)
 SPHINX_ROLE = re.compile(r":(?:[a-z]+:)?[a-z]+:`~?([^`]+)`")
 LITERAL_BLOCK_MARKER = re.compile(r"(?<=\S)::$", flags=re.MULTILINE)
