@@ -1,13 +1,13 @@
 """The `attnx` command: one table of subcommands, one parser (jsonargparse) for all of them.
 
-`fit`, `validate`, `test` and `predict` are LightningCLI's (`attnx.training.cli`); every other
+`fit`, `validate`, `test` and `predict` are LightningCLI's (`attnx.commands.lightning`); every other
 command is a typed function in `attnx.commands` whose signature is its schema and whose docstring is its
 help, parsed the same way, so `--config`, `--print_config`, `ATTNX_<COMMAND>__<OPTION>` environment
 defaults and error messages work alike everywhere.
 
 Expected failures (a missing file, a bad option, a corrupt checkpoint, a diverged run, a full disk) print one
-line on standard error and exit with 2 (usage) or 1 (runtime); `--debug` (or `ATTNX_DEBUG=1`) shows the
-traceback instead.
+line on standard error and exit with the status the error carries ([attnx.errors][]): 2 (usage) or 1
+(runtime); `--debug` (or `ATTNX_DEBUG=1`) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from attnx.commands.usage import UsageError, bare_flags, one_line, option_names, suggest
+from attnx.commands.usage import bare_flags, one_line, option_names, refused_command_line
+from attnx.errors import AttnxError, expected_error
 
 LIGHTNING_COMMANDS: dict[str, str] = {
     "fit": "train a model from a config (LightningCLI; e.g. attnx fit --config base)",
@@ -34,7 +35,7 @@ LIGHTNING_COMMANDS: dict[str, str] = {
 COMMANDS: dict[str, str] = {
     "download": "attnx.commands.data:download",
     "prepare": "attnx.commands.data:prepare",
-    **dict.fromkeys(LIGHTNING_COMMANDS, "attnx.training.cli:main"),
+    **dict.fromkeys(LIGHTNING_COMMANDS, "attnx.commands.lightning:main"),
     "average": "attnx.commands.models:average",
     "translate": "attnx.commands.translate:translate",
     "attention": "attnx.commands.translate:attention",
@@ -80,7 +81,8 @@ def run_function(name: str, argv: list[str]) -> int:
     """Parse `argv` against command `name`'s signature and run it."""
     from jsonargparse import ArgumentError, ArgumentParser
 
-    from attnx.commands.usage import config_file_action, configure_parsing, help_formatter, repeated_options
+    from attnx.commands.help import configure_parsing, help_formatter
+    from attnx.commands.usage import config_file_action, repeated_options
 
     configure_parsing()
     function = command_function(name)
@@ -107,14 +109,13 @@ def run_function(name: str, argv: list[str]) -> int:
         argv = [json.dumps(argv[:count]), *argv[count:]] if count else argv
     parser.add_function_arguments(function, as_group=False, as_positional=bool(positional))
     try:
-        config = parser.parse_args(argv)
+        # a settings dataclass that refuses its values (e.g. --search.top_p 0) raises as it is instantiated
+        values = parser.instantiate(parser.parse_args(argv)).as_dict()
     except ArgumentError as err:
+        if expected_error(err) is not None:  # a setting refused its value: `main` reports that error
+            raise
         options = ["--config", "--print_config", "--help", *option_names(function)]
-        raise UsageError(suggest(one_line(str(err)), options)) from err
-    try:
-        values = parser.instantiate(config).as_dict()
-    except ValueError as err:  # a settings dataclass refused its values (e.g. --search.top_p 0)
-        raise UsageError(suggest(one_line(str(err)), option_names(function))) from err
+        raise refused_command_line(err, argv, options) from err
     if config_file:
         values.pop("config", None)
     result = function(**values)
@@ -169,15 +170,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if name in LIGHTNING_COMMANDS:
-            from attnx.training.cli import main as lightning_main
-
-            return lightning_main([name, *rest])
+            return command_function(name)([name, *rest])
         return run_function(name, rest)
     except Exception as err:
-        status = exit_status(err)
+        shown = expected_error(err) or err  # the attnx error a library wrapped in its own, if any
+        status = exit_status(shown)
         if status is None or debug:
             raise
-        print(f"attnx {name}: error: {one_line(str(err))}", file=sys.stderr)
+        print(f"attnx {name}: error: {one_line(str(shown))}", file=sys.stderr)
         return status
     except KeyboardInterrupt:
         print(f"attnx {name}: interrupted", file=sys.stderr)
@@ -185,48 +185,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_status(err: BaseException) -> int | None:
-    """2 for a usage or config error, 1 for an expected runtime failure, None for a bug (traceback) and for
-    a closed standard output (which `main` ends quietly)."""
-    if isinstance(err, BrokenPipeError):
-        return None
-    from attnx.registry import ComponentArgumentError, DuplicateComponentError, UnknownComponentError
-
-    usage_errors: tuple[type[BaseException], ...] = (
-        UsageError,
-        UnknownComponentError,
-        DuplicateComponentError,
-        ComponentArgumentError,
-    )
-    try:
-        from jsonargparse import ArgumentError
-
-        usage_errors += (ArgumentError,)
-    except ImportError:  # pragma: no cover
-        pass
-    if isinstance(err, usage_errors):
-        return 2
-    if (
-        type(err) is ValueError
-    ):  # what attnx raises for impossible settings (e.g. d_model not divisible by heads)
-        return 2
-    runtime: list[type[BaseException]] = [OSError]
-    for module, names in {
-        "attnx.data.errors": ["DataError"],
-        "attnx.checkpoint": ["CheckpointError"],
-        "attnx.training.module": ["NonFiniteLossError"],
-        "attnx.export.common": ["ExportError"],
-    }.items():
-        if module in sys.modules:
-            runtime += [getattr(sys.modules[module], n) for n in names]
-    if isinstance(err, tuple(runtime)):
+    """The exit status an [AttnxError][attnx.errors.AttnxError] carries (2 for usage, 1 for a runtime
+    failure), 1 for what the system refused (a missing file, a full disk, a busy port: an `OSError`, which
+    Python raises, not attnx), and None for a bug (traceback) and for a closed standard output (which `main`
+    ends quietly)."""
+    if isinstance(err, AttnxError):
+        return err.exit_code
+    if isinstance(err, OSError) and not isinstance(err, BrokenPipeError):
         return 1
-    config_errors = [
-        getattr(sys.modules[m], n)
-        for m, n in (("attnx.training.cli", "ConfigError"), ("attnx.configs", "ConfigNotFound"))
-        if m in sys.modules and hasattr(sys.modules[m], n)
-    ]
-    if config_errors and isinstance(err, tuple(config_errors)):
-        return 2
     return None
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from attnx.errors import ConfigError, UsageError
+
 
 class Kind(StrEnum):
     """The four kinds of component a Transformer is assembled from, and the training loss."""
@@ -19,16 +21,16 @@ class Kind(StrEnum):
     LOSS = "loss"
 
 
-class UnknownComponentError(LookupError):
+class UnknownComponentError(UsageError, LookupError):
     """A config names a component that no installed plugin registered."""
 
 
-class ComponentArgumentError(TypeError):
+class ComponentArgumentError(UsageError, TypeError):
     """A config gives a component an argument its constructor does not take, leaves out one it needs, or
     gives one a value of the wrong type."""
 
 
-class DuplicateComponentError(ValueError):
+class DuplicateComponentError(UsageError, ValueError):
     """Two plugins registered the same name for the same kind."""
 
 
@@ -60,7 +62,9 @@ class ComponentRegistry:
     def add(self, kind: Kind | str, name: str, factory: type) -> None:
         kind = Kind(kind)
         if not name or not isinstance(name, str):
-            raise ValueError(f"{self.plugin}: a {kind} component needs a non-empty string name, got {name!r}")
+            raise ConfigError(
+                f"{self.plugin}: a {kind} component needs a non-empty string name, got {name!r}"
+            )
         known = self._entries[kind]
         if name in known:
             first = known[name]

@@ -10,16 +10,17 @@ import pytest
 from jsonargparse import ArgumentParser
 
 from attnx.commands.usage import (
-    UsageError,
     bare_flags,
     close_key,
     config_file_action,
     one_line,
     option_names,
+    refused_command_line,
     repeated_options,
-    suggest,
     unknown_keys,
+    unknown_options,
 )
+from attnx.errors import UsageError
 
 
 def test_one_line_folds_nested_messages_and_drops_repeats() -> None:
@@ -27,13 +28,38 @@ def test_one_line_folds_nested_messages_and_drops_repeats() -> None:
     assert one_line(message) == 'Parser key "search": bad value; Option x'
 
 
-def test_suggest_names_the_close_option_and_unknown_group_fields() -> None:
+def test_a_refused_command_line_names_the_close_option() -> None:
     options = ["--beam", "--search.beam", "--output"]
-    assert suggest("Unrecognized arguments: --outptu x", options).endswith(
-        "(--outptu: did you mean --output?)"
+    refused = refused_command_line(
+        Exception("unrecognized arguments: --outptu x"), ["--outptu", "x"], options
     )
-    nested = suggest("Parser key \"search\": Option 'bem' is not accepted", options)
-    assert nested == "unknown option --search.bem (--search.bem: did you mean --search.beam?)"
+    assert str(refused) == "unrecognized arguments: --outptu x (--outptu: did you mean --output?)"
+    assert refused.exit_code == 2
+
+
+def test_an_unknown_field_of_a_settings_group_is_named_as_typed() -> None:
+    """jsonargparse names the field alone (`'bem'`), inside its account of every type the group may have."""
+    message = "Parser key \"search\":\n  Does not validate against any of the Union subtypes\n  Option 'bem' is not accepted"
+    refused = refused_command_line(Exception(message), ["--search.bem=2"], ["--search", "--search.beam"])
+    assert str(refused) == "unknown option --search.bem (--search.bem: did you mean --search.beam?)"
+
+
+def test_a_refused_value_keeps_jsonargparse_s_message() -> None:
+    message = "Parser key \"trainer.max_steps\":\n  Expected a <class 'int'>. Got value: abc"
+    refused = refused_command_line(
+        Exception(message), ["--trainer.max_steps", "abc"], ["--trainer.max_steps"]
+    )
+    assert str(refused) == "Parser key \"trainer.max_steps\": Expected a <class 'int'>. Got value: abc"
+
+
+def test_unknown_options_know_groups_and_the_keys_inside_a_class_valued_option() -> None:
+    options = ["--search", "--search.beam", "--trainer.logger", "--names"]
+    argv = ["--search.beam=2", "--search", "{}", "--trainer.logger.init_args.save_dir", "x", "--names+", "a"]
+    assert unknown_options(argv, options) == []
+    assert unknown_options([*argv, "--search.bem", "2", "--trainr.max_steps", "1"], options) == [
+        "--search.bem",
+        "--trainr.max_steps",
+    ]
 
 
 @dataclass

@@ -14,10 +14,10 @@ import pytest
 import torch
 import yaml
 
+from attnx.commands.lightning import main as attnx_cli
 from attnx.components.positional import LearnedPositionalEncoding
 from attnx.model import TransformerConfig, build_transformer
 from attnx.model.builders import count_parameters
-from attnx.training.cli import main as attnx_cli
 from tests.conftest import REPO
 
 BASE = REPO / "configs" / "base.yaml"

@@ -16,11 +16,11 @@ import torch
 import yaml
 
 from attnx.cli import main as attnx
+from attnx.commands.lightning_cli import AttnxCLI
 from attnx.data.datamodule import TranslationDataModule
 from attnx.model import TransformerConfig, build_transformer
 from attnx.model.builders import count_parameters
 from attnx.training.checkpointing import AtomicCheckpointIO, AverageCheckpoints, PeriodicCheckpoint
-from attnx.training.cli import AttnxCLI
 from attnx.training.module import TranslationTask
 from tests.conftest import REPO
 

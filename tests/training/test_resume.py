@@ -1,4 +1,5 @@
-"""Exact resume: a run stopped mid-epoch and resumed from its last checkpoint repeats the uninterrupted run."""
+"""Where a run starts from: a run stopped mid-epoch and resumed from its last checkpoint repeats the uninterrupted
+run; `--ckpt_path last` finds the newest run of the config; a new run gets a new folder."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from attnx.checkpoint import CheckpointError
 from attnx.cli import main as attnx
 from attnx.data.datamodule import TranslationDataModule
+from attnx.training.resume import checkpoint_directories, continue_run, last_checkpoint
 from tests.test_files import killed_write
 from tests.training.conftest import fit_args, read_metrics, train_losses
 
@@ -95,3 +98,47 @@ def test_ckpt_path_last_resumes_the_newest_run_and_removes_killed_writes(
     assert sorted(p.name for p in runs.iterdir()) == ["version_0", "version_1"]
     steps = [int(row["step"]) for row in read_metrics(runs / "version_1") if row.get("train/loss")]
     assert steps == [0, 1, 2, 3, 4]
+
+
+def loggers(save_dir: Path) -> dict:
+    """A CSV and a TensorBoard logger sharing `save_dir/tiny`, as configs/tiny.yaml has them."""
+    args = {"save_dir": str(save_dir), "name": "tiny"}
+    return {
+        "logger": [
+            {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": dict(args)},
+            {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": dict(args)},
+        ]
+    }
+
+
+def test_last_is_the_newest_last_ckpt_of_the_config_s_runs(tmp_path: Path) -> None:
+    trainer = loggers(tmp_path / "runs")
+    with pytest.raises(CheckpointError, match="no run directory of this config exists here"):
+        last_checkpoint(trainer)
+    for version in (0, 1, 2):
+        (tmp_path / "runs" / "tiny" / f"version_{version}" / "checkpoints").mkdir(parents=True)
+    older, newer = (tmp_path / "runs" / "tiny" / f"version_{v}" / "checkpoints" / "last.ckpt" for v in (1, 0))
+    older.write_bytes(b"1")
+    newer.write_bytes(b"0")
+    os.utime(older, ns=(1_000_000_000, 1_000_000_000))  # version_1's was written first
+    assert len(checkpoint_directories(trainer)) == 3
+    assert last_checkpoint(trainer) == newer
+
+
+def test_a_periodic_checkpoint_dirpath_is_the_one_place_looked_in(tmp_path: Path) -> None:
+    trainer = loggers(tmp_path / "runs")
+    (tmp_path / "runs" / "tiny" / "version_0" / "checkpoints").mkdir(parents=True)
+    trainer["callbacks"] = [
+        {
+            "class_path": "attnx.training.checkpointing.PeriodicCheckpoint",
+            "init_args": {"dirpath": str(tmp_path)},
+        }
+    ]
+    assert checkpoint_directories(trainer) == [tmp_path]
+
+
+def test_a_new_run_pins_its_loggers_to_one_new_folder(tmp_path: Path) -> None:
+    (tmp_path / "runs" / "tiny" / "version_0").mkdir(parents=True)
+    trainer = loggers(tmp_path / "runs")
+    assert continue_run(trainer, None, {}) is False
+    assert [logger["init_args"]["version"] for logger in trainer["logger"]] == [1, 1]

@@ -27,13 +27,14 @@ import torch
 
 from attnx import files
 from attnx.data.tokenizer import Tokenizer, sha256_hex
+from attnx.errors import AttnxError
 from attnx.model import Transformer, TransformerConfig, build_transformer
 
 FORMAT_VERSION = 1
 STATE_PREFIX = "model."
 
 
-class CheckpointError(ValueError):
+class CheckpointError(AttnxError, ValueError):
     """A file is not a usable attnx checkpoint; the message says which file and why."""
 
 

@@ -1,11 +1,5 @@
 """The commands behind `attnx <command>`: typed functions whose signatures are their options and whose
-docstrings are their help. They import heavy libraries (torch, Lightning) only when they run, so `--help`
-is quick. Nothing in the library imports from here but the Lightning commands (`attnx.training.cli`), which
-share the parsing and help settings of [`attnx.commands.usage`][attnx.commands.usage].
+docstrings are their help, and the LightningCLI commands `fit`, `validate`, `test` and `predict`
+([attnx.commands.lightning][]). They import heavy libraries (torch, Lightning) only when they run, so
+`--help` is quick. Nothing in the library imports from here.
 """
-
-from __future__ import annotations
-
-from attnx.commands.usage import configure_parsing, help_formatter
-
-__all__ = ["configure_parsing", "help_formatter"]

@@ -65,7 +65,8 @@ def serve(
     import os
 
     from attnx.commands.translate import check_device
-    from attnx.commands.usage import UsageError, require_extra
+    from attnx.commands.usage import require_extra
+    from attnx.errors import UsageError
 
     try:
         import litserve  # noqa: F401

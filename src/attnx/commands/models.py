@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from attnx.errors import ConfigError
+
 
 def average(
     checkpoints: Path | list[Path] | None = None,
@@ -32,9 +34,9 @@ def average(
     from attnx.commands.usage import refuse_to_replace
 
     if bool(checkpoints) == bool(dir):
-        raise ValueError("give either --checkpoints or --dir (with --last k), not both and not neither")
+        raise ConfigError("give either --checkpoints or --dir (with --last k), not both and not neither")
     if last < 1:
-        raise ValueError(f"--last must be at least 1, got {last}")
+        raise ConfigError(f"--last must be at least 1, got {last}")
     if isinstance(checkpoints, Path):
         checkpoints = [checkpoints]
     paths = last_checkpoints(dir, last) if dir else list(checkpoints or [])
@@ -79,14 +81,14 @@ def transformer_section(values: Any, source: str) -> tuple[dict[str, Any], str]:
     """The transformer settings in a fit config (`model.transformer`) or a bare transformer config, and the
     dotted prefix of their keys in that file (`model.transformer.`, `transformer.` or none)."""
     if not isinstance(values, dict):
-        raise ValueError(f"{source} is not a YAML mapping")
+        raise ConfigError(f"{source} is not a YAML mapping")
     model = values.get("model")
     if isinstance(model, dict):
         model = model.get("init_args", model)
         if isinstance(model.get("transformer"), dict):
             return model["transformer"], "model.transformer."
         if "transformer" in model:
-            raise ValueError(f"{source}: model.transformer is not a mapping")
+            raise ConfigError(f"{source}: model.transformer is not a mapping")
         return {}, "model.transformer."  # a fit config that keeps the model of the files before it
     if "transformer" in values:
         return dict(values["transformer"] or {}), "transformer."
@@ -210,7 +212,7 @@ def describe(
     from attnx.model.builders import count_parameters, training_flops_per_token
 
     if (config is None) == (preset is None):
-        raise ValueError("give either --config or --preset")
+        raise ConfigError("give either --config or --preset")
     vocab_source = "--vocab_size"
     values: Any = {}
     if preset:
@@ -333,7 +335,7 @@ def run_estimate(
     configured = configured if isinstance(configured, int) and configured > 0 else 1
     devices = devices or configured
     if devices < 1:
-        raise ValueError(f"--devices must be at least 1, got {devices}")
+        raise ConfigError(f"--devices must be at least 1, got {devices}")
     if devices != configured:  # the same tokens a step: accumulate what the missing devices would have done
         accumulate = max(1, round(accumulate * configured / devices))
     estimate = estimate_run(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from attnx.commands.progress import Progress
 from attnx.commands.resumable import ResumableOutput, StreamOutput
 from attnx.commands.text_input import TextInput
-from attnx.commands.usage import UsageError
+from attnx.errors import ConfigError, UsageError
 from attnx.inference.config import SearchConfig
 from attnx.inference.formats import OutputFormat, render
 
@@ -41,21 +41,21 @@ def check_output_options(
 ) -> None:
     """Refuse combinations that would silently drop something the user asked for."""
     if target is not None and prefix is not None:
-        raise ValueError(
+        raise ConfigError(
             "--target scores given translations and --prefix constrains a search: give one of them"
         )
     if target is not None and search is not None and (search.nbest != 1 or search.sampling or search.mbr):
-        raise ValueError(
+        raise ConfigError(
             "--target scores the given translations, one each: --search.nbest, --search.sampling and "
             "--search.mbr do not apply (leave them out)"
         )
     if format == "text" and search is not None and search.nbest > 1:
-        raise ValueError(
+        raise ConfigError(
             f"--format text writes one translation a line: for --search.nbest {search.nbest} use --format "
             "jsonl or --format moses"
         )
     if format == "text" and token_scores:
-        raise ValueError("--token_scores needs --format jsonl or --format moses (text has no scores)")
+        raise ConfigError("--token_scores needs --format jsonl or --format moses (text has no scores)")
 
 
 def content_digest(path: str | Path) -> str:

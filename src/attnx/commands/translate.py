@@ -9,6 +9,7 @@ from typing import Literal
 
 from attnx.commands.resumable import ResumableOutput, StreamOutput
 from attnx.commands.text_input import TextInput
+from attnx.errors import ConfigError
 from attnx.inference.config import DEFAULT_MAX_TOKENS, PAPER_SEARCH, SearchConfig
 from attnx.inference.formats import OutputFormat
 
@@ -20,10 +21,10 @@ def check_device(device: str) -> None:
     try:
         kind = torch.device(device).type
     except RuntimeError as err:
-        raise ValueError(f"--device {device!r}: {err}") from None
+        raise ConfigError(f"--device {device!r}: {err}") from None
     index = torch.device(device).index or 0
     if kind == "cuda" and index >= torch.cuda.device_count():
-        raise ValueError(
+        raise ConfigError(
             f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); use --device cpu"
             + (" or cuda:0" if torch.cuda.is_available() else "")
         )
@@ -95,7 +96,7 @@ def translate(
     from attnx.inference.ctranslate2 import is_ctranslate2_model
 
     if buffer_size < 1:
-        raise ValueError(f"--buffer_size must be at least 1, got {buffer_size}")
+        raise ConfigError(f"--buffer_size must be at least 1, got {buffer_size}")
     check_output_options(format, target, prefix, token_scores, search)
     if output != "-":
         refuse_to_replace(output, force)
@@ -151,7 +152,7 @@ def attention(
     from attnx.commands.usage import refuse_to_replace
 
     if not text.strip():
-        raise ValueError("--text is empty: give the sentence to translate and draw")
+        raise ConfigError("--text is empty: give the sentence to translate and draw")
     refuse_to_replace(output, force)
     check_device(device)
     from attnx.inference.attention_map import save_attention_figure
@@ -192,7 +193,7 @@ def score(
                 print(f"attnx score: warning: {text.warning()}", file=sys.stderr)
     hyps, refs = texts["--hypotheses"], texts["--references"]
     if len(hyps) != len(refs):
-        raise ValueError(
+        raise ConfigError(
             f"--hypotheses {hypotheses} has {len(hyps)} lines but --references {references} has {len(refs)}; "
             "they must pair up line by line"
         )

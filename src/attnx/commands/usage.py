@@ -1,8 +1,8 @@
 """Command-line plumbing shared by `attnx` (`attnx.cli`) and its LightningCLI commands
-(`attnx.training.cli`): the usage error, one-line messages, "did you mean" hints (for options and for the
-keys of `--config` files), bare boolean flags, repeated list options, and how option help is parsed and shown.
+(`attnx.commands.lightning`): one-line messages, "did you mean" hints (for options and for the keys of
+`--config` files), bare boolean flags, repeated list options, and the files and extras a command refuses.
 
-Only the command layer imports this module; the library below it raises its own errors.
+Only the command layer imports this module; the library below it raises its own errors ([attnx.errors][]).
 """
 
 from __future__ import annotations
@@ -12,51 +12,69 @@ import copy
 import difflib
 import functools
 import inspect
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-
-class UsageError(Exception):
-    """A command line or config that cannot work as given (exit status 2)."""
+from attnx.errors import UsageError
 
 
 def one_line(message: str) -> str:
-    """An error message folded onto one line (jsonargparse's nested messages span several)."""
-    lines = [re.sub(r"^\s*-\s+", "", line).strip() for line in str(message).strip().splitlines()]
-    lines = [line for line in lines if line]
+    """An error message folded onto one line (jsonargparse's nested messages span several, as lists)."""
+    lines = []
+    for line in str(message).strip().splitlines():
+        line = line.strip()
+        if line.startswith("-") and line[1:2].isspace():  # an item of a list, not an option
+            line = line[1:].strip()
+        if line:
+            lines.append(line)
     text = ""
     for line in dict.fromkeys(lines):  # repeated lines once
         text += (" " if not text or text.endswith(":") else "; ") + line
-    return re.sub(r"\s+", " ", text).strip()
+    return " ".join(text.split())
 
 
-def suggest(message: str, options: list[str]) -> str:
-    """Add "did you mean --x?" to an unrecognized-option message when an option is close.
+def refused_command_line(err: Exception, argv: list[str], options: list[str]) -> UsageError:
+    """The one line for a command line jsonargparse refused (`err`), with "did you mean --x?" for each option of
+    `argv` that is not one of `options` but close to one.
 
-    A field unknown to a settings group comes back from jsonargparse as `Parser key "search": ... Option
-    'bem' is not accepted`: that message is replaced by `unknown option --search.bem`.
+    jsonargparse's message is kept when it names the unknown option (`unrecognized arguments: --outptu x`). A
+    misspelt field of a settings group it names only by the field's bare name, inside its account of every
+    type the group may have (`'bem'` for `--search.bem`): then the message is the option as it was typed,
+    `unknown option --search.bem`.
     """
-    nested = re.search(r'Parser key "([\w.]+)".*?Option \'(\w+)\' is not accepted', message)
-    if nested:
-        message = f"unknown option --{nested.group(1)}.{nested.group(2)}"
-    # A settings group that refused its values (e.g. SearchConfig's own checks) inside an optional type:
-    # jsonargparse wraps the one line the group wrote in every subtype it tried; keep that line.
-    refused = re.search(
-        r"Does not validate against any of the Union subtypes.*?Errors: (.*?); Expected a ", message
-    )
-    if refused:
-        message = refused.group(1)
-    unknown = re.findall(r"(--[\w.\-]+)", message)
+    message = one_line(str(err))
+    unknown = unknown_options(argv, options)
+    if unknown and not any(option in message for option in unknown):
+        message = f"unknown option {unknown[0]}"
     hints = []
     for option in unknown:
-        if option in options:
-            continue
-        close = difflib.get_close_matches(option.split("=")[0], options, n=1, cutoff=0.75)
-        if close:
+        close = difflib.get_close_matches(option, options, n=1, cutoff=0.75)
+        if option in message and close:
             hints.append(f"{option}: did you mean {close[0]}?")
-    return f"{message} ({'; '.join(hints)})" if hints else message
+    return UsageError(f"{message} ({'; '.join(hints)})" if hints else message)
+
+
+def given_options(argv: list[str]) -> list[str]:
+    """The `--name` of each option in `argv`, once, without its `=value` or the `+` that appends to a list."""
+    names = (arg.split("=", 1)[0].removesuffix("+") for arg in argv if arg.startswith("--"))
+    return list(dict.fromkeys(names))
+
+
+def unknown_options(argv: list[str], options: Iterable[str]) -> list[str]:
+    """The options of `argv` that name neither one of `options` (`--search.beam`) nor a group of them
+    (`--search`), nor a key inside the value of an option whose fields `options` does not list (the
+    `--trainer.logger.init_args.save_dir` of `--trainer.logger`)."""
+    keys = {option.removeprefix("--") for option in options}
+    groups = parents(keys)
+    unknown = []
+    for option in given_options(argv):
+        key = option.removeprefix("--")
+        above = {key.rsplit(".", depth)[0] for depth in range(1, key.count(".") + 1)}
+        if key in keys or key in groups or any(k in keys and k not in groups for k in above):
+            continue
+        unknown.append(option)
+    return unknown
 
 
 def option_names(target: Any, prefix: str = "") -> list[str]:
@@ -141,7 +159,7 @@ def config_file_action(fields: tuple[str, ...] = ()) -> type:
     """`--config FILE` (jsonargparse's `ActionConfigFile`) that checks the keys of each file as it reads it.
 
     A file that does not exist is said in the words of [attnx.configs.not_found][]. jsonargparse merges every
-    config file unchecked and reports an unknown key once all are merged, without the file or a hint; here a key that names no option is a [UsageError][attnx.commands.usage.UsageError]
+    config file unchecked and reports an unknown key once all are merged, without the file or a hint; here a key that names no option is a [UsageError][attnx.errors.UsageError]
     naming the file, its full dotted path and the option it most likely meant. The parser's own options are
     known to it; `fields` adds the fields of options it sees as one value (`search.beam` of an optional
     `search`). Only a key the parser itself refuses is reported: one it accepts (a linked
@@ -158,7 +176,7 @@ def config_file_action(fields: tuple[str, ...] = ()) -> type:
 
 
 def check_config_keys(parser: Any, value: str, fields: Iterable[str] = ()) -> None:
-    """Raise a [UsageError][attnx.commands.usage.UsageError] for a config file that does not exist, and for
+    """Raise a [UsageError][attnx.errors.UsageError] for a config file that does not exist, and for
     the first key of config file (or string) `value` that `parser` refuses as unknown."""
     import yaml
 
@@ -258,49 +276,6 @@ def bare_flags(function: Callable[..., Any], argv: list[str]) -> list[str]:
             arg += "=true"
         out.append(arg)
     return out
-
-
-@functools.cache
-def configure_parsing() -> None:
-    """Read option help from Google-style docstrings and from dataclass attribute docstrings."""
-    from jsonargparse import set_parsing_settings
-
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)
-
-
-@functools.cache
-def help_formatter() -> type:
-    """jsonargparse's help formatter, made to read as plain text for every command, Lightning's included.
-
-    reST inline literals in double backticks and Sphinx roles (Lightning's and PyTorch's docstrings use
-    them) read as Markdown code in single backticks, and a paragraph ending in a reST literal-block marker
-    (two colons) ends in one colon. An option whose
-    value has a default is not called required: a component's `name` reads `(type: str, default:
-    multihead)`, not `(required, type: str, default: multihead)`.
-    """
-    from argparse import SUPPRESS
-
-    from jsonargparse import DefaultHelpFormatter
-
-    class HelpFormatter(DefaultHelpFormatter):
-        def _get_help_string(self, action: Any) -> str:
-            text = super()._get_help_string(action)
-            if action.required and action.default not in (None, SUPPRESS):
-                text = text.replace("(required, ", "(", 1)
-            return text
-
-        def format_help(self) -> str:
-            return plain_help(super().format_help())
-
-    return HelpFormatter
-
-
-def plain_help(text: str) -> str:
-    """Help text with reST inline literals and Sphinx roles (such as `:class:`) as Markdown code, and no
-    reST literal-block markers."""
-    text = re.sub(r"``(.+?)``", r"`\1`", text, flags=re.DOTALL)
-    text = re.sub(r":(?:[a-z]+:)?[a-z]+:`~?([^`]+)`", r"`\1`", text)
-    return re.sub(r"(?<=\S)::$", ":", text, flags=re.MULTILINE)
 
 
 def refuse_to_replace(path: str | Path, force: bool, option: str = "--output") -> None:

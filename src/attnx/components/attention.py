@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from attnx.components.masking import attention_mask, cached_keys_values
 from attnx.components.protocols import KeyValueCache
+from attnx.errors import ConfigError
 from attnx.hookspecs import hookimpl
 
 
@@ -44,7 +45,7 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         if n_heads <= 0 or (d_model % n_heads and (d_k is None or d_v is None)):
-            raise ValueError(
+            raise ConfigError(
                 f"d_model ({d_model}) must be divisible by the number of heads ({n_heads}); "
                 f"d_k = d_v = d_model / heads. Choose e.g. heads in "
                 f"{[h for h in (1, 2, 4, 8, 16, 32) if d_model % h == 0]}, or set d_k and d_v explicitly."

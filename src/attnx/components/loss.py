@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from attnx.data.batch import Batch
+from attnx.errors import ConfigError
 from attnx.hookspecs import hookimpl
 
 
@@ -83,7 +84,7 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float, ignore_in
 
 def _check(epsilon: float) -> None:
     if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"label smoothing ε must be in [0, 1), got {epsilon}")
+        raise ConfigError(f"label smoothing ε must be in [0, 1), got {epsilon}")
 
 
 def projected_label_smoothed_nll(

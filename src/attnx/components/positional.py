@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnx.errors import ConfigError
 from attnx.hookspecs import hookimpl
 
 
@@ -35,7 +36,7 @@ class SinusoidalPositionalEncoding(nn.Module):
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         t = x.shape[1]
         if offset + t > self.table.shape[0]:
-            raise ValueError(
+            raise ConfigError(
                 f"sequence position {offset + t} exceeds max_len {self.table.shape[0]}; raise the model's max_len"
             )
         return x + self.table[offset : offset + t].to(x.dtype)  # (B, T, D)
@@ -54,7 +55,7 @@ class LearnedPositionalEncoding(nn.Module):
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         t = x.shape[1]
         if offset + t > self.embedding.num_embeddings:
-            raise ValueError(
+            raise ConfigError(
                 f"sequence position {offset + t} exceeds max_len {self.embedding.num_embeddings}; "
                 "learned positions cannot extrapolate, raise the model's max_len"
             )

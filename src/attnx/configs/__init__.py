@@ -16,6 +16,8 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from attnx.errors import ConfigError
+
 __all__ = ["ConfigNotFound", "available", "not_found", "resolve"]
 
 SUFFIX = ".yaml"
@@ -25,7 +27,7 @@ _extracted = contextlib.ExitStack()
 atexit.register(_extracted.close)
 
 
-class ConfigNotFound(ValueError):
+class ConfigNotFound(ConfigError):
     """Raised by [resolve][attnx.configs.resolve] for a name that is neither a file nor a packaged config."""
 
 

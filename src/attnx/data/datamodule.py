@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 from attnx.data.batching import BatchDataset, TokenBatchSampler, no_collate
 from attnx.data.corpus import PreparedCorpus
 from attnx.data.tokenizer import Tokenizer
+from attnx.errors import ConfigError
 
 AUTO_SHAPE_BUCKETS = 8
 """The multiple `shape_buckets: null` pads to where fewer shapes pay (bf16/fp16, GPUs)."""
@@ -86,7 +87,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.train_split, self.valid_split, self.test_split = train_split, valid_split, test_split
         if shape_buckets is not None and shape_buckets < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"data.shape_buckets must be None, 0 (off) or a positive multiple, not {shape_buckets}"
             )
         self.shape_buckets = shape_buckets

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from attnx.errors import AttnxError
 
-class DataError(ValueError):
+
+class DataError(AttnxError, ValueError):
     """Input that cannot become a corpus: unreadable, misaligned, empty, or an impossible setting.
 
     The message names the file (and line, where there is one) and says what to do about it.

@@ -11,6 +11,8 @@ from typing import Any
 
 import sentencepiece as spm
 
+from attnx.errors import ConfigError
+
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 """Special ids fixed in every SentencePiece model attnx trains."""
 
@@ -76,7 +78,7 @@ class Tokenizer:
         self.path = path
         ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise ValueError(
+            raise ConfigError(
                 f"SentencePiece model has special ids pad/unk/bos/eos = {ids}, attnx needs "
                 f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; train it with `attnx prepare`"
             )

@@ -20,6 +20,8 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesTokenizer
 
+from attnx.errors import ConfigError
+
 COMPOUND = re.compile(r"(\S)-(\S)")
 """tensor2tensor's `perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'`, with the same non-overlapping matches."""
 
@@ -71,7 +73,7 @@ def paper_bleu(hypotheses: list[str], references: list[str], lang: str = "de") -
 def score(hypotheses: list[str], references: list[str], lang: str = "de") -> BleuReport:
     """Score detokenized `hypotheses` against one reference each; `lang` is the target language (Moses)."""
     if len(hypotheses) != len(references):
-        raise ValueError(
+        raise ConfigError(
             f"{len(hypotheses)} hypotheses but {len(references)} references; they must pair up line by line"
         )
     bleu, chrf = BLEU(), CHRF()
@@ -95,7 +97,7 @@ def score_files(hyp_path: str | Path, ref_path: str | Path, lang: str = "de") ->
     """Score a hypothesis file against a reference file, line by line (`attnx score`)."""
     hypotheses, references = read_lines(hyp_path), read_lines(ref_path)
     if len(hypotheses) != len(references):
-        raise ValueError(
+        raise ConfigError(
             f"{hyp_path} has {len(hypotheses)} lines but {ref_path} has {len(references)}; "
             "they must pair up line by line"
         )

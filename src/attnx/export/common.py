@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from attnx.checkpoint import LoadedModel, load_model, read_checkpoint
+from attnx.errors import AttnxError
 from attnx.files import staged_directory
 from attnx.model import ComponentSpec, TransformerConfig
 
 
-class ExportError(ValueError):
+class ExportError(AttnxError, ValueError):
     """A checkpoint cannot be exported to the requested format; the message says which part and why."""
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import matplotlib
 
+from attnx.errors import ConfigError
+
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
@@ -29,7 +31,7 @@ def plot_attention(maps: AttentionMaps, layer: int = -1) -> Figure:
     """Panels of every head of `layer`: encoder self-attention rows first, then encoder-decoder attention."""
     n_layers = len(maps.encoder)
     if not -n_layers <= layer < n_layers or not -len(maps.cross) <= layer < len(maps.cross):
-        raise ValueError(
+        raise ConfigError(
             f"layer {layer} does not exist: the model has {n_layers} encoder and {len(maps.cross)} decoder "
             "layers (0-based, negative counts from the last)"
         )

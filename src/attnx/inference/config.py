@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from attnx.errors import ConfigError
+
 LengthPenalty = Literal["gnmt", "fairseq"]
 MBRUtility = Literal["chrf", "bleu"]
 MBRCandidates = Literal["sample", "epsilon", "nbest"]
@@ -97,7 +99,7 @@ class SearchConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise ConfigError(message)
         self._check_mbr()
         if not self.samples:
             changed = [
@@ -112,7 +114,7 @@ class SearchConfig:
                 if value != default
             ]
             if changed:
-                raise ValueError(
+                raise ConfigError(
                     f"search.{', search.'.join(changed)} only shape sampling: add --search.sampling true "
                     "(or leave them out for beam search)"
                 )
@@ -128,7 +130,7 @@ class SearchConfig:
                 if value != default
             ]
             if changed:
-                raise ValueError(f"search.{', search.'.join(changed)} only apply to MBR: add --search.mbr N")
+                raise ConfigError(f"search.{', search.'.join(changed)} only apply to MBR: add --search.mbr N")
             return
         checks = [
             (self.mbr >= 2, f"search.mbr must be 0 (off) or at least 2 candidates, got {self.mbr}"),
@@ -161,7 +163,7 @@ class SearchConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise ConfigError(message)
 
     @property
     def samples(self) -> bool:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
+from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 
 __all__ = ["Constraints", "prefix_table"]
@@ -82,7 +83,7 @@ def prefix_table(
     if prefixes is None or not any(prefixes):
         return None, None
     if len(prefixes) != b:
-        raise ValueError(f"{len(prefixes)} prefixes for {b} sources: give one (possibly empty) per source")
+        raise ConfigError(f"{len(prefixes)} prefixes for {b} sources: give one (possibly empty) per source")
     width = max(len(p) for p in prefixes)
     table = torch.full((b, width), PAD_ID, dtype=torch.long)
     for i, p in enumerate(prefixes):

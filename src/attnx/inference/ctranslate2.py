@@ -49,6 +49,7 @@ from tqdm import tqdm
 from attnx.checkpoint import CheckpointError
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.data.tokenizer import Tokenizer
+from attnx.errors import ConfigError
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.hypothesis import Hypothesis
 from attnx.inference.lengths import length_penalty, max_output_length
@@ -97,17 +98,17 @@ def is_ctranslate2_model(directory: str | Path) -> bool:
 def check_search(search: SearchConfig) -> None:
     """Raise `ValueError` for settings CTranslate2's search cannot reproduce."""
     if search.alignment:
-        raise ValueError(
+        raise ConfigError(
             "alignments come from the encoder-decoder attention of attnx's own engine: decode the checkpoint "
             "(*.ckpt) the export was made from"
         )
     if search.epsilon > 0:
-        raise ValueError(
+        raise ConfigError(
             "CTranslate2 has no epsilon sampling: decode the checkpoint (*.ckpt) the export was made from, or "
             "sample with top_k/top_p"
         )
     if not search.samples and search.beam > 1 and search.length_penalty == "gnmt" and search.alpha != 0:
-        raise ValueError(
+        raise ConfigError(
             "CTranslate2 has only the |Y|^alpha length penalty (length_penalty='fairseq'), not GNMT's "
             "((5+|Y|)/6)^alpha; decode with length_penalty='fairseq' (or alpha=0, or beam=1), or with the "
             "attnx checkpoint"
@@ -146,7 +147,7 @@ def check_tokenizer(directory: Path, meta: dict[str, Any], tokenizer: Tokenizer)
 def _device(device: str | torch.device) -> tuple[str, int]:
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"CTranslate2 runs on cpu or cuda, not {device}")
+        raise ConfigError(f"CTranslate2 runs on cpu or cuda, not {device}")
     return device.type, device.index or 0
 
 
@@ -180,19 +181,19 @@ class CTranslate2Translator(Translator):
         directory = Path(directory)
         meta = read_metadata(directory)
         if meta is None:
-            raise ValueError(
+            raise ConfigError(
                 f"{directory} is not a CTranslate2 model written by attnx export (no {METADATA} with "
                 f"format {FORMAT!r} beside model.bin)"
             )
         if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
+            raise ConfigError(
                 f"{directory} has attnx-ctranslate2 format {meta.get('format_version')!r}; this attnx reads "
                 f"{FORMAT_VERSION}: export the checkpoint again"
             )
         if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+            raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}")
         if patience <= 0:
-            raise ValueError(f"patience must be positive, got {patience}")
+            raise ConfigError(f"patience must be positive, got {patience}")
         self.directory = directory
         self.metadata = meta
         self.config = TransformerConfig.from_dict(meta["transformer"])
@@ -304,7 +305,7 @@ class CTranslate2Translator(Translator):
         and `log_prob` NaN.
         """
         if prefixes is not None and len(prefixes) != len(ids):
-            raise ValueError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
+            raise ConfigError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
         if self.search.mbr:  # draw the candidates, then rank them by expected utility
             draw = self.with_search(**dataclasses.asdict(candidate_search(self.search)))
             return rerank(draw.generate_ids(ids, prefixes, progress, scores=scores), self.search, self.decode)
@@ -359,7 +360,7 @@ class CTranslate2Translator(Translator):
     ) -> list[Hypothesis]:
         """Forced scoring of each pair with CTranslate2's `score_batch` (batched by tokens)."""
         if len(sources) != len(targets):
-            raise ValueError(f"{len(targets)} targets for {len(sources)} sources")
+            raise ConfigError(f"{len(targets)} targets for {len(sources)} sources")
         if not sources:
             return []
         s = self.search

@@ -20,6 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
+from attnx.errors import ConfigError
+
 __all__ = ["Decoder", "EnsembleDecoder", "ModelDecoder", "as_decoder", "decoding"]
 
 
@@ -100,15 +102,15 @@ class EnsembleDecoder:
 
     def __init__(self, decoders: Sequence[Decoder], weights: Sequence[float] | None = None) -> None:
         if not decoders:
-            raise ValueError("an ensemble needs at least one model")
+            raise ConfigError("an ensemble needs at least one model")
         sizes = {d.vocab_size for d in decoders}
         if len(sizes) > 1:
-            raise ValueError(
+            raise ConfigError(
                 f"the models of an ensemble must share one vocabulary, got sizes {sorted(sizes)}"
             )
         weights = [1.0] * len(decoders) if weights is None else list(weights)
         if len(weights) != len(decoders) or not all(w > 0 and math.isfinite(w) for w in weights):
-            raise ValueError(
+            raise ConfigError(
                 f"ensemble weights must be {len(decoders)} positive numbers, one per model, got {weights}"
             )
         self.decoders = list(decoders)

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from attnx.checkpoint import load_model
 from attnx.data.batch import BOS_ID, EOS_ID, collate
 from attnx.data.tokenizer import Tokenizer
+from attnx.errors import ConfigError
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.decoder import Decoder, EnsembleDecoder, ModelDecoder
 from attnx.inference.hypothesis import Hypothesis
@@ -81,10 +82,10 @@ class EagerTranslator(Translator):
         weights: Sequence[float] | None = None,
     ) -> None:
         if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+            raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}")
         models = [model] if isinstance(model, nn.Module) else list(model)
         if weights is not None and len(models) == 1:
-            raise ValueError("ensemble weights need an ensemble: give several models")
+            raise ConfigError("ensemble weights need an ensemble: give several models")
         self.models = models
         self.model = models[0]
         self.weights = None if weights is None else list(weights)
@@ -110,12 +111,12 @@ class EagerTranslator(Translator):
         is an ensemble, whose models must share their SentencePiece model."""
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:
-            raise ValueError("no checkpoint given")
+            raise ConfigError("no checkpoint given")
         loaded = [load_model(p, device=device) for p in paths]
         first = loaded[0].tokenizer.to_bytes()
         for p, other in zip(paths[1:], loaded[1:], strict=True):
             if other.tokenizer.to_bytes() != first:
-                raise ValueError(
+                raise ConfigError(
                     f"{paths[0]} and {p} were trained with different SentencePiece models; an ensemble needs "
                     "models that share one vocabulary"
                 )
@@ -190,7 +191,7 @@ class EagerTranslator(Translator):
         """Per input, `search.nbest` hypotheses best first (`text` empty); `[]` in gives one empty hypothesis.
         The search computes the scores as it goes: they are filled whatever `scores` says."""
         if prefixes is not None and len(prefixes) != len(ids):
-            raise ValueError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
+            raise ConfigError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
         out: list[list[Hypothesis]] = [blank() for _ in ids]
         todo = [i for i, x in enumerate(ids) if x]
         lengths = [len(ids[i]) + 1 for i in todo]  # + the source </s>
@@ -216,7 +217,7 @@ class EagerTranslator(Translator):
     ) -> list[Hypothesis]:
         """Forced scoring of each pair (ids without BOS/EOS), batched by tokens; one hypothesis per pair."""
         if len(sources) != len(targets):
-            raise ValueError(f"{len(targets)} targets for {len(sources)} sources")
+            raise ConfigError(f"{len(targets)} targets for {len(sources)} sources")
         out: list[Hypothesis | None] = [None] * len(sources)
         lengths = [max(len(x), len(y)) + 1 for x, y in zip(sources, targets, strict=True)]
         device = self.device
@@ -238,10 +239,10 @@ class EagerTranslator(Translator):
     def attention(self, source: str) -> AttentionMaps:
         """Translate `source`, then collect every attention's weights over the teacher-forced result."""
         if len(self.models) > 1:
-            raise ValueError("attention maps are drawn for one model: give one checkpoint, not an ensemble")
+            raise ConfigError("attention maps are drawn for one model: give one checkpoint, not an ensemble")
         src_ids = self.truncate(self.encode([source]))[0]
         if not src_ids:
-            raise ValueError("attention needs a non-empty source sentence")
+            raise ConfigError("attention needs a non-empty source sentence")
         tgt_ids = self.translate_ids([src_ids])[0]
         device = self.device
         batch = collate([(src_ids, [])])

@@ -25,6 +25,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from attnx.errors import ConfigError
+
 if TYPE_CHECKING:
     from attnx.inference.hypothesis import Hypothesis
 
@@ -118,5 +120,5 @@ def render(
             for line in moses_lines(first + i, hyps, token_scores=token_scores)
         ]
     else:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+        raise ConfigError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     return "".join(line + "\n" for line in lines)

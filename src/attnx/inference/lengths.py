@@ -22,6 +22,7 @@ import math
 import torch
 from torch import Tensor
 
+from attnx.errors import ConfigError
 from attnx.inference.config import LengthPenalty
 
 __all__ = ["length_penalty", "max_output_length", "max_output_lengths"]
@@ -33,7 +34,7 @@ def length_penalty(length: int | float | Tensor, alpha: float, kind: LengthPenal
         return ((5.0 + length) / 6.0) ** alpha
     if kind == "fairseq":
         return length**alpha
-    raise ValueError(f"length_penalty must be 'gnmt' or 'fairseq', got {kind!r}")
+    raise ConfigError(f"length_penalty must be 'gnmt' or 'fairseq', got {kind!r}")
 
 
 def max_output_lengths(

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from attnx.checkpoint import CheckpointError
+from attnx.errors import ConfigError
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.ctranslate2 import CTranslate2Translator, is_ctranslate2_model
 from attnx.inference.eager import EagerTranslator
@@ -40,7 +41,7 @@ def load(
             return load(paths[0], device, search, max_tokens)
         exported = [p for p in paths if p.is_dir()]
         if exported:
-            raise ValueError(
+            raise ConfigError(
                 f"{exported[0]} is a directory: an ensemble decodes checkpoint files (*.ckpt) with attnx's own "
                 "engine; CTranslate2 exports cannot be ensembled, give the checkpoints they were exported from"
             )
@@ -49,7 +50,7 @@ def load(
         )
     path = Path(path)
     if weights is not None:
-        raise ValueError("ensemble weights need an ensemble: give a list of checkpoints")
+        raise ConfigError("ensemble weights need an ensemble: give a list of checkpoints")
     if path.is_dir():
         if is_ctranslate2_model(path):
             return CTranslate2Translator.load(path, device=device, search=search, max_tokens=max_tokens)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
+from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.decoder import Decoder, as_decoder, decoding
 from attnx.inference.hypothesis import Hypothesis
@@ -40,7 +41,7 @@ def force_decode(
     decoder = as_decoder(model)
     alignment = config.alignment if alignment is None else alignment
     if len(targets) != src.shape[0]:
-        raise ValueError(f"{len(targets)} targets for {src.shape[0]} sources")
+        raise ConfigError(f"{len(targets)} targets for {src.shape[0]} sources")
     device = src.device
     width = max(len(y) for y in targets) + 1
     tgt_in = torch.full((len(targets), width), PAD_ID, dtype=torch.long)

@@ -40,6 +40,7 @@ from typing import Any, Protocol, Self
 import torch
 
 from attnx.data.tokenizer import Tokenizer
+from attnx.errors import ConfigError
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.hypothesis import Hypothesis
 
@@ -170,7 +171,7 @@ class Translator(Protocol):
         prefix_ids = None
         if prefixes is not None:
             if isinstance(prefixes, str) or len(prefixes) != len(lines):
-                raise ValueError(f"give one prefix per line: {len(lines)} lines")
+                raise ConfigError(f"give one prefix per line: {len(lines)} lines")
             prefix_ids = self.truncate(self.encode(prefixes), "prefix")
         results = self.generate_ids(self.truncate(self.encode(lines)), prefix_ids, progress, scores)
         for line, hyps in zip(lines, results, strict=True):
@@ -185,7 +186,9 @@ class Translator(Protocol):
         if isinstance(sources, str) or isinstance(targets, str):
             raise TypeError("score takes lists of lines; wrap a single pair: score([source], [target])")
         if len(sources) != len(targets):
-            raise ValueError(f"{len(targets)} targets for {len(sources)} sources: give one target per source")
+            raise ConfigError(
+                f"{len(targets)} targets for {len(sources)} sources: give one target per source"
+            )
         hyps = self.score_ids(
             self.truncate(self.encode(sources)), self.truncate(self.encode(targets), "target")
         )

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from torch import nn
 
+from attnx.errors import ConfigError
 from attnx.model.layers import RESIDUALS, DecoderLayer, EncoderLayer
 from attnx.model.transformer import Transformer
 from attnx.registry import ComponentRegistry, Kind
@@ -80,7 +81,7 @@ class TransformerConfig:
         values = dict(values)
         unknown = set(values) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown transformer config keys {sorted(unknown)}; known keys: {sorted(cls.__dataclass_fields__)}"
             )
         for key in ("self_attention", "cross_attention", "feedforward", "positional", "norm"):
@@ -91,16 +92,16 @@ class TransformerConfig:
 
 def _check(config: TransformerConfig) -> None:
     if config.d_model <= 0 or config.n_heads <= 0 or config.d_model % config.n_heads:
-        raise ValueError(
+        raise ConfigError(
             f"d_model ({config.d_model}) must be a positive multiple of n_heads ({config.n_heads}): "
             "each head gets d_k = d_model / n_heads dimensions"
         )
     if config.vocab_size <= config.pad_id:
-        raise ValueError(f"vocab_size ({config.vocab_size}) must exceed pad_id ({config.pad_id})")
+        raise ConfigError(f"vocab_size ({config.vocab_size}) must exceed pad_id ({config.pad_id})")
     if config.norm_position not in RESIDUALS:
-        raise ValueError(f"norm_position must be one of {sorted(RESIDUALS)}, got {config.norm_position!r}")
+        raise ConfigError(f"norm_position must be one of {sorted(RESIDUALS)}, got {config.norm_position!r}")
     if not 0.0 <= config.dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {config.dropout}")
+        raise ConfigError(f"dropout must be in [0, 1), got {config.dropout}")
 
 
 def build_transformer(config: TransformerConfig, registry: ComponentRegistry | None = None) -> Transformer:
@@ -123,7 +124,7 @@ def build_transformer(config: TransformerConfig, registry: ComponentRegistry | N
         module = component(Kind.POSITIONAL, config.positional, d, config.max_len)
         acts_on = getattr(module, "acts_on", None)
         if acts_on not in Transformer.POSITIONAL_ACTS_ON:
-            raise ValueError(
+            raise ConfigError(
                 f"positional component {config.positional.name!r} acts on {acts_on!r}, but the Transformer "
                 f"applies positions only to the {' or '.join(Transformer.POSITIONAL_ACTS_ON)} (its acts_on); "
                 "choose another positional component"

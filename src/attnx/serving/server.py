@@ -35,6 +35,7 @@ from typing import Any
 
 import litserve as ls
 
+from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.formats import hypothesis_fields
 from attnx.serving.settings import ServeSettings
@@ -151,7 +152,7 @@ def device_placement(device: str) -> tuple[str, list[int] | int]:
         return "cpu", 1
     if where.type in ("cuda", "mps"):
         return where.type, [where.index or 0]
-    raise ValueError(f"--device {device}: the server runs on cpu, cuda[:N] or mps")
+    raise ConfigError(f"--device {device}: the server runs on cpu, cuda[:N] or mps")
 
 
 def check_port_free(host: str, port: int) -> None:

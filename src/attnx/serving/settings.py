@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attnx.errors import ConfigError
 from attnx.inference.config import DEFAULT_MAX_TOKENS
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
@@ -27,7 +28,7 @@ class RequestLimits:
     def __post_init__(self) -> None:
         for name in ("max_lines", "max_line_chars", "max_body_bytes", "max_beam"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"--{name} must be at least 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -47,21 +48,21 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         if self.host not in HOSTS:
-            raise ValueError(
+            raise ConfigError(
                 f"--host {self.host}: LitServe binds only to {', '.join(HOSTS)} "
                 "(127.0.0.1: this machine only; 0.0.0.0 or ::: every interface)"
             )
         if not 1024 <= self.port <= 65535:
-            raise ValueError(f"--port {self.port}: choose a port from 1024 to 65535")
+            raise ConfigError(f"--port {self.port}: choose a port from 1024 to 65535")
         for name in ("max_tokens", "max_batch_size", "workers"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.threads < 0:
-            raise ValueError(f"--threads must be 0 (torch's default) or more, got {self.threads}")
+            raise ConfigError(f"--threads must be 0 (torch's default) or more, got {self.threads}")
         if self.timeout <= 0:
-            raise ValueError(f"--timeout must be positive, got {self.timeout}")
+            raise ConfigError(f"--timeout must be positive, got {self.timeout}")
         if not 0 <= self.batch_timeout < self.timeout:
-            raise ValueError(
+            raise ConfigError(
                 f"--batch_timeout {self.batch_timeout} must be at least 0 and below --timeout {self.timeout}"
             )
 

@@ -26,6 +26,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from attnx.checkpoint import atomic_copy, atomic_save, average_checkpoints, read_checkpoint
+from attnx.errors import ConfigError
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -202,12 +203,12 @@ class PeriodicCheckpoint(Checkpoint):
             or keep < 1
             or (every_n_steps is not None and every_n_steps < 1)
         ):
-            raise ValueError(
+            raise ConfigError(
                 "PeriodicCheckpoint needs minutes >= 0 (or None), keep >= 1 and every_n_steps >= 1 (or None), "
                 f"got {minutes}, {keep} and {every_n_steps}"
             )
         if minutes is None and every_n_steps is None:
-            raise ValueError("PeriodicCheckpoint needs minutes or every_n_steps (or both)")
+            raise ConfigError("PeriodicCheckpoint needs minutes or every_n_steps (or both)")
         self.minutes = minutes
         self.every_n_steps = every_n_steps
         self.keep = keep
@@ -359,7 +360,7 @@ class AverageCheckpoints(Callback):
             filename: Name of the averaged checkpoint, written in the checkpoint directory.
         """
         if last < 1:
-            raise ValueError(f"AverageCheckpoints needs last >= 1, got {last}")
+            raise ConfigError(f"AverageCheckpoints needs last >= 1, got {last}")
         self.last = last
         self.filename = filename
         self.path: Path | None = None

@@ -23,6 +23,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from attnx.errors import ConfigError
 from attnx.model import TransformerConfig
 from attnx.model.builders import training_flops_per_token
 from attnx.training.throughput import GPU_PEAKS, cpu_peak_flops, gpu_peak, precision_dtype
@@ -170,10 +171,10 @@ def device_peak(
     peak = gpu_peak(DEVICES.get(device, device))
     if peak is None:
         names = ", ".join(["cpu", *DEVICES, *(p.key for p in GPU_PEAKS if p.key not in DEVICES)])
-        raise ValueError(f"--device {device}: no peak known for it; one of {names}")
+        raise ConfigError(f"--device {device}: no peak known for it; one of {names}")
     tflops = peak.tflops(dtype)
     if tflops is None:
-        raise ValueError(f"--device {device}: its data sheet gives no {dtype} figure; pick a bf16 precision")
+        raise ConfigError(f"--device {device}: its data sheet gives no {dtype} figure; pick a bf16 precision")
     return tflops * 1e12, peak.source, peak.key.upper(), peak.memory_gib
 
 
@@ -199,7 +200,7 @@ def estimate_run(
     `max_steps` or after `max_time_seconds`, whichever comes first (neither given: no run time).
     """
     if not 0 < mfu <= 1:
-        raise ValueError(f"mfu must be in (0, 1], got {mfu}")
+        raise ConfigError(f"mfu must be in (0, 1], got {mfu}")
     peak_flops, source, label, memory = peak or device_peak(device, precision)
     kind = "cpu" if device == "cpu" else "cuda"
     activations = activation_bytes(config, max_tokens, max_tokens, precision, kind, src_len, tgt_len)

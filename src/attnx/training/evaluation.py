@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from attnx.data.batch import Batch
+from attnx.errors import ConfigError
 from attnx.evaluation.bleu import BleuReport, score
 from attnx.inference.config import PAPER_SEARCH, SearchConfig
 
@@ -54,11 +55,11 @@ class TranslationEvaluator(Callback):
                 `<log_dir>/test.<split>.hyp` and `<log_dir>/predict.<split>.hyp`.
         """
         if bleu_samples < 0 or valid_beam < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"evaluation needs bleu_samples >= 0 and valid_beam >= 1, got {bleu_samples} and {valid_beam}"
             )
         if search.nbest != 1 or search.alignment:
-            raise ValueError(
+            raise ConfigError(
                 "evaluation writes and scores one translation per sentence: evaluation.search.nbest must be 1 "
                 "and evaluation.search.alignment false (attnx translate writes n-best lists and alignments)"
             )

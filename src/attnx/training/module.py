@@ -20,6 +20,7 @@ from attnx.checkpoint import CheckpointError, check_tokenizer, config_difference
 from attnx.components.loss import LossSums
 from attnx.data.batch import Batch
 from attnx.data.tokenizer import Tokenizer
+from attnx.errors import AttnxError, ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.eager import EagerTranslator
 from attnx.model import ComponentSpec, TransformerConfig, architecture, build_transformer
@@ -33,7 +34,7 @@ FUSED_LOSS = ComponentSpec("label_smoothed")
 """The default loss: label-smoothed cross-entropy with the projection fused in (copied, never modified)."""
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(AttnxError, FloatingPointError):
     """The training loss became NaN or infinite; training stops instead of corrupting the weights."""
 
 
@@ -84,9 +85,9 @@ class TranslationTask(pl.LightningModule):
         if isinstance(loss, dict):
             loss = ComponentSpec(**loss)
         if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+            raise ConfigError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         if warmup_steps < 1 or lr_factor <= 0:
-            raise ValueError(f"need warmup_steps >= 1 and lr_factor > 0, got {warmup_steps} and {lr_factor}")
+            raise ConfigError(f"need warmup_steps >= 1 and lr_factor > 0, got {warmup_steps} and {lr_factor}")
         self.save_hyperparameters()
         # Checkpoints load with weights_only=True: hyperparameters must be plain values, never dataclasses.
         for key, value in list(self.hparams.items()):

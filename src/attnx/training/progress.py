@@ -25,6 +25,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, RichProgressBar, Timer
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from attnx.errors import ConfigError
+
 try:
     from rich.progress import ProgressColumn, Task
     from rich.text import Text
@@ -71,7 +73,7 @@ class ProgressLog(Callback):
                 (standard error is not a terminal, or `trainer.enable_progress_bar` is false); 0: none.
         """
         if every_n_steps < 0:
-            raise ValueError(f"ProgressLog needs every_n_steps >= 0, got {every_n_steps}")
+            raise ConfigError(f"ProgressLog needs every_n_steps >= 0, got {every_n_steps}")
         self.every_n_steps = every_n_steps
         self._start = 0.0
         self._last_step = -1

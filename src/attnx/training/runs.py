@@ -35,6 +35,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from attnx.checkpoint import atomic_copy
+from attnx.errors import ConfigError
 from attnx.files import atomic_write
 from attnx.model import TRAINING_ONLY
 
@@ -52,7 +53,7 @@ _STEP_FILE = re.compile(r"^step=(\d+)\.ckpt$")
 _VERSION = re.compile(r"^version_(\d+)$")
 
 
-class ResumeRefused(ValueError):
+class ResumeRefused(ConfigError):
     """A resume that would change what cannot change within a run; one line naming the option."""
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from functools import partial
 
+from attnx.errors import ConfigError
+
 
 def inverse_sqrt_schedule(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
     """`lrate = factor · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)` for optimizer update `step ≥ 1`.
@@ -13,7 +15,7 @@ def inverse_sqrt_schedule(step: int, d_model: int, warmup_steps: int, factor: fl
     if step < 1:
         raise ValueError(f"Eq. 3 counts optimizer updates from 1, got step {step}")
     if warmup_steps < 1:
-        raise ValueError(f"warmup_steps must be at least 1, got {warmup_steps}")
+        raise ConfigError(f"warmup_steps must be at least 1, got {warmup_steps}")
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from attnx.data.batch import Batch
+from attnx.errors import ConfigError
 
 
 class AdaptiveThreads(Callback):
@@ -31,7 +32,7 @@ class AdaptiveThreads(Callback):
             probe: Training batches timed per thread count (the first of each is not counted).
         """
         if every < 1 or probe < 2:
-            raise ValueError(f"AdaptiveThreads needs every >= 1 and probe >= 2, got {every} and {probe}")
+            raise ConfigError(f"AdaptiveThreads needs every >= 1 and probe >= 2, got {every} and {probe}")
         self.choices = choices or list(range(1, torch.get_num_threads() + 1))
         self.every = every
         self.probe = probe

@@ -21,6 +21,7 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.callbacks import Callback
 
 from attnx.data.batch import Batch
+from attnx.errors import ConfigError
 from attnx.model.builders import training_flops_per_token
 from attnx.training.precision import AMX_FLAGS, AVX512_BF16_FLAG, cpu_flags
 
@@ -137,7 +138,7 @@ class TokenThroughput(Callback):
                 or measures it once at the start of training (CPU).
         """
         if window < 1:
-            raise ValueError(f"TokenThroughput needs window >= 1, got {window}")
+            raise ConfigError(f"TokenThroughput needs window >= 1, got {window}")
         self.window = window
         self.peak_flops = peak_flops
         self._window: deque[tuple[float, int, int, float]] = deque(

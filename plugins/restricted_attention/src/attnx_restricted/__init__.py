@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from attnx import hookimpl
 from attnx.components.masking import cached_keys_values
 from attnx.components.protocols import KeyValueCache
+from attnx.errors import ConfigError
 
 __all__ = ["RestrictedSelfAttention"]
 
@@ -23,9 +24,9 @@ class RestrictedSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, window: int = 8, dropout: float = 0.0) -> None:
         super().__init__()
         if n_heads <= 0 or d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+            raise ConfigError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if window < 0:
-            raise ValueError(f"window must be >= 0, got {window}")
+            raise ConfigError(f"window must be >= 0, got {window}")
         self.n_heads, self.d_k, self.window, self.dropout = n_heads, d_model // n_heads, window, dropout
         self.qkv = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(3))
         self.out = nn.Linear(d_model, d_model)

@@ -11,8 +11,8 @@ import yaml
 
 from attnx.checkpoint import load_model
 from attnx.cli import main as attnx
-from attnx.training.cli import check_devices
-from tests.training.conftest import fit_args, read_metrics
+from attnx.commands.devices import check_devices
+from tests.training.conftest import _one_thread, fit_args, read_metrics  # noqa: F401 (one thread a module)
 
 
 @pytest.fixture(scope="module")
@@ -287,16 +287,6 @@ def test_init_from_is_refused_with_ckpt_path_or_another_architecture(
     assert line == (
         f"attnx fit: error: --init_from {good} holds another model than the config describes (d_ff: checkpoint "
         "64 vs config 128); set the config's model.transformer to the checkpoint's"
-    )
-
-
-def test_the_resume_hint_of_a_fine_tuning_run_drops_init_from() -> None:
-    """Resuming a run started with --init_from continues it: the hint must not be the refused pair."""
-    from attnx.training.cli import resume_command
-
-    argv = ["fit", "--config", "tiny", "--init_from", "base.ckpt", "--trainer.max_steps", "5"]
-    assert resume_command(argv, Path("runs/tiny/version_0/checkpoints/last.ckpt")) == (
-        "attnx fit --config tiny --trainer.max_steps 5 --ckpt_path runs/tiny/version_0/checkpoints/last.ckpt"
     )
 
 

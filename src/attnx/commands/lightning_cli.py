@@ -1,0 +1,179 @@
+"""`attnx fit | validate | test | predict --config FILE`: LightningCLI over TranslationTask and the data.
+
+Everything a run needs is in its config (`--print_config` shows all of it; any key can be overridden on the
+command line, e.g. `--trainer.max_steps 1000`) and the full config is saved beside every run as
+`config.yaml`. `--config` takes a file or the name of a packaged config (`attnx configs` lists them).
+The vocabulary size is linked from the data to `model.transformer.vocab_size`. The `evaluation` section
+configures decoding and BLEU ([TranslationEvaluator][attnx.training.evaluation.TranslationEvaluator]); the
+`progress` section the console lines ([ProgressLog][attnx.training.progress.ProgressLog]). Checkpoints are
+written atomically and read with `weights_only=True`.
+
+A run is one folder across its restarts ([attnx.training.runs][]): `--ckpt_path CKPT` resumes the run CKPT
+belongs to, in its folder, applying the options a run may change (one line each) and refusing the others;
+`--init_from CKPT` starts a new run from CKPT's weights with a fresh optimizer, schedule and step count
+([attnx.training.resume][]).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch
+import torch
+import yaml
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch import Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from attnx.checkpoint import read_checkpoint
+from attnx.commands.ckpt_path import checked_checkpoint
+from attnx.commands.devices import check_devices
+from attnx.commands.lightning_console import with_progress_bar
+from attnx.commands.usage import config_file_action
+from attnx.errors import ConfigError
+from attnx.training.checkpointing import AtomicCheckpointIO
+from attnx.training.estimate import fit_estimate_lines
+from attnx.training.evaluation import TranslationEvaluator
+from attnx.training.optimizers import SCHEDULER_NEEDS_OPTIMIZER, choice_line, configure_optimizers
+from attnx.training.precision import resolve_cpu_precision
+from attnx.training.progress import ProgressLog
+from attnx.training.resume import check_init_from, continue_run, load_initial_weights
+from attnx.training.runs import Resumed, RunFolder, pin_versions, resumed_run
+from attnx.training.throughput import TokenThroughput
+
+DECODING_COMMANDS = ("validate", "test", "predict")
+"""The commands that decode with the weights of `--ckpt_path`."""
+
+
+class AttnxCLI(LightningCLI):
+    """LightningCLI with attnx's links, checks, callbacks and checkpoint handling."""
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """LightningCLI's parser, with a `--config` that names the file and the meant key of a misspelt one."""
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.pytorch.__version__}"])
+        parser = self.parser_class(**kwargs)
+        parser.add_argument(
+            "-c",
+            "--config",
+            action=config_file_action(),
+            help="Path to a configuration file in json or yaml format.",
+        )
+        return parser
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.vocab_size", "model.transformer.vocab_size", apply_on="instantiate")
+        parser.add_lightning_class_args(TranslationEvaluator, "evaluation")
+        parser.add_lightning_class_args(ProgressLog, "progress")
+        parser.add_lightning_class_args(TokenThroughput, "throughput")
+        parser.add_argument(
+            "--torch_threads",
+            type=int | None,
+            default=None,
+            help="CPU threads for PyTorch's kernels (torch.set_num_threads); None keeps PyTorch's default "
+            "(one per core). On a CPU shared with other jobs, fewer threads than cores avoids stalls.",
+        )
+        parser.add_argument(
+            "--init_from",
+            type=str | None,
+            default=None,
+            help="fit: start a new run from this checkpoint's weights, with a fresh optimizer, schedule and step "
+            "count (fine-tuning, domain adaptation, the second stage of back-translation); the config's model "
+            "must have the checkpoint's architecture. --ckpt_path instead resumes the checkpoint's run.",
+        )
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        self.resumed: Resumed | None = None
+        self.run_config = ""
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        if config.get("init_from") and subcommand != "fit":
+            raise ConfigError(
+                f"--init_from is for attnx fit; attnx {subcommand} reads weights from --ckpt_path"
+            )
+        if config.get("init_from") and config.get("ckpt_path"):
+            raise ConfigError(
+                f"--init_from {config['init_from']} and --ckpt_path {config['ckpt_path']} both given: --ckpt_path "
+                "resumes a run (its optimizer, schedule and step), --init_from starts a new one from the weights; "
+                "pass one of them"
+            )
+        config["ckpt_path"] = checked_checkpoint(subcommand, config.get("ckpt_path"), config.get("trainer"))
+        if subcommand != "fit":
+            return
+        typed = yaml.safe_load(parser.dump(self.config, skip_link_targets=False))[subcommand]
+        self.run_config = yaml.safe_dump(
+            {k: v for k, v in typed.items() if k != "ckpt_path"}, sort_keys=False
+        )
+        self.typed = typed
+        self.typed_model = copy.deepcopy(config["model"])  # Lightning replaces it with the checkpoint's
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path and Path(ckpt_path).is_file():
+            self.resumed = resumed_run(ckpt_path, read_checkpoint(ckpt_path))
+        if config.get("init_from"):
+            check_init_from(config["init_from"], typed["model"]["transformer"])
+
+    def before_instantiate_classes(self) -> None:
+        subcommand = self.config.get("subcommand")
+        config = self.config.get(subcommand, self.config) if subcommand else self.config
+        self.continued = False
+        if subcommand == "fit":
+            if self.resumed is not None:  # the command line's and config's model, not the checkpoint's
+                config["model"] = self.typed_model
+            self.continued = continue_run(config.get("trainer") or {}, self.resumed, self.typed)
+        else:
+            pin_versions(config.get("trainer") or {}, None, None)  # one folder for the loggers of a test run
+        if subcommand in DECODING_COMMANDS and not config.get("ckpt_path"):
+            raise ConfigError(
+                f"attnx {subcommand} needs weights: pass --ckpt_path CHECKPOINT (e.g. "
+                "runs/NAME/version_0/checkpoints/averaged.ckpt), or set ckpt_path in the config; without it "
+                "the model would be randomly initialised"
+            )
+        trainer = config.get("trainer") or {}
+        check_devices(trainer)
+        if subcommand == "fit" and (choice := resolve_cpu_precision(trainer)):
+            print(choice.line(), flush=True)  # trainer.precision unset: chosen from the CPU's bf16 units
+        if subcommand == "fit" and config.get("lr_scheduler") and not config.get("optimizer"):
+            raise ConfigError(SCHEDULER_NEEDS_OPTIMIZER)  # LightningCLI would drop it without a word
+        if subcommand == "fit" and config.get("optimizer"):
+            print(choice_line(config["optimizer"], config.get("lr_scheduler"), config["model"]), flush=True)
+        threads = config.get("torch_threads")
+        if threads:
+            torch.set_num_threads(threads)
+
+    @staticmethod
+    def configure_optimizers(module: Any, optimizer: Any, lr_scheduler: Any = None) -> Any:
+        """`--optimizer` keeps Eq. 3 unless `--lr_scheduler` replaces it (see `attnx.training.optimizers`)."""
+        return configure_optimizers(module, optimizer, lr_scheduler)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        subcommand = self.config.get("subcommand")
+        init = self.config_init.get(subcommand, self.config_init) if subcommand else self.config_init
+        plugins = (init.get("trainer") or {}).get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(AtomicCheckpointIO())
+        callbacks = with_progress_bar(init.get("trainer") or {})
+        if subcommand == "fit":
+            if callbacks is None:
+                callbacks = (init.get("trainer") or {}).get("callbacks") or []
+                callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+            callbacks.append(RunFolder(self.run_config, self.resumed, self.continued))
+        if callbacks is not None:
+            kwargs["callbacks"] = callbacks
+        return super().instantiate_trainer(plugins=plugins, **kwargs)
+
+    def before_fit(self) -> None:
+        if rank_zero_only.rank == 0:  # the plan before the hardware: memory and time, estimated
+            for line in fit_estimate_lines(self.trainer, self.model, self.datamodule):
+                print(line, flush=True)
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, RunFolder):
+                callback.before_fit(self.trainer)
+        init_from = self.config["fit"].get("init_from")
+        if init_from:
+            load_initial_weights(self.model, init_from)

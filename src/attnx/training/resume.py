@@ -1,0 +1,139 @@
+"""Where a run starts from: the newest `last.ckpt` of a config's runs (`--ckpt_path last`), the folder a
+resumed run continues in, and the weights a new run starts from (`--init_from`).
+
+[attnx.training.runs][] says what a run folder is; `attnx fit` ([attnx.commands.lightning_cli][]) calls these
+before training begins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from attnx.checkpoint import CheckpointError, config_difference, model_state, read_checkpoint
+from attnx.errors import ConfigError
+from attnx.model import architecture
+from attnx.training.checkpointing import PeriodicCheckpoint
+from attnx.training.module import TranslationTask
+from attnx.training.runs import (
+    Resumed,
+    check_changes,
+    config_changes,
+    continued_version,
+    logger_groups,
+    model_changes,
+    pin_versions,
+    tensorboard_purge,
+)
+
+
+def _get(values: Any, key: str, default: Any = None) -> Any:
+    return values.get(key, default) if hasattr(values, "get") else default
+
+
+def checkpoint_directories(trainer: Any) -> list[Path]:
+    """The directories where this config's runs keep their checkpoints, existing ones only: the
+    `PeriodicCheckpoint` `dirpath` if the config sets one, else `checkpoints/` in every `version_N`
+    of its loggers' `save_dir/name` (and of `default_root_dir`)."""
+    callbacks = _get(trainer, "callbacks") or []
+    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+        if str(_get(callback, "class_path", "")).endswith(PeriodicCheckpoint.__name__):
+            dirpath = _get(_get(callback, "init_args"), "dirpath")
+            if dirpath:
+                return [Path(dirpath)] if Path(dirpath).is_dir() else []
+    root = Path(_get(trainer, "default_root_dir") or ".")
+    parents = [root, root / "lightning_logs"]
+    loggers = _get(trainer, "logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        args = _get(logger, "init_args")
+        if _get(args, "save_dir") is not None:
+            parents.append(Path(_get(args, "save_dir")) / str(_get(args, "name") or "lightning_logs"))
+    found = [root / "checkpoints"]
+    for parent in dict.fromkeys(parents):
+        found += parent.glob("version_*/checkpoints")
+    return [d for d in dict.fromkeys(found) if d.is_dir()]
+
+
+def last_checkpoint(trainer: Any) -> Path:
+    """`--ckpt_path last`: the newest `last.ckpt` among this config's runs, or a one-line error."""
+    directories = checkpoint_directories(trainer)
+    found = [d / "last.ckpt" for d in directories if (d / "last.ckpt").is_file()]
+    if not found:
+        where = ", ".join(str(d) for d in directories) or "no run directory of this config exists here"
+        raise CheckpointError(
+            f"--ckpt_path last: no last.ckpt in this config's runs ({where}); pass the checkpoint's path, or "
+            "leave --ckpt_path out to start a new run"
+        )
+    return max(found, key=lambda path: path.stat().st_mtime_ns)
+
+
+def continue_run(trainer: Any, resumed: Resumed | None, typed: dict[str, Any]) -> bool:
+    """Choose the run folder of `attnx fit` and pin the loggers' versions to it: the resumed run's, or a new
+    one. The options changed since the resumed checkpoint (`typed`: the whole config, as parsed) are applied,
+    one line each, or refused ([ResumeRefused][attnx.training.runs.ResumeRefused]). Returns whether an existing
+    run continues."""
+    speak = rank_zero_only.rank == 0
+    if resumed is None:
+        pin_versions(trainer, None, None)
+        return False
+    if resumed.config is not None:
+        changes = config_changes(resumed.config, typed)
+    else:
+        changes = model_changes(resumed.model, typed["model"])
+    lines = check_changes(changes, resumed.checkpoint)
+    version = continued_version(resumed, trainer)
+    if speak:
+        for line in lines:
+            print(line, flush=True)
+    if version is None:
+        pin_versions(trainer, None, None)
+        if speak and logger_groups(trainer):
+            where = (
+                f"its run folder {resumed.log_dir} is not"
+                if resumed.log_dir
+                else "its run folder is not known, nor"
+            )
+            print(
+                f"resume: {resumed.checkpoint} continues in a new run folder: {where} one of this config's "
+                f"({', '.join(str(f) for f in logger_groups(trainer))})",
+                flush=True,
+            )
+        return False
+    pin_versions(trainer, version, resumed.step)
+    tensorboard_purge(trainer, resumed.step)
+    return True
+
+
+def check_init_from(path: str, transformer: dict[str, Any]) -> None:
+    """`--init_from`: a readable checkpoint whose architecture is the config's, or one line."""
+    theirs = read_checkpoint(path)["attnx"]["transformer"]
+    ours = {
+        k: v for k, v in transformer.items() if k != "vocab_size"
+    }  # linked from the data: checked on load
+    theirs_arch = {k: v for k, v in architecture(theirs).items() if k != "vocab_size"}
+    if theirs_arch != architecture(ours):
+        diff = config_difference(theirs_arch, architecture(ours), "checkpoint", "config")
+        raise ConfigError(
+            f"--init_from {path} holds another model than the config describes ({diff}); set the config's "
+            "model.transformer to the checkpoint's"
+        )
+
+
+def load_initial_weights(task: TranslationTask, path: str) -> None:
+    """Copy a checkpoint's weights into the model about to train (its vocabulary must be the data's)."""
+    checkpoint = read_checkpoint(path)
+    theirs, ours = checkpoint["attnx"]["transformer"]["vocab_size"], task.config.vocab_size
+    if theirs != ours:
+        raise ConfigError(
+            f"--init_from {path} has a vocabulary of {theirs} pieces, the data {ours}: fine-tune on data prepared "
+            "with the checkpoint's SentencePiece model"
+        )
+    task.model.load_state_dict(model_state(checkpoint))
+    if rank_zero_only.rank == 0:
+        print(
+            f"init_from: the weights of {path} (step {checkpoint.get('global_step', '?')}); a new run, with a "
+            "fresh optimizer, schedule and step count",
+            flush=True,
+        )
