@@ -231,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     n = min(args.no_cache_sentences, len(ids))
     if n > 0:
         no_cache = decode_all(
-            NoCache(model), ids[:n], args.batch_size, search, f"beam {args.beam}, no cache", r
+            NoCache(model),
+            ids[:n],
+            args.batch_size,
+            search,
+            f"beam {args.beam}, no cache",
+            args.no_cache_repeats,
         )
         print(no_cache.row(), flush=True)
     greedy_config = SearchConfig(beam=1, max_len_a=a, max_len_b=b)
