@@ -122,6 +122,19 @@ class Steps:
             timing.write_text(f"{seconds}\n")
         return out, float(timing.read_text())
 
+    def decoding_rows(
+        self, arms: list[tuple[str, str | Path, tuple[str, ...]]], source: Path, reference: Path
+    ) -> list[list[str]]:
+        """Translate `source` with each `(name, model, search options)` arm and score it against `reference`:
+        a table row each, `[name, sacreBLEU, chrF2, sentences/s]` (sentences over the whole command's time)."""
+        sentences = len(source.read_text(encoding="utf-8").splitlines())
+        rows = []
+        for i, (name, model, search) in enumerate(arms):
+            hyp, seconds = self.translate(f"arm{i}", model, source, *search)
+            score = self.score(f"arm{i}", hyp, reference)
+            rows.append([name, f"{score['bleu']:.2f}", f"{score['chrf']:.2f}", f"{sentences / seconds:.1f}"])
+        return rows
+
     def score(self, name: str, hypotheses: Path, references: Path) -> dict[str, float]:
         """`attnx score --format json` of a translation file."""
         out = self.work / "scores" / f"{name}.json"

@@ -39,7 +39,6 @@ def main() -> None:
     steps = Steps.from_args(args)
     corpus = steps.prepare("multi30k", "en", "de", [str(steps.data / "train")])
     source, reference = corpus / "test.en", corpus / "test.de"
-    sentences = len(source.read_text(encoding="utf-8").splitlines())
 
     members = [path.resolve() for path in args.ckpt_paths]
     search = ("--search.beam", str(args.beam))
@@ -49,11 +48,7 @@ def main() -> None:
     weights = ("--weights", f"[{','.join(map(str, args.weights))}]") if args.weights else ()
     ensemble = f"[{','.join(map(str, members))}]"
     arms.append((f"ensemble of the {len(members)}", ensemble, search + weights))
-    rows = []
-    for i, (name, model, options) in enumerate(arms):
-        hyp, seconds = steps.translate(f"arm{i}", model, source, *options)
-        score = steps.score(f"arm{i}", hyp, reference)
-        rows.append([name, f"{score['bleu']:.2f}", f"{score['chrf']:.2f}", f"{sentences / seconds:.1f}"])
+    rows = steps.decoding_rows(arms, source, reference)
     publish(
         f"Multi30k en→de test_2016_flickr, beam {args.beam}",
         ["decoding", "sacreBLEU", "chrF2", "sentences/s"],

@@ -36,7 +36,6 @@ def main() -> None:
     corpus = steps.prepare("multi30k", "en", "de", [str(steps.data / "train")])
     ckpt = args.ckpt_path or steps.fit("model", steps.arm_config("model", corpus, args.minutes))
     source, reference = corpus / "test.en", corpus / "test.de"
-    sentences = len(source.read_text(encoding="utf-8").splitlines())
 
     arms: list[tuple[str, tuple[str, ...]]] = [("beam 4", ("--search.beam", "4"))]
     for n in args.n:
@@ -47,11 +46,7 @@ def main() -> None:
         if args.candidates == "nbest":
             search += ("--search.beam", str(n))
         arms.append((f"MBR {args.utility}, {n} {args.candidates} candidates", search))
-    rows = []
-    for i, (name, search) in enumerate(arms):
-        hyp, seconds = steps.translate(f"arm{i}", ckpt, source, *search)
-        score = steps.score(f"arm{i}", hyp, reference)
-        rows.append([name, f"{score['bleu']:.2f}", f"{score['chrf']:.2f}", f"{sentences / seconds:.1f}"])
+    rows = steps.decoding_rows([(name, ckpt, search) for name, search in arms], source, reference)
     publish(
         f"Multi30k en→de test_2016_flickr, `{ckpt}`",
         ["decoding", "sacreBLEU", "chrF2", "sentences/s"],
