@@ -109,3 +109,19 @@ def test_set(trained_corpus: PreparedCorpus) -> Pairs:
         references=[tgt.tolist() for _, tgt in pairs],
         lines=trained_corpus.sources("test"),
     )
+
+
+@pytest.fixture(scope="session")
+def ct2_export(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The trained model exported once to CTranslate2 (fp32), for the exporter's and the engine's tests."""
+    from attnx.export.ctranslate2 import export_ctranslate2
+
+    return export_ctranslate2(trained, tmp_path_factory.mktemp("ct2") / "fp32")
+
+
+@pytest.fixture(scope="session")
+def ct2_translator(ct2_export: Path):
+    """The CTranslate2 engine over [`ct2_export`][tests.trained.ct2_export], one thread."""
+    from attnx.inference.ctranslate2 import CTranslate2Translator
+
+    return CTranslate2Translator.load(ct2_export, threads=1)

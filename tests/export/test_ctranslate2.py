@@ -5,6 +5,7 @@ reads. How the engine decodes is tested with it, in tests/inference/test_ctransl
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,22 +33,12 @@ from tests.trained import Pairs  # noqa: E402
 GREEDY = SearchConfig(beam=1, max_len_a=1.0, max_len_b=50, max_positions=128)
 
 
-@pytest.fixture(scope="module")
-def exported(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return export_ctranslate2(trained, tmp_path_factory.mktemp("ct2") / "fp32")
-
-
-@pytest.fixture(scope="module")
-def translator(exported: Path) -> CTranslate2Translator:
-    return CTranslate2Translator.load(exported, threads=1)
-
-
 def ct2_log_probs(
-    translator: CTranslate2Translator, source: list[list[int]], target: list[list[int]]
+    ct2_translator: CTranslate2Translator, source: list[list[int]], target: list[list[int]]
 ) -> list[list[float]]:
     """CTranslate2's own log-probability of every target token and of the closing ``</s>``, per pair."""
-    pieces = translator.pieces
-    results = ctranslate2.Translator(str(translator.directory), intra_threads=1).score_batch(
+    pieces = ct2_translator.pieces
+    results = ctranslate2.Translator(str(ct2_translator.directory), intra_threads=1).score_batch(
         [[pieces[t] for t in x] for x in source], [[pieces[t] for t in y] for y in target], max_input_length=0
     )
     return [list(r.log_probs) for r in results]
@@ -58,10 +49,10 @@ def _max_diff(a: list[list[float]], b: list[torch.Tensor]) -> torch.Tensor:
 
 
 def test_log_probs_equal_attnx(
-    translator: CTranslate2Translator, loaded: LoadedModel, test_set: Pairs
+    ct2_translator: CTranslate2Translator, loaded: LoadedModel, test_set: Pairs
 ) -> None:
     """Every reference token of the 200 test pairs, and each closing </s>, scored by both."""
-    ours = ct2_log_probs(translator, test_set.sources, test_set.references)
+    ours = ct2_log_probs(ct2_translator, test_set.sources, test_set.references)
     reference = attnx_log_probs(loaded.model, test_set.sources, test_set.references)
     diff = _max_diff(ours, reference)
     print(f"{diff.numel()} tokens: max |Δ log p| {diff.max():.2e}, mean {diff.mean():.2e}")
@@ -135,15 +126,15 @@ def test_other_architectures(variant: dict, loaded: LoadedModel, test_set: Pairs
     )
     config = TransformerConfig.from_dict(values | dict(dropout=0.0, max_len=128) | variant)
     model = _random_model(config, loaded.tokenizer, tmp_path / "model.ckpt")
-    translator = CTranslate2Translator.load(
+    ct2_translator = CTranslate2Translator.load(
         export_ctranslate2(tmp_path / "model.ckpt", tmp_path / "ct2"), beam=1
     )
     sources, targets = test_set.sources[:20], test_set.references[:20]
     diff = _max_diff(
-        ct2_log_probs(translator, sources, targets), attnx_log_probs(model.model, sources, targets)
+        ct2_log_probs(ct2_translator, sources, targets), attnx_log_probs(model.model, sources, targets)
     )
     assert float(diff.max()) < 2e-5
-    assert translator.translate_ids(sources) == attnx_translate(model.model, sources, GREEDY)
+    assert ct2_translator.translate_ids(sources) == attnx_translate(model.model, sources, GREEDY)
 
 
 def test_int8_export_loads_and_translates(trained: Path, test_set: Pairs, tmp_path: Path) -> None:
@@ -155,19 +146,20 @@ def test_int8_export_loads_and_translates(trained: Path, test_set: Pairs, tmp_pa
     assert all(isinstance(t, str) for t in translations)
 
 
-def test_directory_and_metadata(exported: Path, trained: Path, loaded: LoadedModel, tmp_path: Path) -> None:
-    meta = json.loads((exported / METADATA).read_text())
+def test_directory_and_metadata(ct2_export: Path, trained: Path, loaded: LoadedModel, tmp_path: Path) -> None:
+    meta = json.loads((ct2_export / METADATA).read_text())
     assert meta["format_version"] == FORMAT_VERSION
     assert TransformerConfig.from_dict(meta["transformer"]) == loaded.config
     assert meta["search"]["length_penalty"] == "fairseq" and meta["search"]["beam"] == 4
-    assert (exported / "sentencepiece.model").read_bytes() == loaded.tokenizer.to_bytes()
-    vocabulary = json.loads((exported / "shared_vocabulary.json").read_text())
+    assert (ct2_export / "sentencepiece.model").read_bytes() == loaded.tokenizer.to_bytes()
+    vocabulary = json.loads((ct2_export / "shared_vocabulary.json").read_text())
     assert vocabulary[EOS_ID] == "</s>" and len(vocabulary) == loaded.config.vocab_size
-    assert is_ctranslate2_model(exported)
+    assert is_ctranslate2_model(ct2_export)
     assert not is_ctranslate2_model(tmp_path) and not is_ctranslate2_model(trained)
+    replaced = shutil.copytree(ct2_export, tmp_path / "replaced")  # the shared export stays as it is
     with pytest.raises(ExportError, match="already exists"):
-        export_ctranslate2(trained, exported)
-    assert export_ctranslate2(trained, exported, force=True) == exported
+        export_ctranslate2(trained, replaced)
+    assert export_ctranslate2(trained, replaced, force=True) == replaced
     with pytest.raises(ExportError, match="length_penalty='fairseq'"):
         export_ctranslate2(trained, tmp_path / "gnmt", search=SearchConfig())  # the paper's GNMT penalty
     with pytest.raises(ExportError, match="quantization 'int4'"):

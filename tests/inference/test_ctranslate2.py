@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("ctranslate2")
 
 from attnx.checkpoint import LoadedModel, load_model  # noqa: E402
-from attnx.export import export_ctranslate2  # noqa: E402
 from attnx.inference.config import SearchConfig  # noqa: E402
 from attnx.inference.ctranslate2 import METADATA, CTranslate2Translator  # noqa: E402
 from attnx.inference.eager import EagerTranslator  # noqa: E402
@@ -36,20 +35,10 @@ def trained_model(trained: Path) -> LoadedModel:
     return load_model(trained)
 
 
-@pytest.fixture(scope="module")
-def exported(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return export_ctranslate2(trained, tmp_path_factory.mktemp("ct2") / "fp32")
-
-
-@pytest.fixture(scope="module")
-def translator(exported: Path) -> CTranslate2Translator:
-    return CTranslate2Translator.load(exported, threads=1)
-
-
 def test_greedy_equals_attnx(
-    translator: CTranslate2Translator, trained_model: LoadedModel, test_set: Pairs
+    ct2_translator: CTranslate2Translator, trained_model: LoadedModel, test_set: Pairs
 ) -> None:
-    ours = translator.with_search(beam=1).translate_ids(test_set.sources)
+    ours = ct2_translator.with_search(beam=1).translate_ids(test_set.sources)
     reference = attnx_translate(trained_model.model, test_set.sources, GREEDY)
     differ = [i for i, (a, b) in enumerate(zip(ours, reference, strict=True)) if a != b]
     for i in differ:
@@ -64,16 +53,16 @@ def test_greedy_equals_attnx(
 
 
 def test_beam_equals_attnx(
-    translator: CTranslate2Translator, trained_model: LoadedModel, test_set: Pairs
+    ct2_translator: CTranslate2Translator, trained_model: LoadedModel, test_set: Pairs
 ) -> None:
     """Beam 4, |Y|^0.6 in both. Differences come from how the two beams are kept (module docstring)."""
-    assert translator.with_search(beam=4).search.length_penalty == "fairseq"
-    ours = translator.with_search(beam=4, alpha=0.6).translate_ids(test_set.sources)
+    assert ct2_translator.with_search(beam=4).search.length_penalty == "fairseq"
+    ours = ct2_translator.with_search(beam=4, alpha=0.6).translate_ids(test_set.sources)
     reference = attnx_translate(trained_model.model, test_set.sources, BEAM)
     differ = [i for i, (a, b) in enumerate(zip(ours, reference, strict=True)) if a != b]
     for i in differ:
         source = test_set.sources[i]
-        limit = translator.max_output_length(len(source))
+        limit = ct2_translator.max_output_length(len(source))
         ours_score = attnx_score(trained_model.model, source, ours[i], BEAM)
         ref_score = attnx_score(trained_model.model, source, reference[i], BEAM)
         if limit in (len(ours[i]), len(reference[i])):
@@ -87,19 +76,19 @@ def test_beam_equals_attnx(
         print(f"sentence {i}: attnx score {ref_score:.4f} vs CTranslate2's {ours_score:.4f}: {why}")
     print(f"{len(reference) - len(differ)} of {len(reference)} beam outputs equal")
     assert len(differ) <= 0.05 * len(reference)
-    patient = CTranslate2Translator.load(translator.directory, threads=1, patience=2, beam=4, alpha=0.6)
+    patient = CTranslate2Translator.load(ct2_translator.directory, threads=1, patience=2, beam=4, alpha=0.6)
     equal = sum(a == b for a, b in zip(patient.translate_ids(test_set.sources), reference, strict=True))
     print(f"{equal} of {len(reference)} with patience 2")
     assert equal >= len(reference) - len(differ)  # waiting for more finished hypotheses only gets closer
 
 
 def test_translate_text(
-    translator: CTranslate2Translator, trained_model: LoadedModel, test_set: Pairs, caplog
+    ct2_translator: CTranslate2Translator, trained_model: LoadedModel, test_set: Pairs, caplog
 ) -> None:
     """Order kept, blank lines give blank lines, an input past max_len is truncated with a warning."""
     long = " ".join(test_set.lines[:12])
     lines = [test_set.lines[0], "", "   ", long, *test_set.lines[1:6]]
-    greedy = translator.with_search(beam=1)
+    greedy = ct2_translator.with_search(beam=1)
     with caplog.at_level(logging.WARNING, logger="attnx.export.ctranslate2"):
         out = greedy.translate(lines)
     assert len(out) == len(lines)
@@ -112,15 +101,15 @@ def test_translate_text(
         trained_model.tokenizer.decode(x) for x in expected
     ]
     with pytest.raises(TypeError):
-        translator.translate(lines[0])
+        ct2_translator.translate(lines[0])
 
 
 def test_maximum_length_is_attnx_limit(
-    translator: CTranslate2Translator, trained_model: LoadedModel, test_set: Pairs
+    ct2_translator: CTranslate2Translator, trained_model: LoadedModel, test_set: Pairs
 ):
     """With room for 3 tokens, CTranslate2's one extra token is cut: greedy outputs stay equal to attnx's."""
     search = dict(beam=1, max_len_a=0.0, max_len_b=3)
-    ours = translator.with_search(**search).translate_ids(test_set.sources[:40])
+    ours = ct2_translator.with_search(**search).translate_ids(test_set.sources[:40])
     reference = attnx_translate(
         trained_model.model, test_set.sources[:40], SearchConfig(**search, max_positions=128)
     )
@@ -128,30 +117,34 @@ def test_maximum_length_is_attnx_limit(
     assert ours == reference
 
 
-def test_search_settings(exported: Path) -> None:
-    translator = CTranslate2Translator.load(exported, beam=2, max_len_b=10, threads=1)
-    assert (translator.search.beam, translator.search.max_len_b, translator.search.max_positions) == (
+def test_search_settings(ct2_export: Path) -> None:
+    ct2_translator = CTranslate2Translator.load(ct2_export, beam=2, max_len_b=10, threads=1)
+    assert (
+        ct2_translator.search.beam,
+        ct2_translator.search.max_len_b,
+        ct2_translator.search.max_positions,
+    ) == (
         2,
         10,
         128,
     )
-    assert translator.max_output_length(200) == 127  # L + 1 positions fit the model
+    assert ct2_translator.max_output_length(200) == 127  # L + 1 positions fit the model
     with pytest.raises(ValueError, match="length_penalty='fairseq'"):
-        CTranslate2Translator.load(exported, length_penalty="gnmt")
-    assert CTranslate2Translator.load(exported, length_penalty="gnmt", beam=1).search.beam == 1
-    assert CTranslate2Translator.load(exported, patience=2).patience == 2
+        CTranslate2Translator.load(ct2_export, length_penalty="gnmt")
+    assert CTranslate2Translator.load(ct2_export, length_penalty="gnmt", beam=1).search.beam == 1
+    assert CTranslate2Translator.load(ct2_export, patience=2).patience == 2
     with pytest.raises(ValueError, match="patience must be positive"):
-        CTranslate2Translator.load(exported, patience=0)
+        CTranslate2Translator.load(ct2_export, patience=0)
     with pytest.raises(ValueError, match="not a CTranslate2 model"):
-        CTranslate2Translator.load(exported.parent)
+        CTranslate2Translator.load(ct2_export.parent)
 
 
 def test_forced_scores_equal_the_eager_engines(
-    translator: CTranslate2Translator, trained: Path, test_set: Pairs
+    ct2_translator: CTranslate2Translator, trained: Path, test_set: Pairs
 ):
     """`score_ids` of both engines on the 200 reference pairs: per-token log-probs within 2e-5."""
     eager = EagerTranslator.from_checkpoint(trained, search=NBEST)
-    ours = translator.with_search(nbest=4).score_ids(test_set.sources, test_set.references)
+    ours = ct2_translator.with_search(nbest=4).score_ids(test_set.sources, test_set.references)
     reference = eager.score_ids(test_set.sources, test_set.references)
     for a, b in zip(ours, reference, strict=True):
         assert a.tokens == b.tokens
@@ -160,14 +153,14 @@ def test_forced_scores_equal_the_eager_engines(
 
 
 def test_nbest_texts_and_scores_match_the_eager_engine(
-    translator: CTranslate2Translator, trained: Path, test_set: Pairs
+    ct2_translator: CTranslate2Translator, trained: Path, test_set: Pairs
 ) -> None:
     """Beam 4, 4-best, |Y|^0.6, patience 2. Wherever both engines found a hypothesis, they give it the same
     score within 1e-4, and the best hypotheses are equal on at least 90% of 60 sentences. How many lower entries
     the 4-best lists share is printed, not asserted: it depends on the trained model, since attnx's beam shrinks
     as hypotheses finish and CTranslate2's keeps 4 live ones (module docstring)."""
     sources = test_set.sources[:60]
-    patient = CTranslate2Translator.load(translator.directory, threads=1, patience=2, search=NBEST)
+    patient = CTranslate2Translator.load(ct2_translator.directory, threads=1, patience=2, search=NBEST)
     ours = patient.generate_ids(sources)
     reference = EagerTranslator.from_checkpoint(trained, search=NBEST).generate_ids(sources)
     same = best = shared = 0
@@ -188,10 +181,10 @@ def test_nbest_texts_and_scores_match_the_eager_engine(
 
 
 def test_without_scores_the_same_hypotheses_come_without_the_scoring_pass(
-    translator: CTranslate2Translator, test_set: Pairs
+    ct2_translator: CTranslate2Translator, test_set: Pairs
 ) -> None:
     """`translate` asks for tokens only: CTranslate2's own scores, no `score_batch` pass, the same outputs."""
-    nbest = translator.with_search(nbest=2)
+    nbest = ct2_translator.with_search(nbest=2)
     sources = test_set.sources[:20]
     scored, unscored = nbest.generate_ids(sources), nbest.generate_ids(sources, scores=False)
     assert [[h.tokens for h in a] for a in scored] == [[h.tokens for h in b] for b in unscored]
@@ -202,28 +195,28 @@ def test_without_scores_the_same_hypotheses_come_without_the_scoring_pass(
 
 
 def test_sampling_top_k_1_is_greedy_and_a_seed_repeats_the_samples(
-    translator: CTranslate2Translator, trained_model: LoadedModel, test_set: Pairs
+    ct2_translator: CTranslate2Translator, trained_model: LoadedModel, test_set: Pairs
 ) -> None:
     sources = test_set.sources[:30]
-    greedy = translator.with_search(beam=1).translate_ids(sources)
-    top1 = translator.with_search(sampling=True, top_k=1, nbest=2, seed=1).generate_ids(sources)
+    greedy = ct2_translator.with_search(beam=1).translate_ids(sources)
+    top1 = ct2_translator.with_search(sampling=True, top_k=1, nbest=2, seed=1).generate_ids(sources)
     assert [[h.tokens for h in hyps] for hyps in top1] == [[g, g] for g in greedy]
-    sampler = translator.with_search(sampling=True, nbest=3, seed=5, temperature=1.2, top_p=0.9)
+    sampler = ct2_translator.with_search(sampling=True, nbest=3, seed=5, temperature=1.2, top_p=0.9)
     first, again = sampler.generate_ids(sources), sampler.generate_ids(sources)
     assert [[h.tokens for h in hyps] for hyps in first] == [[h.tokens for h in hyps] for hyps in again]
     assert all(len(hyps) == 3 for hyps in first)
-    forced = translator.score_ids([sources[0]] * 3, [h.tokens for h in first[0]])
+    forced = ct2_translator.score_ids([sources[0]] * 3, [h.tokens for h in first[0]])
     assert [h.log_prob for h in first[0]] == pytest.approx([h.log_prob for h in forced], rel=1e-6)
 
 
 def test_prefix_and_constraints_as_the_eager_engine(
-    translator: CTranslate2Translator, trained: Path, test_set: Pairs
+    ct2_translator: CTranslate2Translator, trained: Path, test_set: Pairs
 ) -> None:
     """Greedy with a forced prefix, `min_length` and `no_repeat_ngram`: the same outputs as attnx's."""
     sources = test_set.sources[:30]
     prefixes = [y[:2] if i % 3 else [] for i, y in enumerate(test_set.references[:30])]  # some without
     search = dict(beam=1, min_length=8, no_repeat_ngram=2, max_positions=128)
-    ours = translator.with_search(**search).generate_ids(sources, prefixes)
+    ours = ct2_translator.with_search(**search).generate_ids(sources, prefixes)
     eager = EagerTranslator.from_checkpoint(trained, search=SearchConfig(**search))
     reference = eager.generate_ids(sources, prefixes)
     for a, b, prefix in zip(ours, reference, prefixes, strict=True):
@@ -233,26 +226,26 @@ def test_prefix_and_constraints_as_the_eager_engine(
 
 
 def test_blank_pairs_are_scored_as_the_eager_engine_scores_them(
-    translator: CTranslate2Translator, trained: Path
+    ct2_translator: CTranslate2Translator, trained: Path
 ) -> None:
     sources, targets = ["A dog runs.", "", "Two men."], ["", "Ein Hund.", "Zwei Männer."]
-    ours = translator.score(sources, targets)
-    reference = EagerTranslator.from_checkpoint(trained, search=translator.search).score(sources, targets)
+    ours = ct2_translator.score(sources, targets)
+    reference = EagerTranslator.from_checkpoint(trained, search=ct2_translator.search).score(sources, targets)
     assert [h.log_prob for h in ours] == pytest.approx([h.log_prob for h in reference], abs=1e-4)
     assert [h.text for h in ours] == ["", "Ein Hund.", "Zwei Männer."]
 
 
-def test_alignment_or_an_ensemble_of_exports_is_one_line_saying_what_to_use(exported: Path, trained: Path):
+def test_alignment_or_an_ensemble_of_exports_is_one_line_saying_what_to_use(ct2_export: Path, trained: Path):
     import attnx
 
     with pytest.raises(ValueError, match=r"alignments come from .* decode the checkpoint \(\*\.ckpt\)"):
-        CTranslate2Translator.load(exported, alignment=True)
+        CTranslate2Translator.load(ct2_export, alignment=True)
     with pytest.raises(ValueError, match="CTranslate2 exports cannot be ensembled"):
-        attnx.load([exported, trained])
+        attnx.load([ct2_export, trained])
 
 
 def test_a_swapped_sentencepiece_model_is_refused_in_one_line(
-    exported: Path, trained_model: LoadedModel, shared_data: Path, tmp_path: Path
+    ct2_export: Path, trained_model: LoadedModel, shared_data: Path, tmp_path: Path
 ) -> None:
     """`attnx translate --model CT2_DIR` whose sentencepiece.model was replaced by another of the same size:
     one line naming both files (it translated with rc 0). An export of an earlier attnx (no hash in attnx.json)
@@ -265,7 +258,7 @@ def test_a_swapped_sentencepiece_model_is_refused_in_one_line(
     from attnx.data.prepare import Settings, train_sentencepiece
     from attnx.data.tokenizer import Tokenizer
 
-    meta = json.loads((exported / METADATA).read_text())
+    meta = json.loads((ct2_export / METADATA).read_text())
     assert meta["tokenizer_sha256"] == trained_model.tokenizer.sha256
     text = tmp_path / "other.txt"
     with gzip.open(shared_data / "multi30k" / "train.de.gz", "rt", encoding="utf-8") as f:
@@ -278,7 +271,7 @@ def test_a_swapped_sentencepiece_model_is_refused_in_one_line(
     )
 
     swapped = tmp_path / "swapped"
-    shutil.copytree(exported, swapped)
+    shutil.copytree(ct2_export, swapped)
     shutil.copy(tmp_path / "spm.model", swapped / "sentencepiece.model")
 
     def translate(model: Path) -> subprocess.CompletedProcess[str]:
@@ -299,26 +292,26 @@ def test_a_swapped_sentencepiece_model_is_refused_in_one_line(
     assert done.returncode == 1 and "its pieces differ from shared_vocabulary.json" in done.stderr, (
         done.stderr
     )
-    shutil.copy(exported / "sentencepiece.model", swapped / "sentencepiece.model")
+    shutil.copy(ct2_export / "sentencepiece.model", swapped / "sentencepiece.model")
     done = translate(swapped)
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 1 and done.stderr == "", done.stderr
 
 
 def test_mbr_ranks_the_engines_own_samples_and_epsilon_is_one_line(
-    translator: CTranslate2Translator, test_set: Pairs
+    ct2_translator: CTranslate2Translator, test_set: Pairs
 ) -> None:
     from attnx.inference.mbr import candidate_search, rank_by_expected_utility
 
     sources = test_set.sources[:10]
-    mbr = translator.with_search(mbr=6, seed=3, top_p=0.9)
+    mbr = ct2_translator.with_search(mbr=6, seed=3, top_p=0.9)
     ranked = mbr.generate_ids(sources)
-    drawn = translator.with_search(**vars(candidate_search(mbr.search))).generate_ids(sources)
+    drawn = ct2_translator.with_search(**vars(candidate_search(mbr.search))).generate_ids(sources)
     for hyps, samples in zip(ranked, drawn, strict=True):
         for h in samples:
-            h.text = translator.decode(h.tokens)
+            h.text = ct2_translator.decode(h.tokens)
         expected = rank_by_expected_utility(samples, "chrf")
         assert [(h.text, h.expected_utility) for h in hyps] == [
             (h.text, h.expected_utility) for h in expected
         ]
     with pytest.raises(ValueError, match="CTranslate2 has no epsilon sampling"):
-        translator.with_search(sampling=True, epsilon=0.02)
+        ct2_translator.with_search(sampling=True, epsilon=0.02)
