@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from attnx.cli import main
@@ -24,13 +23,8 @@ def test_describe_takes_the_vocabulary_of_the_prepared_corpus(tmp_path: Path, mo
     out = capsys.readouterr().out
     assert "vocab 8000 (the prepared corpus's)" in out and "parameters: 7,577,600 (7.6M)" in out
     monkeypatch.chdir(tmp_path / "data")
-    done = subprocess.run(
-        [sys.executable, "-m", "attnx", "describe", "--config", "multi30k_cpu"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    line = next(line for line in done.stdout.splitlines() if " vocab " in line)
+    assert main(["describe", "--config", "multi30k_cpu"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if " vocab " in line)
     assert "vocab 37000 (the paper's; no prepared corpus found, --vocab_size sets another)" in line
     assert line.count("(") == line.count(")") == 1  # one clean parenthesis, not one inside another
     assert main(["describe", "--config", "multi30k_cpu", "--vocab_size", "8000"]) == 0
@@ -55,25 +49,23 @@ def test_average_needs_checkpoints_or_a_directory(tmp_path: Path, capsys) -> Non
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_describe_merges_several_configs_as_fit_does(tmp_path: Path) -> None:
+def test_describe_merges_several_configs_as_fit_does(tmp_path: Path, monkeypatch, capsys) -> None:
     """The second file changes d_model and one component's args; tiny's d_ff, heads and layers stay."""
     (tmp_path / "mine.yaml").write_text(
         "model:\n  transformer:\n    d_model: 64\n    self_attention: {args: {d_k: 8}}\n"
         "trainer:\n  max_steps: 3\n"
     )
     configs = ["--config", "tiny", "--config", "mine.yaml"]
+    monkeypatch.chdir(tmp_path)
 
-    def attnx(*argv: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "attnx", *argv], cwd=tmp_path, capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    described = attnx("describe", *configs, "--vocab_size", "300")
+    assert main(["describe", *configs, "--vocab_size", "300"]) == 0
+    described = capsys.readouterr().out
     assert "d_model 64, d_ff 64, heads 4, layers 2+2" in described
     assert "tiny.yaml + mine.yaml" in described
-    fitted = yaml.safe_load(attnx("fit", *configs, "--print_config"))["model"]["transformer"]
+    with pytest.raises(SystemExit) as printed:
+        main(["fit", *configs, "--print_config"])
+    assert printed.value.code == 0
+    fitted = yaml.safe_load(capsys.readouterr().out)["model"]["transformer"]
     assert fitted["d_ff"] == 64 and fitted["self_attention"] == {"name": "multihead", "args": {"d_k": 8}}
     config = TransformerConfig.from_dict({**fitted, "vocab_size": 300})
     params = count_parameters(build_transformer(config))

@@ -6,26 +6,27 @@ shared corpora, so ``attnx download --from_dir`` copies them instead of fetching
 (installation) is not run: this test already runs inside the installed environment.
 
 The page's commands run exactly as written, except that this test appends options to three of them, because
-the page's real run takes about half an hour on a CPU and this test must take a few minutes:
+the page's real run takes about half an hour on a CPU and this test must take a minute or two:
 
 ``attnx fit``
-    ``--config short_fit.yaml``, an override config (:func:`short_fit`) merged over the page's: 30 optimizer steps
-    instead of 30 minutes, validation after 15 steps on 2 batches with greedy BLEU of 16 sentences, and a
-    checkpoint every 3 seconds instead of every 2 minutes, so that ``attnx average --last 5`` finds several
-    (it averages those there are when fewer than 5 were kept, and says so).
+    ``--config short_fit.yaml``, an override config (:func:`short_fit`) merged over the page's: 6 optimizer steps
+    on batches of 500 padded tokens per side instead of 30 minutes on batches of 2,500, validation after every 3
+    steps on 2 batches with greedy BLEU of 16 sentences of at most 10 tokens beyond the source length (see
+    ``attnx test``), and a checkpoint after every step instead of every 2 minutes, so that
+    ``attnx average --last 5`` finds 5 (it averages those there are when fewer than 5 were kept, and says so).
 ``attnx test``
-    one test batch (a few hundred sentences) with greedy search and at most 10 tokens beyond the source
-    length: a 30-step model rambles to the length limit, which with beam 4 on all 1,000 sentences would take
-    minutes alone.
+    one test batch of at most 400 tokens (a few dozen sentences) with greedy search and at most 10 tokens
+    beyond the source length: a 6-step model rambles to the length limit, which with beam 4 on all 1,000
+    sentences would take minutes alone.
 ``attnx translate``
     greedy search with the same length limit, for the same reason.
 
 Everything else — download, prepare with the page's vocabulary, the config itself, averaging, the outputs'
 paths — is the page's. Then the ```python blocks of the quickstart and of the docs' first page run in the same
-directory, on the checkpoint the page made.
+directory, on the checkpoint the page made, each in a namespace of its own.
 
 What is asserted is what the commands guarantee — exit codes, files, score lines, one output line per input
-line — never what a 30-step model happens to say.
+line — never what a 6-step model happens to say.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ PAGE = REPO / "docs" / "quickstart.md"
 INDEX = REPO / "docs" / "index.md"
 
 CONFIG = REPO / "configs" / "multi30k_cpu.yaml"
+STEPS = 6  # of the shortened `attnx fit`: more than the 5 checkpoints `attnx average --last 5` takes
 
 
 def short_fit() -> str:
@@ -59,19 +61,21 @@ def short_fit() -> str:
     periodic[0]["init_args"]["minutes"] = 0  # every optimizer step: the same checkpoints on any machine
     override = {
         "trainer": {
-            "max_steps": 30,
-            "val_check_interval": 15,
+            "max_steps": STEPS,
+            "val_check_interval": STEPS // 2,
             "limit_val_batches": 2,
             "callbacks": callbacks,
         },
-        "evaluation": {"bleu_samples": 16},
+        "evaluation": {"bleu_samples": 16, "search": {"max_len_b": 10}},
+        "data": {"max_tokens": 500},
     }
     return yaml.safe_dump(override, sort_keys=False)
 
 
 OVERRIDES: dict[str, str] = {
     "attnx fit": "--config short_fit.yaml",
-    "attnx test": "--trainer.limit_test_batches 1 --evaluation.search.beam 1 --evaluation.search.max_len_b 10",
+    "attnx test": "--trainer.limit_test_batches 1 --data.eval_max_tokens 400 --evaluation.search.beam 1 "
+    "--evaluation.search.max_len_b 10",
     "attnx translate": "--search.beam 1 --search.max_len_b 10",
 }
 
@@ -109,7 +113,9 @@ def test_short_fit_keeps_the_configs_callbacks():
 
 
 @pytest.mark.slow
-def test_quickstart_runs_as_written(shared_data: Path, tmp_path: Path):
+def test_quickstart_runs_as_written(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
     (tmp_path / "configs").symlink_to(REPO / "configs")
     (tmp_path / "short_fit.yaml").write_text(short_fit(), encoding="utf-8")
     env = os.environ | {
@@ -134,21 +140,22 @@ def test_quickstart_runs_as_written(shared_data: Path, tmp_path: Path):
     assert sorted(set(applied)) == sorted(OVERRIDES), f"overrides applied to {applied}"
     assert "sacreBLEU BLEU = " in outputs[-2]  # attnx test scored the averaged checkpoint
     assert outputs[-1].count("\n") == 1, "attnx translate: one line in, one line out"
-    assert "averaged 5 checkpoints" in outputs[-3] and "step=30.ckpt" in outputs[-3]
+    assert "averaged 5 checkpoints" in outputs[-3] and f"step={STEPS}.ckpt" in outputs[-3]
     for path in (
-        "runs/multi30k_cpu/version_0/checkpoints/step=26.ckpt",
+        f"runs/multi30k_cpu/version_0/checkpoints/step={STEPS - 4}.ckpt",
         "runs/multi30k_cpu/version_0/metrics.csv",
     ):
         assert (tmp_path / path).is_file(), path
-    # The Python API of the quickstart and of the first page, on the checkpoint the page made.
+    # The Python API of the quickstart and of the first page, on the checkpoint the page made: run here, as
+    # tests/docs/test_decoding_page.py runs its page's, each block in a namespace of its own.
     python = blocks("python") + blocks("python", INDEX)
     assert len(python) == 2 and all("attnx.load(" in block for block in python)
-    for block in python:
-        done = subprocess.run(
-            [sys.executable, "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-        )
-        assert done.returncode == 0, f"{block}\n{done.stderr[-3000:]}"
-    assert len(done.stdout.splitlines()) == 2  # the first page prints one translation per sentence
+    monkeypatch.chdir(tmp_path)
+    for page, block in zip((PAGE, INDEX), python, strict=True):
+        capsys.readouterr()
+        exec(compile(block, str(page), "exec"), {"__name__": "__main__"})  # noqa: S102 - the pages' own examples
+    printed = capsys.readouterr().out
+    assert len(printed.splitlines()) == 2  # the first page prints one translation per sentence
     # The files the page points the reader to exist where it says.
     hyp = "runs/multi30k_cpu/version_1/test.test.hyp"
     assert hyp in PAGE.read_text(encoding="utf-8")

@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ import yaml
 from tests.conftest import REPO
 from tests.training.conftest import train_losses
 from tests.training.ddp_probe import assert_ranks_agree, read_ranks
+from tests.training.test_runs import checkpoint_files, every_two_steps
 
 PAGE = REPO / "docs" / "cluster.md"
 BIN = Path(sys.executable).parent  # where torchrun and attnx are installed
@@ -91,35 +93,75 @@ def launch(commands: list[str], cwd: Path, extras: list[str]) -> list[subprocess
     return done
 
 
-def assert_one_checkpoint_set(cwd: Path, steps: int) -> Path:
+def assert_one_checkpoint_set(cwd: Path, steps: int, every: int = 1) -> Path:
+    """One run folder holding the last 3 checkpoints (one every ``every`` steps), ``last`` and their average."""
     runs = sorted(p.name for p in (cwd / "runs" / "tiny").iterdir())
     assert runs == ["version_0"], runs  # one run directory, written by rank 0 alone
     checkpoints = cwd / "runs" / "tiny" / "version_0" / "checkpoints"
     names = sorted(p.name for p in checkpoints.iterdir())
-    kept = [f"step={s}.ckpt" for s in range(max(1, steps - 2), steps + 1)]
+    kept = [f"step={s}.ckpt" for s in range(steps, 0, -every)[:3]]
     assert names == sorted(["averaged.ckpt", "last.ckpt", *kept]), names
     return checkpoints
 
 
-def test_two_nodes_through_torchrun_then_a_resume_on_one(corpus: Path, tmp_path: Path) -> None:
+def static_nodes() -> list[str]:
+    """The page's two static torchrun commands, node 0's and node 1's, on a free port."""
     port = free_port()
-    commands = [c.replace("--master_port 29500", f"--master_port {port}") for c in page_commands("torchrun")]
-    static = [c for c in commands if "--node_rank" in c]
+    return [
+        c.replace("--master_port 29500", f"--master_port {port}")
+        for c in page_commands("torchrun")
+        if "--node_rank" in c
+    ]
+
+
+STEPS = 8  # of the two-node run below
+
+
+def two_node_args(corpus: Path, work: Path) -> list[str]:
+    """What the two-node runs add to the page's commands: a checkpoint every second step (the config first: what
+    follows it overrides it), the corpus, 8 steps, no BLEU, a progress line every step."""
+    return [
+        "--config",
+        str(every_two_steps(work)),
+        *probe_args(corpus, work / "probe", STEPS)[:6],
+        "--progress.every_n_steps",
+        "1",
+    ]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of docs/cluster.md's two static torchrun nodes trained for 8 steps, never interrupted, with a
+    probe recording each rank (in ``probe/``): the first test below checks it and resumes a copy of it on one
+    node; the last one interrupts the same command and compares the run it ends with this one."""
+    work = tmp_path_factory.mktemp("two_nodes")
+    probe = probe_args(corpus, work / "probe", STEPS)[
+        6:
+    ]  # the callback alone: it records, never changes a run
+    launch(static_nodes(), work, [*two_node_args(corpus, work), *probe])
+    return work
+
+
+def test_two_nodes_through_torchrun_then_a_resume_on_one(
+    corpus: Path, two_nodes: Path, tmp_path: Path
+) -> None:
+    static = [c for c in page_commands("torchrun") if "--node_rank" in c]
     assert [c.split("--node_rank ")[1][0] for c in static] == ["0", "1"] and len(
         {c.split(" --node_rank")[1][2:] for c in static}
     ) == 1
-    launch(static, tmp_path, probe_args(corpus, tmp_path / "probe", 4))
-    records = read_ranks(tmp_path / "probe", 2)
+    records = read_ranks(two_nodes / "probe", 2)
     assert all(r["num_nodes"] == 2 for r in records)
-    assert_ranks_agree(records, 4)
-    checkpoints = assert_one_checkpoint_set(tmp_path, 4)
+    assert_ranks_agree(records, STEPS)
+    checkpoints = assert_one_checkpoint_set(two_nodes, STEPS, every=2)
     saved = torch.load(checkpoints / "last.ckpt", weights_only=True)
-    assert saved["global_step"] == 4
+    assert saved["global_step"] == STEPS
 
-    # one node, one process: continues from step 4, saying the batch order changes with the world size
+    # one node, one process, on a copy of the run: continues from step 8, saying the batch order changes with
+    # the world size
+    shutil.copytree(two_nodes / "runs", tmp_path / "runs")
     resume = [BIN / "attnx", "fit", "--config", "tiny", "--data.data_dir", str(corpus), "--ckpt_path", "last"]
     done = subprocess.run(
-        [*map(str, resume), "--trainer.max_steps", "6", "--evaluation.bleu_samples", "0"],
+        [*map(str, resume), "--trainer.max_steps", str(STEPS + 2), "--evaluation.bleu_samples", "0"],
         cwd=tmp_path,
         env=environment(),
         capture_output=True,
@@ -128,7 +170,9 @@ def test_two_nodes_through_torchrun_then_a_resume_on_one(corpus: Path, tmp_path:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the batch plan differs from the checkpoint's" in done.stderr and "world size" in done.stderr
-    assert sorted(train_losses(tmp_path / "runs" / "tiny" / "version_0")) == list(range(6))  # the same run
+    assert sorted(train_losses(tmp_path / "runs" / "tiny" / "version_0")) == list(
+        range(STEPS + 2)
+    )  # the same run
 
 
 def test_two_nodes_through_a_c10d_rendezvous(corpus: Path, tmp_path: Path) -> None:
@@ -238,39 +282,22 @@ def signal_nodes_at(processes: list[subprocess.Popen], step: int, signum: int, n
 
 
 @pytest.mark.slow
-def test_two_nodes_killed_and_resumed_end_as_the_uninterrupted_run(corpus: Path, tmp_path: Path) -> None:
+def test_two_nodes_killed_and_resumed_end_as_the_uninterrupted_run(
+    corpus: Path, two_nodes: Path, tmp_path: Path
+) -> None:
     """docs/cluster.md's two torchrun nodes: SIGKILL to both, a resume, SIGTERM to node 0, a resume; the run ends in
     one folder with the uninterrupted run's checkpoints and a byte-identical averaged checkpoint."""
-    from tests.training.test_runs import checkpoint_files, every_two_steps
-
-    config = every_two_steps(tmp_path)
-    extras = [  # the config first: what follows it overrides it (corpus, steps, no BLEU)
-        "--config",
-        str(config),
-        *probe_args(corpus, tmp_path / "probe", 8)[:6],
-        "--progress.every_n_steps",
-        "1",
-    ]
-    static = [c for c in page_commands("torchrun") if "--node_rank" in c]
-
-    def nodes() -> list[str]:
-        port = free_port()
-        return [c.replace("--master_port 29500", f"--master_port {port}") for c in static]
-
-    whole, work = tmp_path / "whole", tmp_path / "interrupted"
-    whole.mkdir()
-    work.mkdir()
-    launch(nodes(), whole, extras)
-    signal_nodes_at(start_nodes(nodes(), work, extras), 3, signal.SIGKILL, nodes=2)
+    extras = two_node_args(corpus, tmp_path)
+    signal_nodes_at(start_nodes(static_nodes(), tmp_path, extras), 3, signal.SIGKILL, nodes=2)
     resume = [*extras, "--ckpt_path", "last"]
-    outputs = signal_nodes_at(start_nodes(nodes(), work, resume), 5, signal.SIGTERM, nodes=1)
+    outputs = signal_nodes_at(start_nodes(static_nodes(), tmp_path, resume), 5, signal.SIGTERM, nodes=1)
     assert "attnx fit: interrupted at step" in outputs[0] and "(SIGTERM)" in outputs[0], outputs[0][-3000:]
-    launch(nodes(), work, resume)
+    launch(static_nodes(), tmp_path, resume)
 
-    whole, ours = (d / "runs" / "tiny" / "version_0" for d in (whole, work))
+    whole, ours = (d / "runs" / "tiny" / "version_0" for d in (two_nodes, tmp_path))
     assert sorted(p.name for p in ours.parent.iterdir()) == ["version_0"]
     assert checkpoint_files(ours) == checkpoint_files(whole)
-    assert "step=8.ckpt" in checkpoint_files(ours)
+    assert f"step={STEPS}.ckpt" in checkpoint_files(ours)
     averaged = (ours / "checkpoints" / "averaged.ckpt").read_bytes()
     assert averaged == (whole / "checkpoints" / "averaged.ckpt").read_bytes()
-    assert sorted(train_losses(ours)) == list(range(8)) and train_losses(ours) == train_losses(whole)
+    assert sorted(train_losses(ours)) == list(range(STEPS)) and train_losses(ours) == train_losses(whole)

@@ -70,11 +70,12 @@ def checkpoint_files(run_dir: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_run_killed_twice_and_resumed_ends_as_the_uninterrupted_run(corpus: Path, tmp_path: Path) -> None:
+def test_a_run_killed_twice_and_resumed_ends_as_the_uninterrupted_run(
+    corpus: Path, tmp_path: Path, uninterrupted_run: Path
+) -> None:
     config = every_two_steps(tmp_path)
     command = attnx_command(corpus, "--trainer.max_steps", str(STEPS), config=config)
-    run(command, tmp_path / "whole")
-    whole = tmp_path / "whole" / "runs" / "tiny" / "version_0"
+    whole = uninterrupted_run  # the same command, never interrupted
 
     work = tmp_path / "interrupted"
     killed = stop_at(command, work, 3, signal.SIGKILL)
