@@ -41,11 +41,20 @@ def one_thread() -> Iterator[None]:
     threads wait on each other (a second thread makes them 2-3× slower).
 
     The folders whose tests decode or train use it on every test, each with one line of its conftest:
-    `_one_thread = pytest.fixture(autouse=True)(one_thread)` (a scope of its own where it needs one)."""
+    `_one_thread = pytest.fixture(autouse=True)(one_thread)` (a scope of its own where it needs one), so a test
+    that changes the threads leaves the next one on one thread."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread_in_this_process() -> Iterator[None]:
+    """The models run in the test process are tiny: a second thread gains them nothing, and every operation then
+    waits for it — 20x slower on a busy 2-core machine (the decoding page's examples: 19 s instead of 1.5 s).
+    Commands the tests start as processes choose their own threads."""
+    yield from one_thread()
 
 
 def tiny_config(**overrides) -> TransformerConfig:
