@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -179,7 +180,24 @@ def test_two_nodes_through_a_c10d_rendezvous(corpus: Path, tmp_path: Path) -> No
     port = free_port()
     (command,) = [c for c in page_commands("torchrun") if "--rdzv_backend c10d" in c]
     command = command.replace("127.0.0.1:29400", f"127.0.0.1:{port}")
-    launch([command, command], tmp_path, probe_args(corpus, tmp_path / "probe", 2))
+    # The page's store process, which outlives both nodes' torchruns: with the store inside one of them, that
+    # torchrun ending first fails the other's poll (RendezvousConnectionError) after training, on a loaded
+    # machine often enough to fail this test. Both torchruns then connect to it as clients.
+    (store_command,) = page_commands("python -c")
+    argv = shlex.split(store_command.replace("29400", str(port)))
+    store = subprocess.Popen([sys.executable, *argv[1:]])
+    try:
+        for _ in range(600):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert store.poll() is None, (
+                f"the store process of docs/cluster.md exited with {store.returncode}"
+            )
+            time.sleep(0.1)
+        launch([command, command], tmp_path, probe_args(corpus, tmp_path / "probe", 2))
+    finally:
+        store.terminate()
+        store.wait(timeout=60)
     assert_ranks_agree(read_ranks(tmp_path / "probe", 2), 2)
     assert_one_checkpoint_set(tmp_path, 2)
 
