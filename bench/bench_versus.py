@@ -116,9 +116,13 @@ def main() -> int:
         )
         print("|---|---|---|---|")
         for name, r in results.items():
-            fit = max(r["fit"]) if r["fit"] else float("nan")
-            tr = max(r["translate"]) if r["translate"] else float("nan")
-            print(f"| {name} | {fit:,.0f} | {fit * tgt_share:,.0f} | {tr:.1f} |")
+            fit = (
+                f"{max(r['fit']):,.0f} | {max(r['fit']) * tgt_share:,.0f}"
+                if r["fit"]
+                else "skipped | skipped"
+            )
+            tr = f"{max(r['translate']):.1f}" if r["translate"] else "skipped"
+            print(f"| {name} | {fit} | {tr} |")
         names = list(results)
         for key in ("fit", "translate"):
             if results[names[0]][key]:
