@@ -194,6 +194,8 @@ def test_two_nodes_through_a_c10d_rendezvous(corpus: Path, tmp_path: Path) -> No
                 f"the store process of docs/cluster.md exited with {store.returncode}"
             )
             time.sleep(0.1)
+        else:
+            pytest.fail(f"the store process of docs/cluster.md did not listen on port {port} within 60 s")
         launch([command, command], tmp_path, probe_args(corpus, tmp_path / "probe", 2))
     finally:
         store.terminate()
