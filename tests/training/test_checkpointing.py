@@ -7,18 +7,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from attnx.checkpoint import CheckpointError
-from attnx.training.checkpointing import AtomicCheckpointIO
+from attnx.training.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint
 from attnx.training.module import TranslationTask
 from tests.conftest import tiny_config
 
 WRITER = """
 import sys, torch
-from attnx.training.checkpointing import AtomicCheckpointIO
+from attnx.training.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint
 io, path, n = AtomicCheckpointIO(), sys.argv[1], 0
 while True:
     n += 1
@@ -69,3 +70,13 @@ def test_checkpoint_of_another_model_is_refused_with_the_difference() -> None:
     theirs = tiny_config(vocab_size=300, d_ff=128).to_dict()
     with pytest.raises(CheckpointError, match="d_ff: checkpoint 128 vs config 64"):
         ours.on_load_checkpoint({"attnx": {"transformer": theirs}, "state_dict": {}})
+
+
+@pytest.mark.parametrize(("ran", "due"), [(9 * 60, False), (10 * 60 + 1, True)])
+def test_a_resumed_run_goes_on_counting_the_minutes_to_its_next_save(ran: float, due: bool) -> None:
+    """A stop between two 10-minute saves records how long it had run since the last one; the resumed run saves
+    when the 10 minutes are up, as the run that was never stopped would, not 10 minutes after the restart."""
+    resumed = PeriodicCheckpoint(minutes=10)
+    resumed.load_state_dict({"saved": [], "dirpath": None, "seconds_since_save": ran})
+    resumed.start_clock(7)
+    assert resumed._due(SimpleNamespace(global_step=8, is_global_zero=True)) is due

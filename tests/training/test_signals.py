@@ -122,14 +122,23 @@ def test_a_stop_signal_saves_says_how_to_resume_and_exits_non_zero(
     assert f"({signal.Signals(signum).name}); resume with: " in stopped.stderr.splitlines()[-1]
     assert 2 <= step < int(STEPS)
     checkpoints = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir()) == [
-        "last.ckpt",
-        f"step={step}.ckpt",
-    ]  # the signal's save
+    # the signal's save, off the hourly schedule: the resume point alone, no step checkpoint to keep or average
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt"]
     assert command[-2:] == ["--ckpt_path", str((checkpoints / "last.ckpt").relative_to(tmp_path))]
-    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == step
+    saved = torch.load(checkpoints / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == step
+    (clock,) = (state for key, state in saved["callbacks"].items() if key.startswith("PeriodicCheckpoint"))
+    assert (
+        clock["saved"] == [] and clock["seconds_since_save"] > 0
+    )  # the hour goes on counting after a resume
     run([*command, "--trainer.max_steps", STEPS], tmp_path)  # the printed command, run where it was printed
     assert_same_weights(checkpoints / "last.ckpt", uninterrupted)  # the resumed run continued in its folder
+    # as the uninterrupted hourly run: the end's checkpoint, alone kept and averaged
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "averaged.ckpt",
+        "last.ckpt",
+        f"step={STEPS}.ckpt",
+    ]
     assert sorted(p.name for p in (tmp_path / "runs" / "tiny").iterdir()) == ["version_0"]
 
 

@@ -171,7 +171,9 @@ class PeriodicCheckpoint(Checkpoint):
     end, and when the run is told to stop.
 
     Files are `step=N.ckpt` in `dirpath` (default: `<log_dir>/checkpoints`), plus `last.ckpt` (a copy
-    of the newest, what `--ckpt_path` resumes from). `minutes: 0` saves after every optimizer step.
+    of the newest, what `--ckpt_path` resumes from). A stop between two scheduled saves writes `last.ckpt`
+    alone: the kept `step=N.ckpt` files, and so the average, are those of the run that was never stopped, and
+    the time since the last scheduled save goes on counting in the resumed run. `minutes: 0` saves after every optimizer step.
     Saves happen only at optimizer-step boundaries (never mid-accumulation), and all ranks decide together
     (rank 0's clock), so every rank joins the same saves. A resumed run keeps counting the checkpoints its
     earlier segments kept (the list is part of the checkpoint), so `keep` and the averaging span the whole run.
@@ -216,6 +218,7 @@ class PeriodicCheckpoint(Checkpoint):
         self.saved: list[str] = []  # step checkpoints on disk, oldest first
         self._last_time = 0.0
         self._last_step = -1
+        self._carried_seconds = 0.0  # training time since the last scheduled save, from a resumed checkpoint
         self._signals: StopSignals | None = None
         self._requeue_signal: int | None = None
         self._pending_stop: tuple[int, bool] | None = None
@@ -230,14 +233,18 @@ class PeriodicCheckpoint(Checkpoint):
         self.dirpath = trainer.strategy.broadcast(self.dirpath, src=0)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._last_time = time.monotonic()
-        self._last_step = trainer.global_step
+        self.start_clock(trainer.global_step)
         # Lightning has installed its own handlers by now; these replace them for the training loop
         self._requeue_signal = slurm_requeue_signal(trainer)
         self._signals = StopSignals(stop_signals(self._requeue_signal))
         if trainer.received_sigterm:  # it came before the loop started
             self._signals.received.add(signal.SIGTERM)
         self._signals.install()
+
+    def start_clock(self, step: int) -> None:
+        """Count the minutes to the next save from now, less the time a resumed checkpoint had already run."""
+        self._last_time = time.monotonic() - self._carried_seconds
+        self._last_step = step
 
     def _due(self, trainer: pl.Trainer) -> bool:
         if self.every_n_steps and trainer.global_step % self.every_n_steps == 0:
@@ -264,7 +271,10 @@ class PeriodicCheckpoint(Checkpoint):
         if due or terminate or interrupt or usr1:
             if self._signals is not None and (terminate or interrupt or usr1):
                 self._signals.stopping = True  # saving for the stop: a second signal must not cut it short
-            self.save(trainer)
+            if due:
+                self.save(trainer)
+            else:
+                self.save_last(trainer)
         # the stop itself waits for the next hook: Lightning hands this step's metrics to the loggers after
         # this one, and the resumed run logs from the next step on
         if terminate or interrupt:
@@ -326,6 +336,7 @@ class PeriodicCheckpoint(Checkpoint):
             # listed before the write, so that the checkpoint's own list names it: a run resumed from it
             # keeps counting it (and later removes it) as the uninterrupted run would
             self.saved.append(str(path))
+        self._last_time = time.monotonic()  # before the write, so that the checkpoint's clock starts at 0
         trainer.save_checkpoint(path, weights_only=False)
         if trainer.is_global_zero:
             atomic_copy(path, self.directory / "last.ckpt")
@@ -338,12 +349,26 @@ class PeriodicCheckpoint(Checkpoint):
         self._last_step = step
         return path
 
+    def save_last(self, trainer: pl.Trainer) -> Path:
+        """Write `last.ckpt` alone: the resume point of a stop that fell between two scheduled saves.
+
+        The kept `step=N.ckpt` files stay as they are, so a run stopped and resumed keeps (and averages) the
+        checkpoints of the run that was never stopped, whichever step the signal landed on.
+        """
+        path = self.directory / "last.ckpt"
+        trainer.save_checkpoint(path, weights_only=False)
+        trainer.strategy.barrier("PeriodicCheckpoint")
+        self._last_step = trainer.global_step
+        return path
+
     def state_dict(self) -> dict[str, Any]:
-        return {"saved": list(self.saved), "dirpath": self.dirpath}
+        since = time.monotonic() - self._last_time  # about 0 in a scheduled save (the clock restarts first)
+        return {"saved": list(self.saved), "dirpath": self.dirpath, "seconds_since_save": since}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("dirpath") == self.dirpath or self.dirpath is None:
             self.saved = [p for p in state_dict.get("saved", []) if Path(p).is_file()]
+        self._carried_seconds = float(state_dict.get("seconds_since_save", 0.0))
 
 
 class AverageCheckpoints(Callback):
