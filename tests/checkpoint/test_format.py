@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -93,7 +94,8 @@ def test_a_full_disk_during_fit_is_one_line_naming_the_file_and_the_space(
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert lines[-1].startswith("attnx fit: error: cannot write checkpoint "), lines[-1]
     assert str(checkpoints) in lines[-1] and "the disk is full" in lines[-1], lines[-1]
-    assert "MiB free in" in lines[-1] and "the checkpoint needs about 1.0 MiB" in lines[-1], lines[-1]
+    needs = re.search(r"MiB free in .*, the checkpoint needs about (\d+\.\d) MiB\)", lines[-1])
+    assert needs and 1.0 <= float(needs[1]) <= 1.2, lines[-1]  # the tiny model's checkpoint: about 1.05 MiB
 
 
 FILL = """
