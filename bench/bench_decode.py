@@ -3,7 +3,7 @@ greedy search, an n-best list as wide as the beam, sampling one candidate per in
 the beam's outputs (one teacher-forced pass per batch).
 
     python bench/bench_decode.py [--data DIR] [--ckpt_path CKPT] [--sentences 1000] [--beam 4]
-        [--batch_size 64] [--batch_sizes 1 16 64 128 256] [--repeats 5] [--threads 2]
+        [--batch_size 64 | --max_tokens 4096] [--batch_sizes 1 16 64 128 256] [--repeats 5] [--threads 2]
 
 Without ``--ckpt_path`` the model is the README's (``configs/multi30k_cpu.yaml``: 3+3 layers, d_model 256,
 4 heads, d_ff 1024) with random weights over a joint 8k SentencePiece BPE vocabulary trained on Multi30k train (cached in
@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from attnx.checkpoint import load_model
 from attnx.data.batch import collate
 from attnx.inference.config import SearchConfig
+from attnx.inference.eager import token_batches
 from attnx.inference.scoring import force_decode
 from attnx.inference.search import translate_batch
 from attnx.model import Transformer, build_transformer
@@ -81,7 +82,7 @@ class NoCache(nn.Module):
 @dataclass
 class Run:
     name: str
-    batch_size: int
+    batch_size: int | str
     sentences: int
     times: list[float]  # seconds of each repeat
     out_tokens: int
@@ -111,6 +112,21 @@ def by_length(ids: list[list[int]], batch_size: int) -> list[list[int]]:
     return [order[first : first + batch_size] for first in range(0, len(order), batch_size)]
 
 
+def batches(
+    ids: list[list[int]], batch_size: int, max_tokens: int | None, targets: list[list[int]] | None = None
+) -> tuple[list[list[int]], int | str]:
+    """The batches of ``ids`` and their label: ``batch_size`` sentences, or with ``max_tokens`` the batches
+    ``attnx translate`` makes (sorted by length, rows × longest ≤ max_tokens; with ``targets``, forced scoring's
+    longer of source and target)."""
+    if not max_tokens:
+        return by_length(ids, batch_size), batch_size
+    if targets is None:
+        lengths = [len(x) + 1 for x in ids]
+    else:
+        lengths = [max(len(x), len(y)) + 1 for x, y in zip(ids, targets, strict=True)]
+    return list(token_batches(lengths, max_tokens)), f"{max_tokens} tokens"
+
+
 def score_all(
     model: nn.Module,
     ids: list[list[int]],
@@ -118,18 +134,19 @@ def score_all(
     batch_size: int,
     config: SearchConfig,
     repeats: int,
+    max_tokens: int | None = None,
 ) -> Run:
     """Forced scoring of ``targets`` (the beam's outputs) as translations of ``ids``: one teacher-forced pass per batch."""
-    batches = by_length(ids, batch_size)
+    groups, label = batches(ids, batch_size, max_tokens, targets)
 
     def run() -> None:
-        for rows in batches:
+        for rows in groups:
             batch = collate([(ids[i], []) for i in rows])
             force_decode(model, batch.src, batch.src_mask, [targets[i] for i in rows], config)
 
     return Run(
         name="forced scoring of the beam outputs",
-        batch_size=batch_size,
+        batch_size=label,
         sentences=len(ids),
         times=timed(run, repeats).times,
         out_tokens=sum(len(y) + 1 for y in targets),
@@ -138,14 +155,20 @@ def score_all(
 
 
 def decode_all(
-    model: nn.Module, ids: list[list[int]], batch_size: int, config: SearchConfig, name: str, repeats: int = 1
+    model: nn.Module,
+    ids: list[list[int]],
+    batch_size: int,
+    config: SearchConfig,
+    name: str,
+    repeats: int = 1,
+    max_tokens: int | None = None,
 ) -> Run:
-    """Decode ``ids`` sorted by length in batches of ``batch_size`` sentences, ``repeats`` times."""
-    batches = by_length(ids, batch_size)
+    """Decode ``ids`` sorted by length in batches of ``batch_size`` sentences (or ``max_tokens``), ``repeats`` times."""
+    groups, label = batches(ids, batch_size, max_tokens)
 
     def run() -> list[list[int]]:
         outputs: list[list[int]] = [[] for _ in ids]
-        for rows in batches:
+        for rows in groups:
             batch = collate([(ids[i], []) for i in rows])
             for i, out in zip(rows, translate_batch(model, batch.src, batch.src_mask, config), strict=True):
                 outputs[i] = out
@@ -154,7 +177,7 @@ def decode_all(
     timing = timed(run, repeats)
     return Run(
         name=name,
-        batch_size=batch_size,
+        batch_size=label,
         sentences=len(ids),
         times=timing.times,
         out_tokens=sum(len(y) + 1 for y in timing.result),
@@ -175,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
     parser.add_argument(
         "--batch_size", type=int, default=64, help="sentences per batch, main runs (default 64)"
+    )
+    parser.add_argument(
+        "--max_tokens",
+        type=int,
+        default=None,
+        help="batch the main runs by tokens as attnx translate does (its default: 4096) instead of --batch_size",
     )
     parser.add_argument(
         "--batch_sizes", type=int, nargs="*", default=[1, 16, 64, 128, 256], help="batch sizes to sweep"
@@ -226,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER)
     r = args.repeats
     decode_all(model, ids[:64], 64, search, "warm-up")
-    cached = decode_all(model, ids, args.batch_size, search, f"beam {args.beam}, cache", r)
+    t = args.max_tokens
+    cached = decode_all(model, ids, args.batch_size, search, f"beam {args.beam}, cache", r, t)
     print(cached.row(), flush=True)
     n = min(args.no_cache_sentences, len(ids))
     if n > 0:
@@ -240,12 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(no_cache.row(), flush=True)
     greedy_config = SearchConfig(beam=1, max_len_a=a, max_len_b=b)
-    print(decode_all(model, ids, args.batch_size, greedy_config, "greedy, cache", r).row(), flush=True)
+    print(decode_all(model, ids, args.batch_size, greedy_config, "greedy, cache", r, t).row(), flush=True)
     nbest = dataclasses.replace(search, nbest=args.beam)
-    print(decode_all(model, ids, args.batch_size, nbest, f"beam {args.beam}, {args.beam}-best", r).row())
+    print(decode_all(model, ids, args.batch_size, nbest, f"beam {args.beam}, {args.beam}-best", r, t).row())
     sample = SearchConfig(sampling=True, nbest=1, seed=args.seed, max_len_a=a, max_len_b=b)
-    print(decode_all(model, ids, args.batch_size, sample, "sampling, 1 per input", r).row(), flush=True)
-    print(score_all(model, ids, cached.outputs, args.batch_size, search, r).row(), flush=True)
+    print(decode_all(model, ids, args.batch_size, sample, "sampling, 1 per input", r, t).row(), flush=True)
+    print(score_all(model, ids, cached.outputs, args.batch_size, search, r, t).row(), flush=True)
     if n > 0:
         same = sum(x == y for x, y in zip(no_cache.outputs, cached.outputs[:n], strict=True))
         speedup = (cached.sentences / cached.best) / (no_cache.sentences / no_cache.best)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnx.data.batch import collate
+from attnx.data.batch import PAD_ID, collate
 from attnx.inference.config import SearchConfig
 from attnx.inference.decoder import EnsembleDecoder, ModelDecoder, as_decoder
 from attnx.inference.search import generate
@@ -21,6 +21,12 @@ def model(seed: int, **overrides):
 def pairs():
     batch = collate([([5, 9, 11, 7], [8, 6, 4]), ([12, 4], [9, 9, 9, 9, 5])])
     return batch.src, batch.src_mask, batch.tgt_in, batch.tgt_out
+
+
+def given(log_probs, tgt_out):
+    """The log-probabilities `(B, T)` of the given tokens in `log_probs` `(B, T, V)`; 0 at padding, where forced
+    scoring computes nothing."""
+    return log_probs.gather(2, tgt_out.unsqueeze(2)).squeeze(2).masked_fill(tgt_out == PAD_ID, 0.0)
 
 
 def stepped(decoder, src, src_mask, tgt_in):
@@ -39,7 +45,7 @@ def test_model_decoder_steps_are_the_log_softmax_of_the_full_pass_and_forced_gat
         full = m(src, tgt_in, src_mask).log_softmax(-1)
         forced, attention = decoder.forced(src, src_mask, tgt_in, tgt_out)
     torch.testing.assert_close(stepped(decoder, src, src_mask, tgt_in), full, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(forced, full.gather(2, tgt_out.unsqueeze(2)).squeeze(2), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(forced, given(full, tgt_out), atol=1e-5, rtol=1e-5)
     assert attention is None
 
 
@@ -83,9 +89,7 @@ def test_an_ensemble_mixes_probabilities_with_its_weights_each_model_with_its_ow
     torch.testing.assert_close(stepped(ensemble, src, src_mask, tgt_in), expected, atol=1e-5, rtol=1e-5)
     with torch.no_grad():
         forced, _ = ensemble.forced(src, src_mask, tgt_in, tgt_out)
-    torch.testing.assert_close(
-        forced, expected.gather(2, tgt_out.unsqueeze(2)).squeeze(2), atol=1e-5, rtol=1e-5
-    )
+    torch.testing.assert_close(forced, given(expected, tgt_out), atol=1e-5, rtol=1e-5)
     # equal weights differ from 3:1, and the ensemble differs from either model
     equal = stepped(EnsembleDecoder([ModelDecoder(m1), ModelDecoder(m2)]), src, src_mask, tgt_in)
     assert not torch.allclose(equal, expected) and not torch.allclose(equal, p1.log())

@@ -12,7 +12,7 @@ import torch
 from attnx.data.batch import BOS_ID, EOS_ID, collate
 from attnx.inference.config import SearchConfig
 from attnx.inference.search import generate, greedy_search, translate_batch
-from attnx.inference.selection import BeamSelection, SampleSelection, token_selection
+from attnx.inference.selection import BeamSelection, SampleSelection, draw, token_selection
 from tests.inference.toys import MarkovModel, StepRecorder, likelier_eos, make_model, sampling, sources
 
 
@@ -116,6 +116,28 @@ def test_beam_candidates_of_a_vocabulary_smaller_than_the_beam():
     log_probs = torch.log(torch.tensor([[0.1, 0.2, 0.7]]))
     top, _, token, _ = BeamSelection(4, 3).candidates(log_probs, torch.zeros(1), *rows_of([0]), 1)
     assert token[0, :3].tolist() == [2, 1, 0] and top[0, 3] == -math.inf
+
+
+def test_draw_follows_the_weights_and_never_draws_a_zero_weight(monkeypatch: pytest.MonkeyPatch):
+    """Rows of unnormalized weights with zeros first, last and between; 40,000 draws a row (chi-square at
+    p = 0.001 against the weights), then the extremes of the uniform number: 0 and the largest below 1."""
+    weights = torch.tensor(
+        [[0.0, 0.0, 3.0, 0.0, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0, 0.0, 2.0], [0, 0, 0, 0, 0, 7.0]]
+    )
+    gen = torch.Generator().manual_seed(3)
+    draws = torch.stack([draw(weights, gen) for _ in range(40_000)])  # (draws, rows)
+    for row in range(3):
+        counts = torch.bincount(draws[:, row], minlength=6).double()
+        expected = 40_000 * weights[row].double() / weights[row].sum()
+        assert counts[expected == 0].sum() == 0, (row, counts)
+        kept = expected > 0
+        chi2 = float(((counts[kept] - expected[kept]) ** 2 / expected[kept]).sum())
+        assert chi2 <= {1: 0.0, 2: 10.83}[int(kept.sum())], (row, chi2)  # 1 degree of freedom: 10.83
+
+    for u in (0.0, 1.0 - 2**-24):
+        monkeypatch.setattr(torch, "rand", lambda shape, u=u, **kw: torch.full(shape, u, dtype=kw["dtype"]))
+        token = draw(weights)
+        assert bool((weights.gather(1, token.unsqueeze(1)) > 0).all()), (u, token)
 
 
 def test_sampling_shapes_the_distribution_as_documented():

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from attnx.inference.config import SearchConfig
 
-__all__ = ["BeamSelection", "SampleSelection", "Selection", "token_selection"]
+__all__ = ["BeamSelection", "SampleSelection", "Selection", "draw", "token_selection"]
 
 
 class Selection(Protocol):
@@ -125,7 +125,7 @@ class SampleSelection:
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         k, device = self.k, log_probs.device
         probs = self.shaped(log_probs)  # every row has an allowed token (Constraints.apply)
-        token = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)  # (N,)
+        token = draw(probs, self.generator)  # (N,)
         step = log_probs.gather(1, token.unsqueeze(1)).squeeze(1)
         cand = torch.full((n, k), -math.inf, device=device)
         cand[row_sent, row_pos] = scores + step
@@ -137,3 +137,18 @@ class SampleSelection:
         slot_row[row_sent, row_pos] = torch.arange(row_sent.numel(), device=device)
         top, index = cand.topk(k, dim=1)  # live samples first (the loop takes the first `slots`)
         return top, slot_row.gather(1, index), cand_token.gather(1, index), cand_step.gather(1, index)
+
+
+def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One index per row of `probs` `(N, V)` (non-negative weights, each row with a positive one), drawn in
+    proportion to the weights: one uniform number per row, placed on the row's cumulative sum by binary search.
+
+    The same draw as `torch.multinomial(probs, 1)`, 40 times faster on CPU (0.35 against 15 ms for 64 rows of
+    8,000), which made it half of a sampling step. A weight of 0 is never drawn: the search takes the first
+    cumulative sum *above* the number, and the number stays below the row's total.
+    """
+    cdf = probs.cumsum(dim=1)  # (N, V)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # rounding never reaches the total
+    return torch.searchsorted(cdf, u, right=True).squeeze(1)
