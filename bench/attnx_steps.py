@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -21,6 +22,12 @@ from harness import data_root
 
 MODEL_CONFIG = "multi30k_cpu"
 """The README's model: 3+3 layers, d_model 256, trained for `--minutes` on CPU."""
+
+
+def model_config() -> dict:
+    """The README model's config as attnx reads it (`attnx fit --config multi30k_cpu`)."""
+    text = resources.files("attnx.configs").joinpath(f"{MODEL_CONFIG}.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
 
 
 def add_step_options(parser: argparse.ArgumentParser) -> None:
@@ -85,8 +92,18 @@ class Steps:
             )  # fmt: skip
         return out
 
-    def arm_config(self, arm: str, data_dir: Path, minutes: float, **data: str) -> Path:
-        """An override config: the run's data, its name (runs/ARM) and its time budget."""
+    def arm_config(
+        self,
+        arm: str,
+        data_dir: Path,
+        minutes: float | None = None,
+        steps: int | None = None,
+        warmup_steps: int | None = None,
+        **data: str,
+    ) -> Path:
+        """An override config: the run's data, its name (runs/ARM) and its budget: `minutes` of training, or
+        `steps` optimizer updates (a budget that gives the same run on a busy machine, only later; its
+        checkpoints every `steps // 15` updates instead of every 2 minutes, the last 5 averaged as before)."""
         loggers = [
             {
                 "class_path": f"lightning.pytorch.loggers.{kind}",
@@ -94,11 +111,21 @@ class Steps:
             }
             for kind in ("CSVLogger", "TensorBoardLogger")
         ]
-        hours, rest = divmod(int(round(minutes * 60)), 3600)
-        config = {
-            "trainer": {"max_time": f"00:{hours:02d}:{rest // 60:02d}:{rest % 60:02d}", "logger": loggers},
-            "data": {"data_dir": str(data_dir), **data},
-        }
+        if (minutes is None) == (steps is None):
+            raise ValueError("give the budget in minutes or in steps")
+        if steps is None:
+            hours, rest = divmod(int(round(minutes * 60)), 3600)
+            trainer = {"max_time": f"00:{hours:02d}:{rest // 60:02d}:{rest % 60:02d}", "logger": loggers}
+        else:
+            callbacks = model_config()["trainer"]["callbacks"]
+            for callback in callbacks:
+                if callback["class_path"].endswith(".PeriodicCheckpoint"):
+                    every = max(1, steps // 15)
+                    callback["init_args"] = {**callback["init_args"], "minutes": None, "every_n_steps": every}
+            trainer = {"max_time": None, "max_steps": steps, "logger": loggers, "callbacks": callbacks}
+        config = {"trainer": trainer, "data": {"data_dir": str(data_dir), **data}}
+        if warmup_steps is not None:
+            config["model"] = {"warmup_steps": warmup_steps}
         path = self.work / "configs" / f"{arm}.yaml"
         path.parent.mkdir(exist_ok=True)
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

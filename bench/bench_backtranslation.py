@@ -2,11 +2,12 @@
 docs/benchmarks.md.
 
     python bench/bench_backtranslation.py --work bt_runs [--data DIR] [--minutes 30] [--finetune_minutes 5]
-        [--real_repeat 1] [--threads 2] [--output table.md]
+        [--steps N --finetune_steps M [--warmup_steps W]] [--real_repeat 1] [--threads 2] [--output table.md]
 
 Multi30k's training set (29,000 pairs) is split in two halves by line: the first half is the parallel text,
 the German side of the second half the monolingual text. Every arm trains the README's model
-(`configs/multi30k_cpu.yaml`: 3+3 layers, d_model 256) for the same `--minutes` and is scored on
+(`configs/multi30k_cpu.yaml`: 3+3 layers, d_model 256) for the same `--minutes` (or the same `--steps`
+optimizer updates: a budget a busy machine cannot change, it only takes longer) and is scored on
 test_2016_flickr (beam 4, α 0.6) with `attnx score` (sacreBLEU BLEU and chrF2):
 
 - full: the whole parallel training set (the upper bound);
@@ -50,17 +51,35 @@ def main() -> None:
     add_step_options(parser)
     parser.add_argument("--minutes", type=float, default=30, help="training budget of every arm")
     parser.add_argument("--finetune_minutes", type=float, default=5)
+    parser.add_argument(
+        "--steps", type=int, help="training budget of every arm in optimizer updates, instead of --minutes"
+    )
+    parser.add_argument(
+        "--finetune_steps", type=int, help="with --steps: the fine-tuning budget (default steps/6)"
+    )
+    parser.add_argument(
+        "--warmup_steps", type=int, help="the schedule's warmup of every arm (default the config's, 800)"
+    )
     parser.add_argument("--real_repeat", type=int, default=1, help="times the real pairs are used in (b)-(d)")
     args = parser.parse_args()
     steps = Steps.from_args(args)
     work = steps.work
     raw = work / "raw"
     halves(steps.data, raw)
-    minutes = args.minutes
+    budget = {"steps": args.steps} if args.steps else {"minutes": args.minutes}
+    finetune_budget = (
+        {"steps": args.finetune_steps or max(1, args.steps // 6)}
+        if args.steps
+        else {"minutes": args.finetune_minutes}
+    )
+    warmup = {"warmup_steps": args.warmup_steps} if args.warmup_steps else {}
+    said = f"{args.steps} updates" if args.steps else f"{args.minutes:g} minutes"
+    if args.warmup_steps:
+        said += f" (warmup {args.warmup_steps})"
 
-    def train_and_score(arm: str, corpus: Path, extra_fit: tuple[str, ...] = (), arm_minutes: float = minutes,
+    def train_and_score(arm: str, corpus: Path, extra_fit: tuple[str, ...] = (), arm_budget: dict = budget,
                         **data_options: str) -> dict[str, float]:  # fmt: skip
-        config = steps.arm_config(arm, corpus, arm_minutes, **data_options)
+        config = steps.arm_config(arm, corpus, **arm_budget, **warmup, **data_options)
         ckpt = steps.fit(arm, config, *extra_fit)
         hyp, _ = steps.translate(f"test_{arm}", ckpt, corpus / "test.en")
         return steps.score(arm, hyp, corpus / "test.de")
@@ -72,7 +91,7 @@ def main() -> None:
     rows.append(("(a) parallel half alone", train_and_score("half", half)))
 
     reverse_data = steps.prepare("reverse", "de", "en", [str(raw / "par")])
-    reverse = steps.fit("reverse", steps.arm_config("reverse", reverse_data, minutes))
+    reverse = steps.fit("reverse", steps.arm_config("reverse", reverse_data, **budget, **warmup))
     mono = {
         "beam": ("--search.beam", "4"),
         "sample": ("--search.sampling", "true", "--search.seed", "1"),
@@ -98,13 +117,12 @@ def main() -> None:
         "--init_from", str(work / "runs" / "bt_tagged" / "version_0" / "checkpoints" / "averaged.ckpt"),
         "--model.lr_factor", "0.4", "--model.warmup_steps", "100",
     )  # fmt: skip
-    finetuned = train_and_score(
-        "bt_finetune", tagged, init, arm_minutes=args.finetune_minutes, train_split="real"
-    )
-    rows.append((f"(e) (d) fine-tuned on the parallel half, {args.finetune_minutes:g} min", finetuned))
+    finetuned = train_and_score("bt_finetune", tagged, init, arm_budget=finetune_budget, train_split="real")
+    fine = f"{finetune_budget['steps']} updates" if args.steps else f"{args.finetune_minutes:g} min"
+    rows.append((f"(e) (d) fine-tuned on the parallel half, {fine}", finetuned))
 
     publish(
-        f"Multi30k en→de, training set in halves; every arm `configs/multi30k_cpu.yaml` for {minutes:g} minutes, "
+        f"Multi30k en→de, training set in halves; every arm `configs/multi30k_cpu.yaml` for {said}, "
         "test_2016_flickr, beam 4",
         ["arm", "sacreBLEU", "chrF2"],
         [[name, f"{score['bleu']:.2f}", f"{score['chrf']:.2f}"] for name, score in rows],
