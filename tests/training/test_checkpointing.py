@@ -80,3 +80,20 @@ def test_a_resumed_run_goes_on_counting_the_minutes_to_its_next_save(ran: float,
     resumed.load_state_dict({"saved": [], "dirpath": None, "seconds_since_save": ran})
     resumed.start_clock(7)
     assert resumed._due(SimpleNamespace(global_step=8, is_global_zero=True)) is due
+
+
+def test_a_run_stopped_at_its_last_step_and_resumed_keeps_that_steps_checkpoint(tmp_path: Path) -> None:
+    """The stop's save wrote `last.ckpt` alone at step 3, the final one; resumed there, training ends at once,
+    and the end's save adds `step=3.ckpt` to the kept (averaged) set, as in the run that was never stopped."""
+    trainer = SimpleNamespace(
+        global_step=3,
+        is_global_zero=True,
+        save_checkpoint=lambda path, weights_only: Path(path).write_bytes(b"weights"),
+        strategy=SimpleNamespace(barrier=lambda name: None),
+    )
+    resumed = PeriodicCheckpoint(minutes=60, dirpath=str(tmp_path))
+    resumed.load_state_dict({"saved": [], "dirpath": str(tmp_path), "seconds_since_save": 5.0})
+    resumed.start_clock(3)
+    resumed.on_train_end(trainer, None)
+    assert resumed.saved == [str(tmp_path / "step=3.ckpt")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step=3.ckpt"]

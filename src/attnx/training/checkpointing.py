@@ -316,7 +316,9 @@ class PeriodicCheckpoint(Checkpoint):
         self._stop_if_asked(trainer)
         if self._signals is not None:
             self._signals.stopping = True  # the last save runs whole
-        if trainer.global_step > 0 and trainer.global_step != self._last_step:
+        # Also when a stop's `last.ckpt` holds this very step (stopped at the last step, then resumed): its step
+        # checkpoint belongs to the kept set, as it does in the run that was never stopped.
+        if trainer.global_step > 0 and str(self._step_path(trainer.global_step)) not in self.saved:
             self.save(trainer)
         self._restore_signals()
 
@@ -331,7 +333,7 @@ class PeriodicCheckpoint(Checkpoint):
     def save(self, trainer: pl.Trainer) -> Path:
         """Write `step=N.ckpt` and `last.ckpt` now; drop the oldest step checkpoints beyond `keep`."""
         step = trainer.global_step
-        path = self.directory / f"step={step}.ckpt"
+        path = self._step_path(step)
         if str(path) not in self.saved:
             # listed before the write, so that the checkpoint's own list names it: a run resumed from it
             # keeps counting it (and later removes it) as the uninterrupted run would
@@ -348,6 +350,9 @@ class PeriodicCheckpoint(Checkpoint):
         self._last_time = time.monotonic()
         self._last_step = step
         return path
+
+    def _step_path(self, step: int) -> Path:
+        return self.directory / f"step={step}.ckpt"
 
     def save_last(self, trainer: pl.Trainer) -> Path:
         """Write `last.ckpt` alone: the resume point of a stop that fell between two scheduled saves.
