@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attnx.training.progress import ProgressLog, TrainingProgressBar, epoch_label
+from attnx.training.progress import ProgressLog, TrainingProgressBar, epoch_label, run_eta
 from tests.training.conftest import fit_args
 
 
@@ -110,3 +110,15 @@ def test_progress_bar_of_a_run_bounded_by_steps_shows_the_steps(corpus: Path, tm
     assert len(bar) == 1 and len(bar[0].rstrip()) <= 80 and "ETA " in bar[0], done.stdout[-2000:]
     after = done.stdout.split(bar[0], 1)[1].strip()
     assert after == "", f"the bar wrapped: {after!r}"
+
+
+def test_a_resumed_runs_eta_counts_only_the_steps_it_took_itself(capsys) -> None:
+    """Resumed at step 300 of 600, 100 steps in 100 s: 200 s left. Counting the checkpoint's 300 steps as done in
+    those 100 s said 0:00:50."""
+    log = ProgressLog(every_n_steps=100)
+    log.on_fit_start(None, None)
+    log.on_train_start(trainer(300, max_steps=600), None)
+    log._start -= 100.0  # 100 s of this process's training
+    log.on_train_batch_end(trainer(400, max_steps=600, train__loss=4.5), None)
+    assert capsys.readouterr().out.strip().endswith("elapsed, ETA 0:03:20")
+    assert run_eta(trainer(400, max_steps=600), 100.0, first_step=300) == "0:03:20"

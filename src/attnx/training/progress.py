@@ -40,13 +40,14 @@ def _clock(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
 
 
-def run_eta(trainer: pl.Trainer, elapsed: float) -> str:
-    """Time left of the run after `elapsed` seconds of it: by steps (`max_steps`) or by `max_time`, whichever
-    ends training first; `?` while neither is known."""
+def run_eta(trainer: pl.Trainer, elapsed: float, first_step: int = 0) -> str:
+    """Time left of the run after `elapsed` seconds in which it went from `first_step` (a resumed run's
+    checkpoint) to now: by steps (`max_steps`) or by `max_time`, whichever ends training first; `?` while
+    neither is known."""
     left: list[float] = []
     step = trainer.global_step
-    if trainer.max_steps and trainer.max_steps > 0 and step > 0:
-        left.append(elapsed / step * (trainer.max_steps - step))
+    if trainer.max_steps and trainer.max_steps > 0 and step > first_step:
+        left.append(elapsed / (step - first_step) * (trainer.max_steps - step))
     remaining = time_remaining(trainer)
     if remaining is not None:
         left.append(max(0.0, remaining))
@@ -76,6 +77,7 @@ class ProgressLog(Callback):
             raise ConfigError(f"ProgressLog needs every_n_steps >= 0, got {every_n_steps}")
         self.every_n_steps = every_n_steps
         self._start = 0.0
+        self._first_step = 0
         self._last_step = -1
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -83,12 +85,13 @@ class ProgressLog(Callback):
 
     @rank_zero_only
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._first_step = trainer.global_step  # a resumed run's steps before it took none of this time
         line = batch_plan_line(trainer)
         if line:
             print(line, flush=True)
 
     def _eta(self, trainer: pl.Trainer) -> str:
-        return run_eta(trainer, time.monotonic() - self._start)
+        return run_eta(trainer, time.monotonic() - self._start, self._first_step)
 
     def _line(self, trainer: pl.Trainer, parts: list[str]) -> str:
         steps = f"step {trainer.global_step}"
@@ -209,6 +212,7 @@ class TrainingProgressBar(RichProgressBar):
         super().__init__(*args, **kwargs)
         self.status = StatusColumn()
         self._start = time.monotonic()
+        self._first_step = 0
 
     def configure_columns(self, trainer: pl.Trainer) -> list:
         description, bar, batches, *_ = super().configure_columns(
@@ -223,6 +227,7 @@ class TrainingProgressBar(RichProgressBar):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._start = time.monotonic()
+        self._first_step = trainer.global_step
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
@@ -237,7 +242,8 @@ class TrainingProgressBar(RichProgressBar):
         """Snapshot the numbers here, in the training loop: Rich renders from its own thread."""
         self.status.task_id = self.train_progress_bar_id
         metrics = {key: value for key, value in trainer.callback_metrics.items()}
-        self.status.text = status_text(metrics, run_eta(trainer, time.monotonic() - self._start))
+        eta = run_eta(trainer, time.monotonic() - self._start, self._first_step)
+        self.status.text = status_text(metrics, eta)
 
     def relabel(self, trainer: pl.Trainer) -> None:
         if self.progress is None or self.train_progress_bar_id is None:
