@@ -36,10 +36,10 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 def uninterrupted_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder of a 12-step ``attnx fit`` never interrupted (tests/training/test_resume.py's settings, a
     checkpoint every second step, the last 3 kept and averaged), run once for the tests that stop runs and
-    resume them: tests/training/test_runs.py compares their checkpoints and logs with it, test_signals.py the
+    resume them: tests/training/test_runs.py compares their checkpoints and logs with it, test_stopping.py the
     weights they end with."""
     from tests.training.test_runs import STEPS, every_two_steps
-    from tests.training.test_signals import attnx_command, run
+    from tests.training.test_stopping import attnx_command, run
 
     work = tmp_path_factory.mktemp("uninterrupted")
     run(attnx_command(corpus, "--trainer.max_steps", str(STEPS), config=every_two_steps(work)), work)

@@ -205,7 +205,7 @@ def test_two_nodes_through_a_c10d_rendezvous(corpus: Path, tmp_path: Path) -> No
 
 
 def test_the_slurm_script_requeues_on_sigusr1_and_resumes_with_last() -> None:
-    """The script's signal and resume lines are what tests/training/test_signals.py runs under Slurm's variables."""
+    """The script's signal and resume lines are what tests/training/test_stopping.py runs under Slurm's variables."""
     script = PAGE.read_text(encoding="utf-8")
     assert "#SBATCH --signal=SIGUSR1@90" in script and "#SBATCH --requeue" in script
     assert 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then RESUME=(--ckpt_path last); fi' in script

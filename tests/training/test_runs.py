@@ -14,7 +14,7 @@ import yaml
 
 from attnx.cli import main as attnx
 from tests.training.conftest import TINY, fit_args, read_metrics, train_losses
-from tests.training.test_signals import attnx_command, environment, resume_hint, run
+from tests.training.test_stopping import attnx_command, environment, resume_hint, run
 
 STEPS = 12
 

@@ -20,10 +20,10 @@ from attnx.commands.usage import option_names as keys
 from attnx.commands.usage import refused_command_line
 from attnx.data.datamodule import TranslationDataModule
 from attnx.errors import UsageError, expected_error
-from attnx.training.checkpointing import StopRequested, StopSignals, TrainingInterrupted, stop_signals
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
 from attnx.training.progress import ProgressLog
+from attnx.training.stopping import StopRequested, StopSignals, TrainingInterrupted, stop_signals
 from attnx.training.throughput import TokenThroughput
 
 SUBCOMMANDS = ("fit", *DECODING_COMMANDS)
