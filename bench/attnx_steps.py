@@ -132,11 +132,28 @@ class Steps:
         return path
 
     def fit(self, arm: str, config: Path, *extra: str) -> Path:
-        """Train (once) and return the run's averaged checkpoint."""
-        ckpt = self.work / "runs" / arm / "version_0" / "checkpoints" / "averaged.ckpt"
-        if not ckpt.is_file():
-            self.attnx(f"fit_{arm}", "fit", "--config", MODEL_CONFIG, "--config", str(config), *extra)
-        return ckpt
+        """Train (once) and return the run's averaged checkpoint; a run stopped halfway resumes from its
+        `last.ckpt` (its `--init_from`, if any, left out as `attnx fit` asks)."""
+        runs = self.work / "runs" / arm
+
+        def newest(name: str) -> Path | None:
+            found = sorted(runs.glob(f"version_*/checkpoints/{name}"), key=lambda p: int(p.parts[-3][8:]))
+            return found[-1] if found else None
+
+        if (done := newest("averaged.ckpt")) is not None:
+            return done
+        if (last := newest("last.ckpt")) is not None:
+            start = list(extra)
+            if "--init_from" in start:
+                del start[start.index("--init_from") : start.index("--init_from") + 2]
+            extra = (*start, "--ckpt_path", str(last))
+        self.attnx(f"fit_{arm}", "fit", "--config", MODEL_CONFIG, "--config", str(config), *extra)
+        done = newest("averaged.ckpt")
+        if done is None:
+            raise SystemExit(
+                f"attnx fit wrote no averaged checkpoint under {runs}: see {self.logs}/fit_{arm}.log"
+            )
+        return done
 
     def translate(self, name: str, model: str | Path, source: Path, *search: str) -> tuple[Path, float]:
         """Translate `source` into outputs/NAME (once); returns the file and the seconds the command took."""

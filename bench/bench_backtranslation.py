@@ -2,7 +2,8 @@
 docs/benchmarks.md.
 
     python bench/bench_backtranslation.py --work bt_runs [--data DIR] [--minutes 30] [--finetune_minutes 5]
-        [--steps N --finetune_steps M [--warmup_steps W]] [--real_repeat 1] [--threads 2] [--output table.md]
+        [--steps N --finetune_steps M [--warmup_steps W]] [--jobs 1] [--real_repeat 1] [--threads 2]
+        [--output table.md]
 
 Multi30k's training set (29,000 pairs) is split in two halves by line: the first half is the parallel text,
 the German side of the second half the monolingual text. Every arm trains the README's model
@@ -27,7 +28,12 @@ of training plus two translations of 14,500 sentences (some 3.5 hours with the d
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from attnx_steps import Steps, add_step_options
 from harness import publish, read_lines
@@ -61,7 +67,15 @@ def main() -> None:
         "--warmup_steps", type=int, help="the schedule's warmup of every arm (default the config's, 800)"
     )
     parser.add_argument("--real_repeat", type=int, default=1, help="times the real pairs are used in (b)-(d)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="trainings side by side, each with cores/jobs threads (with --steps the table does not change)",
+    )
     args = parser.parse_args()
+    if args.jobs > 1 and not args.steps:
+        parser.error("--jobs needs --steps: side by side, a time budget would give every arm fewer updates")
     steps = Steps.from_args(args)
     work = steps.work
     raw = work / "raw"
@@ -84,35 +98,60 @@ def main() -> None:
         hyp, _ = steps.translate(f"test_{arm}", ckpt, corpus / "test.en")
         return steps.score(arm, hyp, corpus / "test.de")
 
-    rows: list[tuple[str, dict[str, float]]] = []
-    full = steps.prepare("full", "en", "de", [str(raw / "full")])
-    rows.append(("full parallel set (upper bound)", train_and_score("full", full)))
-    half = steps.prepare("half", "en", "de", [str(raw / "par")])
-    rows.append(("(a) parallel half alone", train_and_score("half", half)))
+    def back_translations() -> None:
+        """The reverse model, and the monolingual half translated by it with beam search and with sampling."""
+        reverse_data = steps.prepare("reverse", "de", "en", [str(raw / "par")])
+        reverse = steps.fit("reverse", steps.arm_config("reverse", reverse_data, **budget, **warmup))
+        mono = {
+            "beam": ("--search.beam", "4"),
+            "sample": ("--search.sampling", "true", "--search.seed", "1"),
+        }
+        for kind, search in mono.items():
+            out, _ = steps.translate(f"mono_{kind}", reverse, raw / "mono.de", *search)
+            prefix = raw / f"bt_{kind}"
+            if not Path(f"{prefix}.en").is_file():
+                Path(f"{prefix}.en").write_bytes(out.read_bytes())
+                Path(f"{prefix}.de").write_bytes((raw / "mono.de").read_bytes())
 
-    reverse_data = steps.prepare("reverse", "de", "en", [str(raw / "par")])
-    reverse = steps.fit("reverse", steps.arm_config("reverse", reverse_data, **budget, **warmup))
-    mono = {
-        "beam": ("--search.beam", "4"),
-        "sample": ("--search.sampling", "true", "--search.seed", "1"),
-    }
-    for kind, search in mono.items():
-        out, _ = steps.translate(f"mono_{kind}", reverse, raw / "mono.de", *search)
-        prefix = raw / f"bt_{kind}"
-        if not Path(f"{prefix}.en").is_file():
-            Path(f"{prefix}.en").write_bytes(out.read_bytes())
-            Path(f"{prefix}.de").write_bytes((raw / "mono.de").read_bytes())
+    def side_by_side(tasks: list[Callable[[], Any]]) -> list[Any]:
+        """Run `tasks` `--jobs` at a time (each command with cores/jobs threads); their results in order."""
+        if args.jobs == 1:
+            return [task() for task in tasks]
+        threads = steps.env.get("OMP_NUM_THREADS")
+        if not args.threads:
+            steps.env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
+        try:
+            with ThreadPoolExecutor(args.jobs) as pool:
+                return [future.result() for future in [pool.submit(task) for task in tasks]]
+        finally:
+            steps.env.pop("OMP_NUM_THREADS", None)
+            if threads is not None:
+                steps.env["OMP_NUM_THREADS"] = threads
+
+    full = steps.prepare("full", "en", "de", [str(raw / "full")])
+    half = steps.prepare("half", "en", "de", [str(raw / "par")])
+    full_score, half_score, _ = side_by_side(
+        [lambda: train_and_score("full", full), lambda: train_and_score("half", half), back_translations]
+    )
+    rows: list[tuple[str, dict[str, float]]] = [
+        ("full parallel set (upper bound)", full_score),
+        ("(a) parallel half alone", half_score),
+    ]
 
     repeat = ("--train_repeat", f"[{args.real_repeat}, 1]")
     beam = steps.prepare("bt_beam", "en", "de", [str(raw / "par"), str(raw / "bt_beam")], *repeat)
-    rows.append(("(b) + back-translation, beam 4", train_and_score("bt_beam", beam)))
     sample = steps.prepare("bt_sample", "en", "de", [str(raw / "par"), str(raw / "bt_sample")], *repeat)
-    rows.append(("(c) + back-translation, sampling", train_and_score("bt_sample", sample)))
     tagged = steps.prepare(
         "bt_tagged", "en", "de", [str(raw / "par"), str(raw / "bt_sample")], *repeat,
         "--train_tag", '["", "<BT>"]', tests=(f"real={raw / 'par'}",),
     )  # fmt: skip
-    rows.append(("(d) + back-translation, sampling, tagged <BT>", train_and_score("bt_tagged", tagged)))
+    arms = [
+        ("(b) + back-translation, beam 4", "bt_beam", beam),
+        ("(c) + back-translation, sampling", "bt_sample", sample),
+        ("(d) + back-translation, sampling, tagged <BT>", "bt_tagged", tagged),
+    ]
+    scores = side_by_side([partial(train_and_score, arm, corpus) for _, arm, corpus in arms])
+    rows += [(name, score) for (name, _, _), score in zip(arms, scores, strict=True)]
     init = (  # as configs/backtranslation/finetune.yaml: a fresh, shorter schedule with a lower peak
         "--init_from", str(work / "runs" / "bt_tagged" / "version_0" / "checkpoints" / "averaged.ckpt"),
         "--model.lr_factor", "0.4", "--model.warmup_steps", "100",
