@@ -106,6 +106,10 @@ HEADER = (
 )
 
 
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def by_length(ids: list[list[int]], batch_size: int) -> list[list[int]]:
     """Indices of ``ids`` sorted by length, in batches of ``batch_size`` sentences."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
@@ -139,10 +143,14 @@ def score_all(
     """Forced scoring of ``targets`` (the beam's outputs) as translations of ``ids``: one teacher-forced pass per batch."""
     groups, label = batches(ids, batch_size, max_tokens, targets)
 
+    device = model_device(model)
+
     def run() -> None:
         for rows in groups:
-            batch = collate([(ids[i], []) for i in rows])
+            batch = collate([(ids[i], []) for i in rows]).to(device)
             force_decode(model, batch.src, batch.src_mask, [targets[i] for i in rows], config)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     return Run(
         name="forced scoring of the beam outputs",
@@ -165,11 +173,12 @@ def decode_all(
 ) -> Run:
     """Decode ``ids`` sorted by length in batches of ``batch_size`` sentences (or ``max_tokens``), ``repeats`` times."""
     groups, label = batches(ids, batch_size, max_tokens)
+    device = model_device(model)
 
     def run() -> list[list[int]]:
         outputs: list[list[int]] = [[] for _ in ids]
         for rows in groups:
-            batch = collate([(ids[i], []) for i in rows])
+            batch = collate([(ids[i], []) for i in rows]).to(device)
             for i, out in zip(rows, translate_batch(model, batch.src, batch.src_mask, config), strict=True):
                 outputs[i] = out
         return outputs
@@ -226,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_len_a", type=float, default=None, help="default 1.1 (random) or 1.0 (trained)")
     parser.add_argument("--max_len_b", type=int, default=None, help="default 0 (random) or 50 (trained)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--device", default="cpu", help="where to decode: cpu (default), cuda, cuda:1, ...")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -244,11 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     a = a if args.max_len_a is None else args.max_len_a
     b = b if args.max_len_b is None else args.max_len_b
     search = SearchConfig(beam=args.beam, max_len_a=a, max_len_b=b)
+    model = model.to(args.device)
+    where = torch.cuda.get_device_name(args.device) if model_device(model).type == "cuda" else args.device
     params = sum(p.numel() for p in model.parameters())
     src = multi30k(args.data, "test_2016_flickr", "en", args.sentences)
     ids = tokenizer.encode_batch(src)
     print(
-        f"model: {label}, {params / 1e6:.1f}M parameters, vocabulary {tokenizer.vocab_size}", file=sys.stderr
+        f"model: {label}, {params / 1e6:.1f}M parameters, vocabulary {tokenizer.vocab_size}, on {where}",
+        file=sys.stderr,
     )
     print(f"search: {search}", file=sys.stderr)
 

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Everything docs/gpu.md measures on one GPU, in one command, in order of importance:
+#   1. the GPU tests (pytest -m gpu);
+#   2. bench_gpu.py for base and big, bf16-mixed and 16-mixed, 3,125 x 8 and 12,500 x 2 tokens a step;
+#   3. the main job: attnx fit configs/base.yaml for 300 steps on one GPU, then attnx test on newstest2014;
+#   4. the decoding toolbox on the GPU (beam, n-best, greedy, sampling, forced scoring) with that checkpoint;
+#   5. the profile of the big model's training step;
+#   6. base in a Lightning Trainer and torch.compile'd;
+#   7. attnx fit configs/big.yaml for 100 steps.
+#
+#   bash bench/gpu_session.sh [RESULTS_DIR] [SECONDS]
+#
+# Every step has its own time limit and the whole script ends within SECONDS (default 520), so that what
+# is done is kept when a later step runs long; a failing step is reported and the next one runs. Logs and
+# results go to RESULTS_DIR (default gpu_results), packed into $ATTNX_GPU_TAR (default RESULTS_DIR.tar) after
+# each step.
+# Needs: a prepared data/news (docs/gpu.md, section 1); ATTNX_DATA_DIR for the tests' Multi30k; Python
+# packages the machine lacks as wheels in .gpu/wheels (installed into /tmp/site, nothing else is touched).
+# ATTNX_GPU_SMOKE=1 runs every step at toy sizes (on CPU: checks the script, measures nothing).
+set -u
+results=${1:-gpu_results}
+budget=${2:-520}
+pack=${ATTNX_GPU_TAR:-$results.tar}
+start=$SECONDS
+mkdir -p "$results"
+log="$results/session.log"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+python=${PYTHON:-python3}
+
+say() { echo "$*" | tee -a "$log"; }
+
+# step NAME LIMIT COMMAND...: runs COMMAND within min(LIMIT, what is left of the budget), output to
+# $results/NAME.log and the session log, then packs the results.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((budget - (SECONDS - start) - 10))
+  if ((left < 20)); then
+    say "== $name: skipped, ${left}s left of the ${budget}s budget"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
+  say "== $name (limit ${limit}s, at ${SECONDS}s): $*"
+  local t0=$SECONDS
+  timeout --signal=TERM --kill-after=10 "$limit" "$@" 2>&1 | tee "$results/$name.log" >>"$log"
+  local rc=${PIPESTATUS[0]}
+  say "== $name: exit $rc after $((SECONDS - t0))s"
+  tail -n 25 "$results/$name.log"
+  tar -cf "$pack" -C "$(dirname "$results")" "$(basename "$results")" 2>/dev/null
+  return 0
+}
+
+if [[ -d .gpu/wheels ]] && compgen -G ".gpu/wheels/*.whl" >/dev/null; then
+  $python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .gpu/wheels/*.whl || exit 2
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD/src:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}"
+attnx=("$python" -m attnx)
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1
+  lscpu | grep -E "Model name|^CPU\(s\)"
+  $python - <<'EOF'
+import importlib, sys, torch
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "cudnn", torch.backends.cudnn.version(), "available", torch.cuda.is_available())
+for name in ["lightning", "jsonargparse", "sentencepiece", "sacrebleu", "torchmetrics", "numpy", "attnx"]:
+    module = importlib.import_module(name)
+    print(name, getattr(module, "__version__", "?"), module.__file__)
+EOF
+} 2>&1 | tee -a "$log"
+[[ ${PIPESTATUS[0]} == 0 ]] || { say "the environment is not usable: stopping"; exit 3; }
+
+smoke=${ATTNX_GPU_SMOKE:-0}
+if [[ $smoke == 1 ]]; then
+  tests=(tests/data/test_batch.py)
+  bench=(--precision bf16-mixed --steps 1 --warmup 1 --decode_sentences 4)
+  short=(--steps 1 --warmup 1) base=tiny big=tiny
+  fit_steps=2 big_fit_steps=1
+  fit_tokens=(--data.max_tokens 256 --trainer.accelerator cpu --trainer.precision 32-true
+    --trainer.num_sanity_val_steps 0)
+  decode=(--sentences 16 --repeats 1 --batch_sizes 8 --sweep_sentences 16) device=cpu
+else
+  tests=(-m gpu)
+  bench=(--precision bf16-mixed fp16-mixed)
+  short=() base=base big=big
+  fit_steps=300 big_fit_steps=100 fit_tokens=()
+  decode=(--sentences 1000 --repeats 3 --max_tokens 8000 --batch_sizes 64 256 --sweep_sentences 1000) device=cuda
+fi
+one_gpu=(--data.data_dir data/news --trainer.devices 1 --trainer.strategy auto
+  --trainer.accumulate_grad_batches 8 --trainer.log_every_n_steps 10 "${fit_tokens[@]}")
+
+# the newest run folder of configs/NAME.yaml (they log to runs/NAME/version_N)
+newest_run() { ls -td runs/"$1"/version_* 2>/dev/null | head -n 1; }
+
+step tests 150 $python -m pytest -p no:cacheprovider -n 0 -q -rs "${tests[@]}"
+step bench 170 $python bench/bench_gpu.py --data data/news "${bench[@]}" --json "$results/gpu.json"
+step fit_base 240 "${attnx[@]}" fit --config configs/base.yaml "${one_gpu[@]}" --trainer.max_steps "$fit_steps"
+run=$(newest_run base)
+[[ -n $run ]] && cp "$run/metrics.csv" "$results/base_metrics.csv" 2>/dev/null
+if [[ -n $run && -f $run/checkpoints/averaged.ckpt ]]; then
+  step test_base 100 "${attnx[@]}" test --config configs/base.yaml "${one_gpu[@]}" \
+    --ckpt_path "$run/checkpoints/averaged.ckpt"
+  step decode 120 $python bench/bench_decode.py --ckpt_path "$run/checkpoints/averaged.ckpt" --device "$device" \
+    --no_cache_sentences 0 "${decode[@]}"
+else
+  say "== no averaged.ckpt from fit_base: test and decoding skipped"
+fi
+step profile_big 80 $python bench/bench_gpu.py --data data/news --model "$big" --precision bf16-mixed \
+  --max_tokens 12500 --steps 3 --decode_sentences 0 --profile "${short[@]}" --json "$results/profile_big.json"
+step lightning_compile 150 $python bench/bench_gpu.py --data data/news --model "$base" --precision bf16-mixed \
+  --max_tokens 3125 12500 --lightning --compile --decode_sentences 0 "${short[@]}" \
+  --json "$results/lightning_compile.json"
+step fit_big 200 "${attnx[@]}" fit --config configs/big.yaml "${one_gpu[@]}" --trainer.max_steps "$big_fit_steps"
+run=$(newest_run big)
+[[ -n $run ]] && cp "$run/metrics.csv" "$results/big_metrics.csv" 2>/dev/null
+say "== done after $((SECONDS - start))s"
+tar -cf "$pack" -C "$(dirname "$results")" "$(basename "$results")" 2>/dev/null
+exit 0
