@@ -57,6 +57,7 @@ import torch
 from harness import REPO, batch_flops, data_root, machine_line, markdown_row, markdown_table, training_trainer
 from harness import machine as host
 
+from attnx.components import attention
 from attnx.components.loss import translation_loss
 from attnx.data.batch import Batch
 from attnx.data.batching import TokenBatchSampler, collate_indices, plan_batches
@@ -70,6 +71,9 @@ from attnx.training.throughput import device_peak_flops, gpu_peak
 
 LABEL_SMOOTHING = 0.1
 PAPER_TOKENS_PER_STEP = 25_000
+NAN_CHECK = "batch"
+"""When the plain loop reads the loss back to check it is finite: every batch (``TranslationTask``'s check,
+which waits for the GPU at each batch) or once per optimizer step (``--nan_check step``)."""
 PRECISIONS = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16, "fp32": None}
 LIGHTNING_PRECISION = {"bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed", "fp32": "32-true"}
 
@@ -262,13 +266,17 @@ def train_plain(
     device: torch.device,
     warmup: int,
     compiled: bool,
+    model: Transformer | None = None,
 ) -> TrainResult:
-    """``warmup`` untimed, then timed optimizer steps of ``result.accumulate`` batches each."""
+    """``warmup`` untimed, then timed optimizer steps of ``result.accumulate`` batches each (of ``model``, else
+    of a new one)."""
     torch.manual_seed(0)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    model = build_transformer(config).to(device).train()
+    if model is None:
+        model = build_transformer(config).to(device)
+    model.train()
     if compiled:
         compile_layers(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
@@ -288,7 +296,7 @@ def train_plain(
             with autocast(device, result.precision):
                 sums = translation_loss(model, batch, LABEL_SMOOTHING)
             loss = sums.loss / batch.n_tgt_tokens
-            if not torch.isfinite(loss):  # TranslationTask.training_step's check (one sync per batch)
+            if NAN_CHECK == "batch" and not torch.isfinite(loss):  # TranslationTask's: a sync per batch
                 raise FloatingPointError(f"loss {loss.item()} at step {step}")
             total += loss.detach()
             loss = loss / acc
@@ -298,6 +306,8 @@ def train_plain(
                 result.target_tokens += batch.n_tgt_tokens
                 result.padded_tokens += batch.src.numel() + batch.tgt_out.numel()
                 result.flops += batch_flops(config, batch)
+        if NAN_CHECK == "step" and not torch.isfinite(total):  # one sync per optimizer step
+            raise FloatingPointError(f"loss {float(total) / acc} at step {step}")
         if scaler:
             scaler.step(optimizer)
             scaler.update()
@@ -374,11 +384,12 @@ def profile_steps(
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    model = build_transformer(config).to(device)  # outside the profile: its copy to the device is no step's
     run = TrainResult("profile", precision, 0, accumulate, "plain")
-    train_plain(config, batches[: accumulate * 2], run, device, warmup=2, compiled=False)  # warm the kernels
+    train_plain(config, batches[: accumulate * 2], run, device, 2, False, model)  # warm the kernels
     with profile(activities=activities) as prof:
         run = TrainResult("profile", precision, 0, accumulate, "plain")
-        train_plain(config, batches[: accumulate * 3], run, device, warmup=0, compiled=False)
+        train_plain(config, batches[: accumulate * 3], run, device, 0, False, model)
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=25)
 
@@ -464,6 +475,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--peak_tflops", type=float, default=None, help="MFU denominator (default: looked up)"
     )
+    parser.add_argument(
+        "--nan_check",
+        choices=["batch", "step"],
+        default="batch",
+        help="read the loss back every batch (as attnx fit does; default) or once per optimizer step",
+    )
+    parser.add_argument(
+        "--cudnn_attention",
+        action="store_true",
+        help="let CUDA run cuDNN's attention kernel (attnx leaves it out: attention.CUDNN_ATTENTION)",
+    )
     parser.add_argument("--decode_sentences", type=int, default=None, help="default 500; CPU 8; 0: skip")
     parser.add_argument("--eval_max_tokens", type=int, default=None, help="decoding budget (8000; CPU 1000)")
     parser.add_argument("--beam", type=int, default=4)
@@ -497,6 +519,9 @@ def accumulation(args: argparse.Namespace, max_tokens: int, on_gpu: bool) -> int
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    attention.CUDNN_ATTENTION = args.cudnn_attention
+    global NAN_CHECK
+    NAN_CHECK = args.nan_check
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
     if args.prepare:
@@ -514,11 +539,17 @@ def main(argv: list[str] | None = None) -> int:
     scale = "" if on_gpu else " — CPU, tiny sizes: checks the script, does not measure the paper's models"
     print(f"# bench_gpu{scale}\n{where}")
     print(f"MFU denominator: {peak / 1e12:.3g} TFLOP/s ({peak_source})")
+    kernels = (
+        "PyTorch's choice, cuDNN included" if args.cudnn_attention else "cuDNN's left out (attnx's default)"
+    )
+    print(f"attention kernels on CUDA: {kernels}; the loss is read back every {args.nan_check}")
     print(f"corpus: {args.data} (vocabulary {corpus.vocab_size}; models use {args.vocab_size})\n", flush=True)
     results: dict[str, Any] = {
         "machine": info,
         "peak_flops": peak,
         "peak_source": peak_source,
+        "cudnn_attention": args.cudnn_attention,
+        "nan_check": args.nan_check,
         "argv": sys.argv,
     }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything docs/gpu.md measures on one GPU, in one command, in order of importance:
 #   1. the GPU tests (pytest -m gpu);
-#   2. bench_gpu.py for base and big, bf16-mixed and 16-mixed, 3,125 x 8 and 12,500 x 2 tokens a step;
+#   2. bench_gpu.py for base and big, bf16-mixed and 16-mixed, 3,125 x 8 and 12,500 x 2 tokens a step, and
+#      base with cuDNN's attention kernel allowed (what attnx leaves out: attention.CUDNN_ATTENTION), and base
+#      reading its loss back once per optimizer step instead of every batch;
 #   3. the main job: attnx fit configs/base.yaml for 300 steps on one GPU, then attnx test on newstest2014;
 #   4. the decoding toolbox on the GPU (beam, n-best, greedy, sampling, forced scoring) with that checkpoint;
 #   5. the profile of the big model's training step;
@@ -55,7 +57,7 @@ if [[ -d .gpu/wheels ]] && compgen -G ".gpu/wheels/*.whl" >/dev/null; then
     .gpu/wheels/*.whl || exit 2
   export PYTHONPATH=/tmp/site
 fi
-export PYTHONPATH="$PWD/src:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD/src:$PWD/bench:$PWD/plugins/restricted_attention/src${PYTHONPATH:+:$PYTHONPATH}"
 attnx=("$python" -m attnx)
 
 {
@@ -95,8 +97,12 @@ one_gpu=(--data.data_dir data/news --trainer.devices 1 --trainer.strategy auto
 # the newest run folder of configs/NAME.yaml (they log to runs/NAME/version_N)
 newest_run() { ls -td runs/"$1"/version_* 2>/dev/null | head -n 1; }
 
-step tests 150 $python -m pytest -p no:cacheprovider -n 0 -q -rs "${tests[@]}"
+step tests 150 $python -m pytest -p no:cacheprovider -n 0 -q -rfEs "${tests[@]}"
 step bench 170 $python bench/bench_gpu.py --data data/news "${bench[@]}" --json "$results/gpu.json"
+step bench_cudnn 60 $python bench/bench_gpu.py --data data/news --model "$base" --max_tokens 3125 \
+  --precision bf16-mixed --decode_sentences 0 --cudnn_attention "${short[@]}" --json "$results/gpu_cudnn.json"
+step bench_nan_step 60 $python bench/bench_gpu.py --data data/news --model "$base" --max_tokens 3125 \
+  --precision bf16-mixed --decode_sentences 0 --nan_check step "${short[@]}" --json "$results/gpu_nan_step.json"
 step fit_base 240 "${attnx[@]}" fit --config configs/base.yaml "${one_gpu[@]}" --trainer.max_steps "$fit_steps"
 run=$(newest_run base)
 [[ -n $run ]] && cp "$run/metrics.csv" "$results/base_metrics.csv" 2>/dev/null

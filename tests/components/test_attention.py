@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnx.components.attention import MultiHeadAttention
+from attnx.components import attention
+from attnx.components.attention import MultiHeadAttention, attention_kernel
 from attnx.model.cache import AttentionCache
 from tests.model.reference import attention as reference_attention
 
@@ -138,6 +139,45 @@ def test_chunk_over_the_cache_equals_the_full_causal_pass():
     torch.testing.assert_close(torch.cat(parts, 1), attn(x, x, causal=True), rtol=1e-5, atol=1e-5)
 
 
+class CudaLike:
+    """A stand-in for a CUDA tensor (the kernel is replaced): only ``is_cuda`` is read."""
+
+    is_cuda = True
+
+
+def test_cudnn_attention_is_left_out_for_the_call_only(monkeypatch):
+    """cuDNN plans every new batch shape (2.3 ms of host time a call on an H200): a CUDA call runs with PyTorch's
+    cuDNN switch off, then the switch is as it was, after an error too; CPU calls and ``CUDNN_ATTENTION``
+    leave it alone."""
+    seen: list[bool] = []
+
+    def kernel(q, k, v, **options):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        if options.get("fail"):
+            raise RuntimeError("kernel failed")
+        return q
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", kernel)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    q = CudaLike()
+    assert attention_kernel(q, q, q, attn_mask=None) is q
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        attention_kernel(q, q, q, fail=True)
+    x = torch.zeros(1)
+    attention_kernel(x, x, x)  # CPU
+    monkeypatch.setattr(attention, "CUDNN_ATTENTION", True)
+    attention_kernel(q, q, q)
+    assert seen == [False, False, True, True]
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)  # switched off by the user: stays off, nothing to restore
+    try:
+        monkeypatch.setattr(attention, "CUDNN_ATTENTION", False)
+        attention_kernel(q, q, q)
+        assert seen[-1] is False and not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
 # --- CUDA kernels ----------------------------------------------------------------------------------------
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -199,6 +239,24 @@ def test_training_attention_runs_on_fused_kernels_in_bf16(d_model, n_heads, batc
         encoder
     )  # rows of real source tokens (padded queries: don't care)
     torch.testing.assert_close(encoder[real], outs[0].detach()[real], rtol=0, atol=1e-3)
+
+
+@pytest.mark.gpu
+@ampere
+def test_padded_training_attention_runs_no_cudnn_kernel():
+    """What the profile of a training step showed costing 61% of it: no cuDNN attention, forward or backward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    attn = MultiHeadAttention(512, 8).cuda().train()
+    src, src_mask = padded_batch(100, 34, 512)
+    with torch.autocast("cuda", dtype=torch.bfloat16), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        attn(src, src, key_mask=src_mask).float().sum().backward()
+        attn(src, src, causal=True).float().sum().backward()
+        torch.cuda.synchronize()
+    names = [event.key for event in prof.key_averages()]
+    assert not [name for name in names if "cudnn" in name.lower() and "sdpa" in name.lower()], names
+    assert [name for name in names if "flash" in name.lower() or "fmha" in name.lower()], names
+    assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
 @pytest.mark.gpu

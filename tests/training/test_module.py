@@ -91,16 +91,20 @@ def repeated_batch() -> Batch:
 
 
 class LossLog(pl.Callback):
+    """Each step's loss and the device its weights were on (Lightning moves them back to the CPU at the end)."""
+
     def __init__(self) -> None:
         self.losses: list[float] = []
+        self.devices: set[str] = set()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         self.losses.append(float(outputs["loss"]))
+        self.devices.add(next(module.parameters()).device.type)
 
 
 def train(
     accelerator: str, precision: str, lr_factor: float = 0.25, warmup_steps: int = 4
-) -> tuple[list[float], TranslationTask]:
+) -> tuple[LossLog, TranslationTask]:
     """``STEPS`` optimizer steps of a 2+2-layer d_model 64 model on one batch, through ``Trainer.fit``."""
     pl.seed_everything(0, verbose=False)
     config = tiny_config(vocab_size=VOCAB, d_model=64, n_heads=4, d_ff=128, dropout=0.1)
@@ -123,7 +127,7 @@ def train(
     )
     loader = DataLoader([batch] * STEPS, batch_size=None, collate_fn=no_collate)
     trainer.fit(task, train_dataloaders=loader)
-    return log.losses, task
+    return log, task
 
 
 def check_training(losses: list[float]) -> None:
@@ -146,8 +150,9 @@ def check_beam_search(task: TranslationTask, device: str, autocast: torch.dtype 
 
 
 def test_trains_and_decodes_on_cpu_in_fp32() -> None:
-    losses, task = train("cpu", "32-true")
-    check_training(losses)
+    log, task = train("cpu", "32-true")
+    check_training(log.losses)
+    assert log.devices == {"cpu"}
     check_beam_search(task, "cpu", None)
 
 
@@ -158,9 +163,9 @@ def test_trains_and_decodes_on_cuda_in_mixed_precision(precision: str) -> None:
     """bf16 autocast, or fp16 autocast with dynamic loss scaling (Lightning's GradScaler)."""
     if precision == "bf16-mixed" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
-    losses, task = train("gpu", precision)
-    check_training(losses)
-    assert next(task.model.parameters()).is_cuda
+    log, task = train("gpu", precision)
+    check_training(log.losses)
+    assert log.devices == {"cuda"}  # every step ran there
     check_beam_search(task, "cuda", torch.bfloat16 if precision == "bf16-mixed" else torch.float16)
 
 

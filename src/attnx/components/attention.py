@@ -13,6 +13,33 @@ from attnx.components.protocols import KeyValueCache
 from attnx.errors import ConfigError
 from attnx.hookspecs import hookimpl
 
+CUDNN_ATTENTION = False
+"""Whether attention on CUDA may run cuDNN's fused kernel (PyTorch's first choice on Hopper GPUs). Off: on an
+H200 (torch 2.11, cuDNN 9.19) every cuDNN attention call of a training step cost 2.3 ms of host time, forward
+and backward alike, against 20-40 µs on the GPU, because cuDNN plans each new batch shape: 61% of a base step
+of 3,125 x 8 tokens (`bench/bench_gpu.py --profile`, docs/gpu.md). The flash and memory-efficient kernels take
+the same inputs without planning. `True` restores PyTorch's order; compiled layers keep PyTorch's choice."""
+
+
+def attention_kernel(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
+    """`F.scaled_dot_product_attention`, with cuDNN's kernel left out on CUDA unless `CUDNN_ATTENTION`.
+
+    The switch is PyTorch's own (`torch.backends.cuda.enable_cudnn_sdp`), turned off for this call only and
+    put back after it, so every other choice (an `sdpa_kernel` context around the caller) still holds.
+    """
+    if (
+        q.is_cuda
+        and not CUDNN_ATTENTION
+        and torch.backends.cuda.cudnn_sdp_enabled()
+        and not torch.compiler.is_compiling()
+    ):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        try:
+            return F.scaled_dot_product_attention(q, k, v, **options)
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(True)
+    return F.scaled_dot_product_attention(q, k, v, **options)
+
 
 class MultiHeadAttention(nn.Module):
     """§3.2.2 Multi-head attention: `Concat(head_1..head_h) W^O`, `head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i)`.
@@ -30,7 +57,8 @@ class MultiHeadAttention(nn.Module):
     The mask handed to the kernel is the least one that is exact, because on CUDA any `attn_mask` rules out
     the flash kernel: causal self-attention over a square, unpadded block passes `is_causal` alone; a causal
     query that already sees every key (one decoding step over the cache) passes no mask at all; padding is a
-    broadcast `(B, 1, 1, S)` mask, which the cuDNN and memory-efficient kernels take without expanding it.
+    broadcast `(B, 1, 1, S)` mask, which the memory-efficient kernel takes without expanding it (cuDNN's is
+    left out on CUDA: `CUDNN_ATTENTION`).
     `key_mask=None` means no padding, so a caller that knows a batch is unpadded lets every kernel run.
     """
 
@@ -101,12 +129,12 @@ class MultiHeadAttention(nn.Module):
             # when the first query cannot see the last one.
             causal = causal and offset < s - 1
             if causal and key_mask is None and offset == 0 and t == s:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+                out = attention_kernel(q, k, v, dropout_p=dropout, is_causal=True)
             else:
                 mask = attention_mask(
                     key_mask, causal, t, s, offset, query.device
                 )  # (B|1, 1, T|1, S) or None
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+                out = attention_kernel(q, k, v, attn_mask=mask, dropout_p=dropout)
         out = self.out_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
         return (out, weights) if need_weights else out
 
