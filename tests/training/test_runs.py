@@ -14,7 +14,7 @@ import yaml
 
 from attnx.cli import main as attnx
 from tests.training.conftest import TINY, fit_args, read_metrics, train_losses
-from tests.training.test_stopping import attnx_command, environment, resume_hint, run
+from tests.training.test_stopping import attnx_command, environment, resume_hint, run, stop_at
 
 STEPS = 12
 
@@ -26,34 +26,6 @@ def every_two_steps(tmp_path: Path) -> Path:
     path = tmp_path / "every_two_steps.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def stop_at(command: list[str], cwd: Path, step: int, signum: int) -> subprocess.CompletedProcess:
-    """Run ``command`` until it prints its progress line of ``step``, then send ``signum`` and wait."""
-    cwd.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen(
-        [*command, "--progress.every_n_steps", "1"],
-        cwd=cwd,
-        env=environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        for line in process.stdout:
-            if line.startswith(f"step {step}/"):
-                break
-        else:
-            pytest.fail(
-                f"the run ended before step {step}: {process.wait()}, {process.stderr.read()[-3000:]}"
-            )
-        process.send_signal(signum)
-        stdout, stderr = process.communicate(timeout=240)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def tensorboard_steps(run_dir: Path, tag: str) -> list[int]:

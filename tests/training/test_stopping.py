@@ -39,28 +39,50 @@ def run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> sub
     return done
 
 
-def interrupt(
-    command: list[str], cwd: Path, signum: int, env: dict[str, str] | None = None
+def signal_when(
+    command: list[str],
+    cwd: Path,
+    ready: str,
+    signals: list[int],
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+    gap: float = 0.0,
 ) -> subprocess.CompletedProcess:
-    """Start ``command``, send ``signum`` once it has printed its progress line of step 2, wait for it to end."""
+    """Start ``command``, send ``signals`` (``gap`` seconds apart) once it prints a line starting with ``ready``,
+    and wait for it to end."""
     cwd.mkdir(parents=True, exist_ok=True)
-    command = [*command, "--progress.every_n_steps", "1"]
     process = subprocess.Popen(
         command, cwd=cwd, env=env or environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        for line in process.stdout:  # rank 0's plain progress lines: "step 2/100000 | ..."
-            if line.startswith("step 2/"):
+        for line in process.stdout:  # e.g. rank 0's plain progress lines: "step 2/100000 | ..."
+            if line.startswith(ready):
                 break
         else:
-            pytest.fail(f"the run ended before step 2: {process.wait()}, {process.stderr.read()[-3000:]}")
-        process.send_signal(signum)
-        stdout, stderr = process.communicate(timeout=240)
+            pytest.fail(f"the run ended before {ready!r}: {process.wait()}, {process.stderr.read()[-3000:]}")
+        for i, signum in enumerate(signals):
+            time.sleep(gap if i else 0.0)
+            process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=timeout)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def stop_at(
+    command: list[str], cwd: Path, step: int, signum: int, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``command`` until it prints its progress line of ``step``, then send ``signum`` and wait."""
+    return signal_when([*command, "--progress.every_n_steps", "1"], cwd, f"step {step}/", [signum], env)
+
+
+def interrupt(
+    command: list[str], cwd: Path, signum: int, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Send ``signum`` once ``command`` has printed its progress line of step 2, wait for it to end."""
+    return stop_at(command, cwd, 2, signum, env)
 
 
 def hourly_checkpoints(tmp_path: Path) -> Path:
@@ -216,28 +238,11 @@ def test_a_stop_signal_during_the_sanity_check_stops_at_once_with_one_line(
         "1",
     ]
     env = environment(PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    process = subprocess.Popen(
-        attnx_command(corpus, *probe),
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        for line in process.stdout:
-            if line.strip() == BEGINS:
-                break
-        else:
-            pytest.fail(f"no sanity check: {process.wait()}, {process.stderr.read()[-3000:]}")
-        process.send_signal(signum)
-        _, stderr = process.communicate(timeout=60)  # the check alone takes 120 s
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    # the check alone takes 120 s
+    done = signal_when(attnx_command(corpus, *probe), tmp_path, BEGINS, [signum], env, timeout=60)
+    stderr = done.stderr
     name = signal.Signals(signum).name
-    assert process.returncode == status, stderr[-3000:]
+    assert done.returncode == status, stderr[-3000:]
     assert stderr.strip().splitlines() == [
         f"attnx fit: stopped by {name} before training began; nothing was saved"
     ]
@@ -246,27 +251,17 @@ def test_a_stop_signal_during_the_sanity_check_stops_at_once_with_one_line(
 
 def test_two_ctrl_c_in_quick_succession_exit_130_with_one_line(corpus: Path, tmp_path: Path) -> None:
     hourly = attnx_command(corpus, "--trainer.max_steps", "100000", config=hourly_checkpoints(tmp_path))
-    process = subprocess.Popen(
+    sigint = signal.SIGINT
+    done = signal_when(
         [*hourly, "--progress.every_n_steps", "1"],
-        cwd=tmp_path,
-        env=environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        tmp_path,
+        "step 2/",
+        [sigint, sigint],
+        timeout=120,
+        gap=0.03,
     )
-    try:
-        for line in process.stdout:
-            if line.startswith("step 2/"):
-                break
-        process.send_signal(signal.SIGINT)
-        time.sleep(0.03)
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    stderr = done.stderr
+    assert done.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
     lines = [
         line for line in stderr.strip().splitlines() if "Ctrl+C: saving a checkpoint" not in line and line
     ]
