@@ -34,7 +34,12 @@ def main() -> None:
     args = parser.parse_args()
     steps = Steps.from_args(args)
     corpus = steps.prepare("multi30k", "en", "de", [str(steps.data / "train")])
-    ckpt = args.ckpt_path or steps.fit("model", steps.arm_config("model", corpus, args.minutes))
+    # the commands run in --work: a relative checkpoint path is taken from here
+    ckpt = (
+        args.ckpt_path.resolve()
+        if args.ckpt_path
+        else steps.fit("model", steps.arm_config("model", corpus, args.minutes))
+    )
     source, reference = corpus / "test.en", corpus / "test.de"
 
     arms: list[tuple[str, tuple[str, ...]]] = [("beam 4", ("--search.beam", "4"))]
