@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from attnx.commands.help import configure_parsing, help_formatter
 from attnx.commands.lightning_argv import checkpoint_override, resolve_configs, resume_command
 from attnx.commands.lightning_cli import DECODING_COMMANDS, AttnxCLI
-from attnx.commands.lightning_console import quiet_third_parties
+from attnx.commands.lightning_console import one_line_warnings, quiet_third_parties
 from attnx.commands.usage import option_names as keys
 from attnx.commands.usage import refused_command_line
 from attnx.data.datamodule import TranslationDataModule
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if subcommand in DECODING_COMMANDS:
         argv = checkpoint_override(argv)
     quiet_third_parties()
+    one_line_warnings()
     configure_parsing()  # option help from the dataclasses' attribute docstrings (model.transformer.*, ...)
     no_exit = {"exit_on_error": False, "formatter_class": help_formatter()}
     # until training begins there is nothing to save: a stop signal ends the command at once, with one line

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import warnings
+from pathlib import Path
 from typing import Any
 
 from attnx.training.progress import TrainingProgressBar
@@ -44,3 +45,23 @@ def quiet_third_parties() -> None:
         ".*Previous log files in this directory will be deleted.*",  # a resumed run's: attnx keeps them
     ):
         warnings.filterwarnings("ignore", message=message)
+
+
+ATTNX_SOURCES = str(Path(__file__).resolve().parent.parent)
+"""The folder of the attnx package: warnings raised from a file under it are attnx's own."""
+
+
+def one_line_warnings() -> None:
+    """attnx's own warnings as one line, ``UserWarning: message``, without the file, line and source line that
+    Python prints for a warning (they point into attnx, not at anything the user wrote); others keep that form."""
+    default = warnings.formatwarning
+    if getattr(default, "attnx", False):
+        return
+
+    def formatwarning(message, category, filename, lineno, line=None) -> str:
+        if str(filename).startswith(ATTNX_SOURCES):
+            return f"{category.__name__}: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    formatwarning.attnx = True
+    warnings.formatwarning = formatwarning

@@ -288,8 +288,9 @@ class AverageCheckpoints(Callback):
         paths = periodic[0].saved[-self.last :]
         if len(paths) < self.last:
             rank_zero_warn(
-                f"AverageCheckpoints: only {len(paths)} checkpoints were kept, averaging those instead of "
-                f"{self.last} (train longer, save more often, or keep more)"
+                f"AverageCheckpoints: only {len(paths)} checkpoint{'s were' if len(paths) > 1 else ' was'} kept, "
+                f"averaging {'those' if len(paths) > 1 else 'it alone'} instead of {self.last} "
+                "(train longer, save more often, or keep more)"
             )
         self.path = Path(paths[-1]).parent / self.filename
         if trainer.is_global_zero:
