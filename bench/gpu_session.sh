@@ -5,10 +5,10 @@
 #      cuDNN's attention kernel allowed (what attnx leaves out: attention.CUDNN_ATTENTION), and base reading
 #      its loss back once per optimizer step instead of every batch;
 #   3. the profile of the big model's training step;
-#   4. the main job: attnx fit configs/base.yaml for 300 steps on one GPU, then attnx test on newstest2014;
-#   5. the decoding toolbox on the GPU (beam, n-best, greedy, sampling, forced scoring) with that checkpoint;
-#   6. base in a Lightning Trainer and torch.compile'd;
-#   7. attnx fit configs/big.yaml for 100 steps.
+#   4. base in a Lightning Trainer and torch.compile'd;
+#   5. the main job: attnx fit configs/base.yaml for 200 steps on one GPU, then attnx test on newstest2014;
+#   6. attnx fit configs/big.yaml for 100 steps;
+#   7. the decoding toolbox on the GPU (beam, n-best, greedy, sampling, forced scoring) with base's checkpoint.
 #
 #   bash bench/gpu_session.sh [RESULTS_DIR] [SECONDS]
 #
@@ -79,7 +79,7 @@ smoke=${ATTNX_GPU_SMOKE:-0}
 if [[ $smoke == 1 ]]; then
   tests=(tests/data/test_batch.py)
   bench=(--precision bf16-mixed --steps 1 --warmup 1 --decode_sentences 4)
-  short=(--steps 1 --warmup 1) base=tiny big=tiny
+  short=(--steps 1 --warmup 1) base=tiny big=tiny small=256 large=512
   fit_steps=2 big_fit_steps=1
   fit_tokens=(--data.max_tokens 256 --trainer.accelerator cpu --trainer.precision 32-true
     --trainer.num_sanity_val_steps 0)
@@ -87,8 +87,8 @@ if [[ $smoke == 1 ]]; then
 else
   tests=(-m gpu)
   bench=(--precision bf16-mixed)  # the configs' precision; fp16-mixed was measured once (docs/gpu.md)
-  short=() base=base big=big
-  fit_steps=300 big_fit_steps=100 fit_tokens=()
+  short=() base=base big=big small=3125 large=12500
+  fit_steps=200 big_fit_steps=100 fit_tokens=()
   decode=(--sentences 1000 --repeats 3 --max_tokens 8000 --batch_sizes 64 256 --sweep_sentences 1000) device=cuda
 fi
 one_gpu=(--data.data_dir data/news --trainer.devices 1 --trainer.strategy auto
@@ -99,29 +99,31 @@ newest_run() { ls -td runs/"$1"/version_* 2>/dev/null | head -n 1; }
 
 step tests 150 $python -m pytest -p no:cacheprovider -n 0 -q -rfEs "${tests[@]}"
 step bench 170 $python bench/bench_gpu.py --data data/news "${bench[@]}" --json "$results/gpu.json"
-step bench_cudnn 60 $python bench/bench_gpu.py --data data/news --model "$base" --max_tokens 3125 \
+step bench_cudnn 60 $python bench/bench_gpu.py --data data/news --model "$base" --max_tokens "$small" \
   --precision bf16-mixed --decode_sentences 0 --cudnn_attention "${short[@]}" --json "$results/gpu_cudnn.json"
-step bench_nan_step 60 $python bench/bench_gpu.py --data data/news --model "$base" --max_tokens 3125 \
+step bench_nan_step 60 $python bench/bench_gpu.py --data data/news --model "$base" --max_tokens "$small" \
   --precision bf16-mixed --decode_sentences 0 --nan_check step "${short[@]}" --json "$results/gpu_nan_step.json"
 step profile_big 80 $python bench/bench_gpu.py --data data/news --model "$big" --precision bf16-mixed \
-  --max_tokens 12500 --steps 3 --decode_sentences 0 --profile "${short[@]}" --json "$results/profile_big.json"
-step fit_base 240 "${attnx[@]}" fit --config configs/base.yaml "${one_gpu[@]}" --trainer.max_steps "$fit_steps"
+  --max_tokens "$large" --steps 3 --decode_sentences 0 --profile "${short[@]}" --json "$results/profile_big.json"
+step lightning_compile 150 $python bench/bench_gpu.py --data data/news --model "$base" --precision bf16-mixed \
+  --max_tokens "$small" "$large" --lightning --compile --decode_sentences 0 "${short[@]}" \
+  --json "$results/lightning_compile.json"
+step fit_base 200 "${attnx[@]}" fit --config configs/base.yaml "${one_gpu[@]}" --trainer.max_steps "$fit_steps"
 run=$(newest_run base)
 [[ -n $run ]] && cp "$run/metrics.csv" "$results/base_metrics.csv" 2>/dev/null
-if [[ -n $run && -f $run/checkpoints/averaged.ckpt ]]; then
-  step test_base 100 "${attnx[@]}" test --config configs/base.yaml "${one_gpu[@]}" \
-    --ckpt_path "$run/checkpoints/averaged.ckpt"
-  step decode 120 $python bench/bench_decode.py --ckpt_path "$run/checkpoints/averaged.ckpt" --device "$device" \
+base_ckpt=${run:+$run/checkpoints/averaged.ckpt}
+if [[ -n $base_ckpt && -f $base_ckpt ]]; then
+  step test_base 100 "${attnx[@]}" test --config configs/base.yaml "${one_gpu[@]}" --ckpt_path "$base_ckpt"
+fi
+step fit_big 150 "${attnx[@]}" fit --config configs/big.yaml "${one_gpu[@]}" --trainer.max_steps "$big_fit_steps"
+run=$(newest_run big)
+[[ -n $run ]] && cp "$run/metrics.csv" "$results/big_metrics.csv" 2>/dev/null
+if [[ -n $base_ckpt && -f $base_ckpt ]]; then
+  step decode 120 $python bench/bench_decode.py --ckpt_path "$base_ckpt" --device "$device" \
     --no_cache_sentences 0 "${decode[@]}"
 else
   say "== no averaged.ckpt from fit_base: test and decoding skipped"
 fi
-step lightning_compile 150 $python bench/bench_gpu.py --data data/news --model "$base" --precision bf16-mixed \
-  --max_tokens 3125 12500 --lightning --compile --decode_sentences 0 "${short[@]}" \
-  --json "$results/lightning_compile.json"
-step fit_big 200 "${attnx[@]}" fit --config configs/big.yaml "${one_gpu[@]}" --trainer.max_steps "$big_fit_steps"
-run=$(newest_run big)
-[[ -n $run ]] && cp "$run/metrics.csv" "$results/big_metrics.csv" 2>/dev/null
 say "== done after $((SECONDS - start))s"
 tar -cf "$pack" -C "$(dirname "$results")" "$(basename "$results")" 2>/dev/null
 exit 0
