@@ -16,9 +16,10 @@ from attnx.hookspecs import hookimpl
 CUDNN_ATTENTION = False
 """Whether attention on CUDA may run cuDNN's fused kernel (PyTorch's first choice on Hopper GPUs). Off: on an
 H200 (torch 2.11, cuDNN 9.19) every cuDNN attention call of a training step cost 2.3 ms of host time, forward
-and backward alike, against 20-40 µs on the GPU, because cuDNN plans each new batch shape: 61% of a base step
-of 3,125 x 8 tokens (`bench/bench_gpu.py --profile`, docs/gpu.md). The flash and memory-efficient kernels take
-the same inputs without planning. `True` restores PyTorch's order; compiled layers keep PyTorch's choice."""
+and backward alike, against 20-250 µs on the GPU: 61% of a base step of 3,125 x 8 tokens
+(`bench/bench_gpu.py --profile`, docs/gpu.md). cuDNN builds an execution plan for the shapes it is given, the
+cause reported upstream; the flash and memory-efficient kernels take the same inputs without one. `True`
+restores PyTorch's order; compiled layers keep PyTorch's choice."""
 
 
 def attention_kernel(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
