@@ -146,7 +146,7 @@ class CudaLike:
 
 
 def test_cudnn_attention_is_left_out_for_the_call_only(monkeypatch):
-    """cuDNN plans every new batch shape (2.3 ms of host time a call on an H200): a CUDA call runs with PyTorch's
+    """cuDNN's attention cost 2.3 ms of host time a call on an H200: a CUDA call runs with PyTorch's
     cuDNN switch off, then the switch is as it was, after an error too; CPU calls and ``CUDNN_ATTENTION``
     leave it alone."""
     seen: list[bool] = []
