@@ -24,6 +24,11 @@ results=${1:-gpu_results}
 budget=${2:-520}
 pack=${ATTNX_GPU_TAR:-$results.tar}
 start=$SECONDS
+# never overwrite what is already there (a folder with files in it, or the pack)
+if [[ -e $pack ]] || { [[ -d $results ]] && [[ -n $(ls -A "$results") ]]; }; then
+  echo "gpu_session.sh: $results or $pack already exists; name a new RESULTS_DIR (or move them away)" >&2
+  exit 2
+fi
 mkdir -p "$results"
 log="$results/session.log"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
