@@ -36,8 +36,8 @@ within ``--eval_max_tokens``, with the paper's models' random weights unless ``-
 ones. A random model hardly ever ends a sentence, so without a checkpoint the output length is set by
 ``--max_len_a 1.1 --max_len_b 0`` (German is about 1.1× the English tokens) instead of input + 50.
 
-``--profile`` prints torch.profiler's top kernels (self device time on CUDA, self CPU time on CPU) for three
-optimizer steps of the first configuration.
+``--profile`` prints torch.profiler's top operators and kernels for three optimizer steps of the first
+configuration: by self CPU time, and on CUDA by self device time too (a step can wait on either).
 """
 
 from __future__ import annotations
@@ -390,8 +390,13 @@ def profile_steps(
     with profile(activities=activities) as prof:
         run = TrainResult("profile", precision, 0, accumulate, "plain")
         train_plain(config, batches[: accumulate * 3], run, device, 0, False, model)
-    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=25)
+    averages = prof.key_averages()
+    by_host = averages.table(sort_by="self_cpu_time_total", row_limit=25)
+    if device.type != "cuda":
+        return by_host
+    # on CUDA both: what keeps the GPU busy, and what keeps the host from feeding it
+    by_device = averages.table(sort_by="self_device_time_total", row_limit=25)
+    return f"By time on the GPU:\n{by_device}\n\nBy time on the host:\n{by_host}"
 
 
 # --- decoding ---------------------------------------------------------------------------------------------
