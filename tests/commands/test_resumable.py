@@ -4,10 +4,12 @@ otherwise."""
 from __future__ import annotations
 
 import json
+import signal
+import threading
 
 import pytest
 
-from attnx.commands.resumable import ResumableOutput, changed_options
+from attnx.commands.resumable import ResumableOutput, changed_options, signals_held
 from attnx.commands.text_input import TextInput
 
 OPTIONS = {"search": {"beam": 4}, "format": "text"}
@@ -83,3 +85,35 @@ def test_changed_options_names_each_difference():
         changed_options({"a": {"b": 1}, "c": "x"}, {"a": {"b": 2}, "c": "x", "d": True})
         == "a.b 1 -> 2, d null -> true"
     )
+
+
+class Stopped(Exception):
+    pass
+
+
+def test_a_sigterm_that_reaches_another_thread_still_waits_for_the_block(monkeypatch):
+    """The kernel hands a signal sent to the process to any thread that does not block it (torch's threads
+    block nothing); Python then runs the handler in the main thread. A record written with 50 lines while the
+    run said 40 was this: the handler ran between the record and the count."""
+
+    def on_term(signum, frame):
+        raise Stopped
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    go = threading.Event()
+    other = threading.Thread(
+        target=lambda: go.wait() and signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    )
+    other.start()
+    steps = []
+    try:
+        with pytest.raises(Stopped), signals_held():
+            go.set()
+            other.join()
+            for step in range(10_000):  # many bytecodes: time for a handler to run if it is going to
+                steps.append(step)
+        assert len(steps) == 10_000
+        assert signal.getsignal(signal.SIGTERM) is on_term
+    finally:
+        other.join()
+        signal.signal(signal.SIGTERM, previous)

@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -38,13 +39,29 @@ WRITTEN_BY = "attnx translate"
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block ends, so that a chunk and its record are written together."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    """SIGINT and SIGTERM wait until the block ends, so that a chunk and its record are written together.
+
+    The wait is kept by the handlers, not by a signal mask: a mask holds a signal back from one thread only, and
+    the kernel hands a signal sent to the process to any thread that does not block it (torch's own threads
+    block nothing), after which Python runs the handler in the main thread wherever it is. A signal that came
+    during the block is raised again as it ends, so its own handler runs then.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread runs signal handlers, and only it can set them
+        return
+    pending: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        pending.append(signum)
+
+    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if pending:
+            signal.raise_signal(pending[0])
 
 
 def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
