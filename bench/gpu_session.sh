@@ -106,8 +106,8 @@ step tests 150 $python -m pytest -p no:cacheprovider -n 0 -q -rfEs "${tests[@]}"
 step bench 170 $python bench/bench_gpu.py --data data/news "${bench[@]}" --json "$results/gpu.json"
 step bench_cudnn 60 $python bench/bench_gpu.py --data data/news --model "$base" --max_tokens "$small" \
   --precision bf16-mixed --decode_sentences 0 --cudnn_attention "${short[@]}" --json "$results/gpu_cudnn.json"
-step bench_nan_step 60 $python bench/bench_gpu.py --data data/news --model "$base" --max_tokens "$small" \
-  --precision bf16-mixed --decode_sentences 0 --nan_check step "${short[@]}" --json "$results/gpu_nan_step.json"
+step bench_nan_batch 60 $python bench/bench_gpu.py --data data/news --model "$base" --max_tokens "$small" \
+  --precision bf16-mixed --decode_sentences 0 --nan_check batch "${short[@]}" --json "$results/gpu_nan_batch.json"
 step profile_big 80 $python bench/bench_gpu.py --data data/news --model "$big" --precision bf16-mixed \
   --max_tokens "$large" --steps 3 --decode_sentences 0 --profile "${short[@]}" --json "$results/profile_big.json"
 step lightning_compile 150 $python bench/bench_gpu.py --data data/news --model "$base" --precision bf16-mixed \

@@ -7,7 +7,7 @@ import torch
 
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch, collate
 
-FIELDS = ("src", "tgt_in", "tgt_out", "src_mask", "tgt_mask")
+FIELDS = ("src", "tgt_in", "tgt_out", "src_mask", "tgt_mask", "tgt_positions")
 
 
 def pinning_works() -> bool:
@@ -89,7 +89,7 @@ def test_copies_block_unless_the_target_is_cuda(monkeypatch) -> None:
     assert_same(batch.to("cpu"), batch)
     batch.to(torch.device("cuda", 0))
     batch.to("cuda", non_blocking=False)
-    assert calls == [("cpu", False)] * 5 + [("cuda:0", True)] * 5 + [("cuda", False)] * 5
+    assert calls == [("cpu", False)] * len(FIELDS) + [("cuda:0", True)] * len(FIELDS) + [("cuda", False)] * len(FIELDS)
 
 
 @pytest.mark.gpu
@@ -99,3 +99,12 @@ def test_pinned_batch_reaches_the_gpu_intact() -> None:
     on_gpu = batch.pin_memory().to("cuda")
     assert all(getattr(on_gpu, name).is_cuda for name in FIELDS)
     assert_same(on_gpu.to("cpu"), batch)
+
+
+def test_the_counted_target_positions_are_found_on_the_host() -> None:
+    """The loss selects the counted positions with these indices, not with the mask (which waits for a GPU)."""
+    batch = collate([([5, 6], [7]), ([5], [7, 8, 9])])
+    flat = batch.tgt_mask.flatten()
+    assert torch.equal(batch.tgt_positions, flat.nonzero().squeeze(1))
+    assert len(batch.tgt_positions) == batch.n_tgt_tokens
+    assert torch.equal(batch.tgt_out.flatten()[batch.tgt_positions], batch.tgt_out[batch.tgt_mask])

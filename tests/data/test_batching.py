@@ -134,7 +134,7 @@ def test_collate_indices_equals_collate(multi30k) -> None:
     indices = np.array([3, 17, 4000, 9, 28_000])
     fast = collate_indices(dataset, indices)
     reference = collate([dataset[i] for i in indices], index=indices)
-    for field in ("src", "tgt_in", "tgt_out", "src_mask", "tgt_mask", "index"):
+    for field in ("src", "tgt_in", "tgt_out", "src_mask", "tgt_mask", "tgt_positions", "index"):
         assert torch.equal(getattr(fast, field), getattr(reference, field)), field
     assert (fast.n_src_tokens, fast.n_tgt_tokens) == (reference.n_src_tokens, reference.n_tgt_tokens)
     assert fast.src.dtype == torch.long

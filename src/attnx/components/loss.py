@@ -109,7 +109,8 @@ def projected_label_smoothed_nll(
         loss, nll = _ProjectedLoss.apply(features, weight, target, epsilon, chunk_rows)
     else:
         loss, nll, _, _ = _chunked(features, weight, target, epsilon, chunk_rows, with_grads=False)
-    return LossSums(loss=loss, nll=nll, tokens=torch.tensor(len(target), device=features.device))
+    # torch.full, not torch.tensor: a fill on the device, where a copy from the host would wait for the GPU
+    return LossSums(loss=loss, nll=nll, tokens=torch.full((), len(target), device=features.device))
 
 
 @functools.cache
@@ -210,10 +211,11 @@ class LabelSmoothedLoss:
     def __call__(self, model: TranslationModel, batch: Batch) -> LossSums:
         memory = model.encode(batch.src, batch.src_mask)  # (B, S, D)
         features = model.decode_features(batch.tgt_in, memory, batch.src_mask)  # (B, T, D)
+        counted = batch.tgt_positions  # index_select, not features[tgt_mask]: no wait for the GPU
         return projected_label_smoothed_nll(
-            features[batch.tgt_mask],
+            features.flatten(0, 1).index_select(0, counted),
             model.output_weight,
-            batch.tgt_out[batch.tgt_mask],
+            batch.tgt_out.flatten().index_select(0, counted),
             self.epsilon,
             self.chunk_rows,
         )

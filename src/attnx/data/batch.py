@@ -28,6 +28,13 @@ class Batch:
     n_src_tokens: int  # real (non-pad) source tokens
     n_tgt_tokens: int  # real target tokens (= positions the loss counts)
     index: Tensor | None = None  # (B,) position of each pair in its split, to restore corpus order
+    tgt_positions: Tensor | None = None  # (n_tgt_tokens,) long: where tgt_mask is True in (B*T) order
+
+    def __post_init__(self) -> None:
+        # found here, on the host where batches are built: selecting the counted positions with the boolean
+        # mask on a GPU (`features[tgt_mask]`) waits for the GPU to finish everything queued, every batch
+        if self.tgt_positions is None:
+            self.tgt_positions = self.tgt_mask.flatten().nonzero().squeeze(1)
 
     @property
     def size(self) -> int:
@@ -44,6 +51,7 @@ class Batch:
             n_src_tokens=self.n_src_tokens,
             n_tgt_tokens=self.n_tgt_tokens,
             index=self.index,
+            tgt_positions=move(self.tgt_positions),
         )
 
     def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Batch:

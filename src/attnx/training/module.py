@@ -46,8 +46,8 @@ class TranslationTask(pl.LightningModule):
     accumulation does not change it). Validation and test report loss, NLL and perplexity over the whole split.
 
     A NaN or infinite training loss raises [NonFiniteLossError][attnx.training.module.NonFiniteLossError]
-    naming the step: once it appears the weights are usually already damaged, and skipping batches would hide
-    a diverging run.
+    naming the step and batch, before that step changes the weights: once it appears the weights are usually
+    already damaged, and skipping batches would hide a diverging run.
 
     Dropout draws from a generator reseeded at every training batch from (seed, optimizer step, micro-batch,
     rank), so a run resumed from a checkpoint draws exactly the masks the uninterrupted run would have drawn.
@@ -108,6 +108,7 @@ class TranslationTask(pl.LightningModule):
         self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         self._tokenizer: Tokenizer | None = None
         self._sums: Tensor | None = None
+        self._step_losses: list[tuple[int, Tensor]] = []  # (batch_idx, loss) of this optimizer step's batches
 
     # ----------------------------------------------------------------------------------------- data access
 
@@ -154,19 +155,39 @@ class TranslationTask(pl.LightningModule):
         sums: LossSums = self.loss(self.model, batch)
         tokens = batch.n_tgt_tokens
         loss = sums.loss / tokens
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(
-                f"training loss is {loss.item()} at optimizer step {self.global_step + 1} (batch {batch_idx} of "
-                f"epoch {self.current_epoch}); the run diverged. Lower model.lr_factor or raise "
-                "model.warmup_steps, set trainer.gradient_clip_val, or train in fp32 "
-                "(--trainer.precision 32-true); then resume from an earlier checkpoint."
-            )
+        self._step_losses.append((batch_idx, loss.detach()))
         nll = sums.nll / tokens
         self.log("train/loss", loss, prog_bar=True, batch_size=tokens)
         self.log("train/nll", nll, batch_size=tokens)
         self.log("train/ppl", torch.exp(nll), batch_size=tokens)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], prog_bar=True, batch_size=tokens)
         return loss
+
+    def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        if batch_idx % self.trainer.accumulate_grad_batches == 0:
+            self._step_losses.clear()  # a step's batches start (or a resumed run's first one)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse to step on a NaN or infinite loss. Checked once per optimizer step, before it changes the
+        weights, rather than at each batch: reading a loss back makes the host wait until the GPU has run
+        everything queued, and at every batch of a step (8 in the paper's setting on one GPU) that wait
+        leaves the GPU idle while the host prepares the next batch."""
+        if not self._step_losses:
+            return
+        batches, losses = zip(*self._step_losses, strict=True)
+        self._step_losses.clear()
+        values = torch.stack(losses)
+        if bool(torch.isfinite(values).all()):
+            return
+        value, batch_idx = next(
+            (v, b) for v, b in zip(values.tolist(), batches, strict=True) if not math.isfinite(v)
+        )
+        raise NonFiniteLossError(
+            f"training loss is {value} at optimizer step {self.global_step + 1} (batch {batch_idx} of "
+            f"epoch {self.current_epoch}); the run diverged. Lower model.lr_factor or raise "
+            "model.warmup_steps, set trainer.gradient_clip_val, or train in fp32 "
+            "(--trainer.precision 32-true); then resume from an earlier checkpoint."
+        )
 
     def configure_optimizers(self) -> dict[str, Any]:
         # fused: one kernel for all parameters (4x faster than the per-tensor loop on CPU)

@@ -1,0 +1,185 @@
+"""Between two optimizer steps a training run reads nothing back from the device but one NaN check a step.
+
+A read-back (`.item()`, `bool(t)`, `.tolist()`, selecting with a boolean mask, `nonzero`) makes the host wait
+until the GPU has run everything queued; at every batch of a step that leaves the GPU idle while the host
+prepares the next one. The CPU test counts the operations that would wait on a GPU as PyTorch dispatches
+them, in a real ``attnx fit`` with gradient accumulation; the GPU test turns PyTorch's own sync check into an
+error for the same steps.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnx.cli import main as attnx
+from attnx.training.module import TranslationTask
+from tests.training.conftest import fit_args
+
+aten = torch.ops.aten
+READ_BACKS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default}
+"""Operations whose result's size or value the host needs: on a GPU each waits for the queue to drain."""
+BOOLEAN_INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
+"""`x[mask]` and `x[mask] = v`: a `nonzero` inside when an index is a boolean tensor."""
+STEP_HOOKS = ("training_step", "backward", "optimizer_step")
+"""What Lightning runs for a batch and its update (the NaN check runs inside `optimizer_step`)."""
+
+
+def is_read_back(func: Any, args: tuple[Any, ...]) -> bool:
+    if func in READ_BACKS:
+        return True
+    return func in BOOLEAN_INDEXING and any(
+        isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] or ()
+    )
+
+
+def calling_site() -> str:
+    """`path:line code` of the innermost attnx or Lightning frame that asked."""
+    for frame in reversed(traceback.extract_stack()):
+        path = frame.filename.replace("\\", "/")
+        if ("/attnx/" in path or "/lightning/" in path) and "/tests/" not in path:
+            return (
+                f"{path.rsplit('/site-packages/', 1)[-1].rsplit('/src/', 1)[-1]}:{frame.lineno} {frame.line}"
+            )
+    return "elsewhere"
+
+
+class ReadBacks(TorchDispatchMode):
+    """Counts the read-backs dispatched while it is active, by the line that asked."""
+
+    def __init__(self, sites: collections.Counter[str]) -> None:
+        super().__init__()
+        self.sites = sites
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if is_read_back(func, args):
+            self.sites[calling_site()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def counted(
+    method: Callable[..., Any], sites: collections.Counter[str], depth: list[int]
+) -> Callable[..., Any]:
+    """`method` run under [ReadBacks][] (once, where hooks nest: optimizer_step runs the last batch's
+    training_step and backward inside), with `Tensor.tolist` counted too (it reads back without dispatching)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if depth[0]:
+            return method(*args, **kwargs)
+        depth[0] += 1
+        tolist = torch.Tensor.tolist
+
+        def counted_tolist(self: torch.Tensor) -> Any:
+            sites[calling_site()] += 1
+            return tolist(self)
+
+        torch.Tensor.tolist = counted_tolist  # type: ignore[method-assign]
+        try:
+            with ReadBacks(sites):
+                return method(*args, **kwargs)
+        finally:
+            torch.Tensor.tolist = tolist  # type: ignore[method-assign]
+            depth[0] -= 1
+
+    return wrapper
+
+
+def count_read_backs(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
+    """Count read-backs in TranslationTask's step hooks from now on (the test's monkeypatch undoes it)."""
+    sites: collections.Counter[str] = collections.Counter()
+    depth = [0]
+    for hook in STEP_HOOKS:
+        method = getattr(TranslationTask, hook)
+        monkeypatch.setattr(TranslationTask, hook, counted(method, sites, depth))
+    return sites
+
+
+STEPS, ACCUMULATE = 3, 4
+QUIET = [
+    "--trainer.max_steps",
+    str(STEPS),
+    "--trainer.accumulate_grad_batches",
+    str(ACCUMULATE),
+    "--trainer.log_every_n_steps",
+    "100",  # as configs/base.yaml and big.yaml: Lightning reads the logged values back when it logs
+    "--trainer.callbacks",
+    "null",
+    "--trainer.enable_checkpointing",
+    "false",
+    "--evaluation.bleu_samples",
+    "0",
+]
+
+
+def test_the_counter_sees_each_kind_of_read_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    sites: collections.Counter[str] = collections.Counter()
+    x = torch.randn(4, 3)
+    mask = x[:, 0] > 0
+    with ReadBacks(sites):
+        float(x.sum())
+        x[mask]
+        x.nonzero()
+        x.index_select(0, torch.tensor([0, 2]))  # not a read-back
+    assert sum(sites.values()) == 3
+
+
+def test_a_training_step_reads_back_once_per_optimizer_step_on_cpu(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sites = count_read_backs(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert attnx(fit_args(corpus, *QUIET)) == 0
+    checks = {
+        site: n for site, n in sites.items() if "on_before_optimizer_step" in site or "isfinite" in site
+    }
+    assert sum(checks.values()) == STEPS, sites  # the NaN check: once a step, not once a batch
+    others = {site: n for site, n in sites.items() if site not in checks}
+    assert not others, f"read back from the device during training steps: {others}"
+
+
+def test_the_nan_check_still_names_the_batch(corpus: Path, tmp_path: Path, capsys) -> None:
+    """Checked once a step, the first non-finite loss is still the one reported, before the step is taken."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        rc = attnx(fit_args(corpus, *QUIET, "--model.lr_factor", "1e30"))
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "training loss is nan at optimizer step 2 (batch 4 of epoch 0)" in err, err[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_training_step_on_cuda_waits_for_the_gpu_only_at_the_nan_check(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PyTorch's own check (`torch.cuda.set_sync_debug_mode("error")`) around the step hooks, the NaN check
+    left out: any other wait for the GPU raises, naming the operation."""
+
+    def checked(method: Callable[..., Any], mode: str) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            before = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode(mode)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode(before)
+
+        return wrapper
+
+    for hook in ("training_step", "backward"):
+        monkeypatch.setattr(TranslationTask, hook, checked(getattr(TranslationTask, hook), "error"))
+    nan_check = TranslationTask.on_before_optimizer_step
+    monkeypatch.setattr(TranslationTask, "on_before_optimizer_step", checked(nan_check, "default"))
+    monkeypatch.chdir(tmp_path)
+    gpu = ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--trainer.precision", "bf16-mixed"]
+    assert attnx(fit_args(corpus, *QUIET, *gpu)) == 0
