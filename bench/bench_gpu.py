@@ -307,7 +307,8 @@ def train_plain(
                 result.target_tokens += batch.n_tgt_tokens
                 result.padded_tokens += batch.src.numel() + batch.tgt_out.numel()
                 result.flops += batch_flops(config, batch)
-        if NAN_CHECK == "step" and not torch.isfinite(total):  # TranslationTask's: one sync per optimizer step
+        # TranslationTask's check: one sync per optimizer step
+        if NAN_CHECK == "step" and not torch.isfinite(total):
             raise FloatingPointError(f"loss {float(total) / acc} at step {step}")
         if scaler:
             scaler.step(optimizer)

@@ -89,7 +89,8 @@ def test_copies_block_unless_the_target_is_cuda(monkeypatch) -> None:
     assert_same(batch.to("cpu"), batch)
     batch.to(torch.device("cuda", 0))
     batch.to("cuda", non_blocking=False)
-    assert calls == [("cpu", False)] * len(FIELDS) + [("cuda:0", True)] * len(FIELDS) + [("cuda", False)] * len(FIELDS)
+    n = len(FIELDS)
+    assert calls == [("cpu", False)] * n + [("cuda:0", True)] * n + [("cuda", False)] * n
 
 
 @pytest.mark.gpu
