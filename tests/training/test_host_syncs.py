@@ -2,9 +2,10 @@
 
 A read-back (`.item()`, `bool(t)`, `.tolist()`, selecting with a boolean mask, `nonzero`) makes the host wait
 until the GPU has run everything queued; at every batch of a step that leaves the GPU idle while the host
-prepares the next one. The CPU test counts the operations that would wait on a GPU as PyTorch dispatches
-them, in a real ``attnx fit`` with gradient accumulation; the GPU test turns PyTorch's own sync check into an
-error for the same steps.
+prepares the next one; so does logging a Python number (`self.log("train/lr", 0.5)` copies it to the device).
+The CPU tests count, in a real ``attnx fit`` with gradient accumulation, the operations that would wait on a
+GPU as PyTorch dispatches them and the numbers logged; the GPU test turns PyTorch's own check on for the whole
+of training and counts every wait by the line that caused it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import collections
 import functools
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -115,6 +118,8 @@ QUIET = [
     "null",
     "--trainer.enable_checkpointing",
     "false",
+    "--trainer.limit_val_batches",
+    "0",
     "--evaluation.bleu_samples",
     "0",
 ]
@@ -146,6 +151,26 @@ def test_a_training_step_reads_back_once_per_optimizer_step_on_cpu(
     assert not others, f"read back from the device during training steps: {others}"
 
 
+def test_host_numbers_are_logged_once_per_optimizer_step(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`self.log(name, 0.5)` copies the number to the device, which waits for the GPU like a read-back does:
+    the learning rate and the token rates are logged once a step, not at every batch."""
+    sites: collections.Counter[str] = collections.Counter()
+    log = pl.LightningModule.log
+
+    def counted_log(self: pl.LightningModule, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(value, torch.Tensor):
+            sites[f"{name} from {calling_site()}"] += 1
+        log(self, name, value, *args, **kwargs)
+
+    monkeypatch.setattr(pl.LightningModule, "log", counted_log)
+    monkeypatch.chdir(tmp_path)
+    assert attnx(fit_args(corpus, *QUIET)) == 0
+    assert any(name.startswith("train/lr") for name in sites), sites
+    assert max(sites.values()) <= STEPS, f"logged more often than once a step: {dict(sites)}"
+
+
 def test_the_nan_check_still_names_the_batch(corpus: Path, tmp_path: Path, capsys) -> None:
     """Checked once a step, the first non-finite loss is still the one reported, before the step is taken."""
     with pytest.MonkeyPatch.context() as mp:
@@ -158,28 +183,43 @@ def test_the_nan_check_still_names_the_batch(corpus: Path, tmp_path: Path, capsy
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_training_step_on_cuda_waits_for_the_gpu_only_at_the_nan_check(
+def test_on_cuda_no_line_waits_for_the_gpu_at_every_batch(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PyTorch's own check (`torch.cuda.set_sync_debug_mode("error")`) around the step hooks, the NaN check
-    left out: any other wait for the GPU raises, naming the operation."""
+    """PyTorch's own check (`torch.cuda.set_sync_debug_mode("warn")`, a warning at the Python line of each
+    operation that waits) and every `torch.cuda.synchronize`, from the start of training to its end: no line
+    may wait at every batch (12 batches here), only once a step (3 steps)."""
+    waits: collections.Counter[str] = collections.Counter()
+    synchronize = torch.cuda.synchronize
 
-    def checked(method: Callable[..., Any], mode: str) -> Callable[..., Any]:
+    def counted_synchronize(device: Any = None) -> None:
+        waits[f"synchronize from {calling_site()}"] += 1
+        synchronize(device)
+
+    def debug(hook: str, mode: str) -> None:
+        method = getattr(TranslationTask, hook)
+
         @functools.wraps(method)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            before = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode(mode)
-            try:
-                return method(*args, **kwargs)
-            finally:
-                torch.cuda.set_sync_debug_mode(before)
+            return method(*args, **kwargs)
 
-        return wrapper
+        monkeypatch.setattr(TranslationTask, hook, wrapper)
 
-    for hook in ("training_step", "backward"):
-        monkeypatch.setattr(TranslationTask, hook, checked(getattr(TranslationTask, hook), "error"))
-    nan_check = TranslationTask.on_before_optimizer_step
-    monkeypatch.setattr(TranslationTask, "on_before_optimizer_step", checked(nan_check, "default"))
+    monkeypatch.setattr(torch.cuda, "synchronize", counted_synchronize)
+    debug("on_train_start", "warn")
+    debug("on_train_end", "default")  # Lightning then moves the weights back to the CPU: waits, once
     monkeypatch.chdir(tmp_path)
     gpu = ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--trainer.precision", "bf16-mixed"]
-    assert attnx(fit_args(corpus, *QUIET, *gpu)) == 0
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert attnx(fit_args(corpus, *QUIET, *gpu)) == 0
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for warning in caught:
+        if "synchroniz" in str(warning.message):
+            waits[f"{warning.filename}:{warning.lineno}"] += 1
+    assert waits, "no wait seen at all: the NaN check waits once a step, so the check itself is broken"
+    per_batch = {site: n for site, n in waits.items() if n > STEPS + 1}
+    assert not per_batch, f"waits for the GPU at every batch: {per_batch}"

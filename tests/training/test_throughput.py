@@ -27,32 +27,60 @@ class Recorder:
         self.logged[name] = float(value)
 
 
+class Trainer(SimpleNamespace):
+    """What the callback reads of the Trainer: the device count and the optimizer step."""
+
+    def __init__(self, world_size: int = 1) -> None:
+        super().__init__(world_size=world_size, global_step=0)
+
+
+def steps(callback: TokenThroughput, trainer: Trainer, module: Recorder, batch, n: int, accumulate: int = 1):
+    """`n` optimizer steps of `accumulate` batches each, as Lightning calls the callback."""
+    for _ in range(n):
+        for micro in range(accumulate):
+            if micro == accumulate - 1:
+                trainer.global_step += 1  # the step is taken before the last batch's on_train_batch_end
+            callback.on_train_batch_end(trainer, module, None, batch, 0)
+
+
 def test_rates_count_real_tokens_over_the_window(monkeypatch) -> None:
     clock = iter([0.0, 1.0, 2.0, 3.0])
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     batch = collate([([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])])  # 6 source + 8 target real tokens
-    module, trainer = Recorder(), SimpleNamespace(world_size=2)
+    module, trainer = Recorder(), Trainer(world_size=2)
     callback = TokenThroughput(window=2, peak_flops=1e9)
-    for _ in range(3):
-        callback.on_train_batch_end(trainer, module, None, batch, 0)
-    # window of 2 batches over 2 s, times 2 devices
+    steps(callback, trainer, module, batch, 3)
+    # window of 2 steps over 2 s, times 2 devices
     assert module.logged["train/tokens_per_s"] == pytest.approx(2 * 14 / 2 * 2)
     assert module.logged["train/tgt_tokens_per_s"] == pytest.approx(2 * 8 / 2 * 2)
     flops = training_flops_per_token(module.config, 3.0, 4.0)["per_token"] * 14
     assert module.logged["train/mfu"] == pytest.approx(2 * flops / 2 / 1e9)
 
 
+def test_accumulated_batches_are_one_step_timed_once(monkeypatch) -> None:
+    """With gradient accumulation the clock is read, and the GPU waited for, once per optimizer step."""
+    clock = iter([0.0, 1.0, 2.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    waits: list[object] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", waits.append)
+    batch = collate([([5, 6], [7, 8])])  # 3 + 3 real tokens
+    module, trainer = Recorder(), Trainer()
+    module.device = torch.device("cuda")
+    callback = TokenThroughput(window=5, peak_flops=None)
+    steps(callback, trainer, module, batch, 3, accumulate=4)
+    assert len(waits) == 3
+    assert module.logged["train/tokens_per_s"] == pytest.approx(2 * 4 * 6 / 2.0)  # 2 steps of 4 batches, 2 s
+
+
 def test_validation_time_is_not_counted(monkeypatch) -> None:
     clock = iter([0.0, 1.0, 100.0, 101.0])
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     batch = collate([([5, 6], [7, 8])])
-    module, trainer = Recorder(), SimpleNamespace(world_size=1)
+    module, trainer = Recorder(), Trainer()
     callback = TokenThroughput(window=5, peak_flops=None)
-    callback.on_train_batch_end(trainer, module, None, batch, 0)
-    callback.on_train_batch_end(trainer, module, None, batch, 1)
+    steps(callback, trainer, module, batch, 2)
     callback.on_validation_start(trainer, module)  # 99 s of validation follow
-    callback.on_train_batch_end(trainer, module, None, batch, 2)
-    callback.on_train_batch_end(trainer, module, None, batch, 3)
+    steps(callback, trainer, module, batch, 2)
     assert module.logged["train/tokens_per_s"] == pytest.approx(6 / 1.0)
     assert "train/mfu" not in module.logged  # no peak known: no MFU rather than a wrong one
 

@@ -160,7 +160,6 @@ class TranslationTask(pl.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=tokens)
         self.log("train/nll", nll, batch_size=tokens)
         self.log("train/ppl", torch.exp(nll), batch_size=tokens)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], prog_bar=True, batch_size=tokens)
         return loss
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
@@ -168,6 +167,12 @@ class TranslationTask(pl.LightningModule):
             self._step_losses.clear()  # a step's batches start (or a resumed run's first one)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._check_losses()
+        # a Python number is logged through a copy to the device, which waits for the GPU: here, once a step
+        # and just after the check has waited anyway, not at every batch
+        self.log("train/lr", optimizer.param_groups[0]["lr"], prog_bar=True)
+
+    def _check_losses(self) -> None:
         """Refuse to step on a NaN or infinite loss. Checked once per optimizer step, before it changes the
         weights, rather than at each batch: reading a loss back makes the host wait until the GPU has run
         everything queued, and at every batch of a step (8 in the paper's setting on one GPU) that wait

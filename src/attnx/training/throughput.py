@@ -123,17 +123,18 @@ def device_peak_flops(device: torch.device, precision: str) -> float | None:
 
 
 class TokenThroughput(Callback):
-    """Log `train/tokens_per_s`, `train/tgt_tokens_per_s` and `train/mfu` every training batch.
+    """Log `train/tokens_per_s`, `train/tgt_tokens_per_s` and `train/mfu` at every optimizer step.
 
-    Rates are over the last `window` batches (from the second batch on); the time spent validating and
+    Rates are over the last `window` optimizer steps (from the second step on); the time spent validating and
     starting an epoch is not counted. They are per-device rates times the device count: token-budget batches
-    keep the ranks equally loaded.
+    keep the ranks equally loaded. The clock is read once a step, after waiting for the GPU: waiting at every
+    batch would leave the GPU idle while the host prepares the next one.
     """
 
     def __init__(self, window: int = 20, peak_flops: float | None = None) -> None:
         """
         Args:
-            window: Training batches the rates are averaged over.
+            window: Optimizer steps the rates are averaged over.
             peak_flops: Peak FLOP/s of one device, the denominator of `train/mfu`; None looks it up (GPU)
                 or measures it once at the start of training (CPU).
         """
@@ -143,28 +144,41 @@ class TokenThroughput(Callback):
         self.peak_flops = peak_flops
         self._window: deque[tuple[float, int, int, float]] = deque(
             maxlen=window + 1
-        )  # time, tokens, tgt, flops
+        )  # time, tokens, tgt, flops of each step
+        self._pending = [0, 0, 0.0]  # tokens, tgt, flops of the batches since the last step
+        self._step = 0  # the optimizer step seen last (on_fit_start: the step a run resumes at)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.peak_flops is None:
             self.peak_flops = device_peak_flops(pl_module.device, str(trainer.precision))
-        self._window.clear()
+        self._restart(trainer)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._window.clear()  # the loader's start is not training time
+        self._restart(trainer)  # the loader's start is not training time
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._window.clear()  # nor is validation
+        self._restart(trainer)  # nor is validation
+
+    def _restart(self, trainer: pl.Trainer) -> None:
+        self._window.clear()
+        self._pending = [0, 0, 0.0]
+        self._step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Batch, batch_idx: int) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
         n = batch.size
         per_token = training_flops_per_token(pl_module.config, batch.n_src_tokens / n, batch.n_tgt_tokens / n)
         tokens = batch.n_src_tokens + batch.n_tgt_tokens
-        self._window.append(
-            (time.perf_counter(), tokens, batch.n_tgt_tokens, per_token["per_token"] * tokens)
-        )
+        self._pending[0] += tokens
+        self._pending[1] += batch.n_tgt_tokens
+        self._pending[2] += per_token["per_token"] * tokens
+        if trainer.global_step == self._step:
+            return  # within an optimizer step's batches (gradient accumulation)
+        self._step = trainer.global_step
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        tokens, tgt, flops = self._pending
+        self._pending = [0, 0, 0.0]
+        self._window.append((time.perf_counter(), tokens, tgt, flops))
         if len(self._window) < 2:
             return
         elapsed = self._window[-1][0] - self._window[0][0]
