@@ -145,14 +145,14 @@ class PeriodicCheckpoint(Checkpoint):
             return
         received = self._signals.received if self._signals else set()
         third = self._requeue_signal or signal.SIGUSR1
-        flags = torch.tensor(
-            [self._due(trainer), signal.SIGTERM in received, signal.SIGINT in received, third in received],
-            dtype=torch.int32,
-            device=trainer.strategy.root_device,
-        )
-        due, terminate, interrupt, usr1 = trainer.strategy.reduce(
-            flags, reduce_op="max"
-        ).tolist()  # any rank's signal
+        flags = [self._due(trainer), signal.SIGTERM in received, signal.SIGINT in received, third in received]
+        if trainer.world_size > 1:  # any rank's signal (one process needs no tensor: its copy to a GPU waits)
+            device = trainer.strategy.root_device
+            reduced = trainer.strategy.reduce(
+                torch.tensor(flags, dtype=torch.int32, device=device), reduce_op="max"
+            )
+            flags = [bool(flag) for flag in reduced.tolist()]
+        due, terminate, interrupt, usr1 = flags
         if due or terminate or interrupt or usr1:
             if self._signals is not None and (terminate or interrupt or usr1):
                 self._signals.stopping = True  # saving for the stop: a second signal must not cut it short
