@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from attnx.checkpoint import load_model
 from attnx.data.batch import collate
 from attnx.inference.config import SearchConfig
-from attnx.inference.eager import token_batches
+from attnx.inference.eager import DECODING_PRECISIONS, check_precision, token_batches
 from attnx.inference.scoring import force_decode
 from attnx.inference.search import translate_batch
 from attnx.model import Transformer, build_transformer
@@ -162,6 +162,26 @@ def score_all(
     )
 
 
+def compare_precisions(args: argparse.Namespace, tokenizer, reference: Run, mixed: Run) -> None:
+    """What a mixed precision changes: speed, outputs equal to fp32's and, for a trained model, BLEU."""
+    same = sum(x == y for x, y in zip(reference.outputs, mixed.outputs, strict=True))
+    speed = (mixed.sentences / mixed.best) / (reference.sentences / reference.best)
+    line = (
+        f"\n{args.precision}: {speed:.2f}x the sentences/s of 32-true; outputs equal to 32-true's: "
+        f"{same}/{len(mixed.outputs)} ({100 * same / len(mixed.outputs):.1f}%)"
+    )
+    if args.ckpt_path:
+        import sacrebleu
+
+        refs = multi30k(args.data, "test_2016_flickr", "de", len(mixed.outputs))
+        bleu = [
+            sacrebleu.corpus_bleu([tokenizer.decode(y) for y in run.outputs], [refs]).score
+            for run in (reference, mixed)
+        ]
+        line += f"; BLEU 32-true {bleu[0]:.2f}, {args.precision} {bleu[1]:.2f}"
+    print(line, flush=True)
+
+
 def decode_all(
     model: nn.Module,
     ids: list[list[int]],
@@ -237,6 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--device", default="cpu", help="where to decode: cpu (default), cuda, cuda:1, ...")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--precision",
+        choices=list(DECODING_PRECISIONS),
+        default="32-true",
+        help="decode under autocast in bf16 or fp16, as attnx translate --precision; a mixed precision also "
+        "decodes beam in fp32 first, for the speed ratio, the outputs that agree and (--ckpt_path) BLEU both ways",
+    )
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -267,10 +294,26 @@ def main(argv: list[str] | None = None) -> int:
 
     print(HEADER)
     r = args.repeats
-    decode_all(model, ids[:64], 64, search, "warm-up")
     t = args.max_tokens
-    cached = decode_all(model, ids, args.batch_size, search, f"beam {args.beam}, cache", r, t)
+    reference = None
+    dtype = check_precision(args.precision, model_device(model))
+    if dtype is not None:
+        decode_all(model, ids[:64], 64, search, "warm-up")
+        reference = decode_all(model, ids, args.batch_size, search, f"beam {args.beam}, cache, 32-true", r, t)
+        print(reference.row(), flush=True)
+    with torch.autocast(model_device(model).type, dtype=dtype, enabled=dtype is not None):
+        return decode_and_report(args, model, tokenizer, ids, search, reference, (a, b))
+
+
+def decode_and_report(args, model, tokenizer, ids, search, reference, lengths) -> int:
+    """Every run of the benchmark, in the precision the caller set up."""
+    r, t, (a, b) = args.repeats, args.max_tokens, lengths
+    decode_all(model, ids[:64], 64, search, "warm-up")
+    precision = "" if reference is None else f", {args.precision}"
+    cached = decode_all(model, ids, args.batch_size, search, f"beam {args.beam}, cache{precision}", r, t)
     print(cached.row(), flush=True)
+    if reference is not None:
+        compare_precisions(args, tokenizer, reference, cached)
     n = min(args.no_cache_sentences, len(ids))
     if n > 0:
         no_cache = decode_all(

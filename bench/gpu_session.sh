@@ -126,6 +126,9 @@ run=$(newest_run big)
 if [[ -n $base_ckpt && -f $base_ckpt ]]; then
   step decode 120 $python bench/bench_decode.py --ckpt_path "$base_ckpt" --device "$device" \
     --no_cache_sentences 0 "${decode[@]}"
+  # bf16 autocast against fp32 (speed, outputs equal, BLEU): the same runs, no batch-size sweep
+  step decode_bf16 90 $python bench/bench_decode.py --ckpt_path "$base_ckpt" --device "$device" \
+    --no_cache_sentences 0 "${decode[@]}" --precision bf16-mixed --batch_sizes
 else
   say "== no averaged.ckpt from fit_base: test and decoding skipped"
 fi

@@ -316,6 +316,7 @@ def test_a_target_file_of_another_length_is_one_line_and_nothing_is_written(chec
         (["--weights", "[0.5,0.5]"], "weights need an ensemble"),
         (["--target", "IN", "--search.mbr", "4", "--format", "jsonl"], "--search.mbr do not apply"),
         (["--search.mbr", "6", "--search.mbr_candidates", "nbest"], "raise --search.beam to at least 6"),
+        (["--precision", "16-mixed"], "--precision 16-mixed decodes on CUDA devices"),
     ],
 )
 def test_options_that_cannot_work_together_are_one_line(checkpoint, tmp_path, capsys, argv, message):
@@ -331,6 +332,28 @@ def test_options_that_cannot_work_together_are_one_line(checkpoint, tmp_path, ca
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists() and len(list(tmp_path.iterdir())) == 1
+
+
+def test_precision_reaches_the_engine_and_the_partial_output_s_record(checkpoint, tmp_path, monkeypatch):
+    from attnx.inference.eager import EagerTranslator
+
+    seen: list[str] = []
+    autocast = EagerTranslator.autocast
+
+    def recording(self):
+        seen.append(self.precision)
+        return autocast(self)
+
+    monkeypatch.setattr(EagerTranslator, "autocast", recording)
+    src, out = write_lines(tmp_path / "in.txt", SOURCES), tmp_path / "out.txt"
+    argv = ["translate", "--model", str(checkpoint), "--input", str(src), "--output", str(out), *SHORT]
+    assert attnx_main([*argv, "--precision", "bf16-mixed"]) == 0
+    assert seen and set(seen) == {"bf16-mixed"}
+    assert len(out.read_text(encoding="utf-8").splitlines()) == len(SOURCES)
+    # what a partial output records: a run continued in another precision would mix two models' outputs
+    options = run_options(str(checkpoint), None, None, "text", False, "bf16-mixed")
+    assert options["precision"] == "bf16-mixed"
+    assert "precision" not in run_options(str(checkpoint), None, None, "text", False)  # as recorded before
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import attnx
+from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.eager import EagerTranslator, token_batches
 from attnx.inference.hypothesis import Hypothesis
@@ -132,6 +133,41 @@ def test_an_ensemble_of_different_sentencepiece_models_is_one_line_naming_both(
     assert "different SentencePiece models" in message
     with pytest.raises(ValueError, match="ensemble weights need an ensemble"):
         attnx.load(checkpoint, weights=[1.0])
+
+
+def test_bf16_mixed_decodes_its_matrix_products_in_bf16_and_scores_as_it_searched(checkpoint):
+    bf16 = attnx.load(checkpoint, search=FAST, precision="bf16-mixed")
+    fp32 = attnx.load(checkpoint, search=FAST)
+    dtypes: dict[str, set[torch.dtype]] = {"bf16": set(), "fp32": set()}
+    handles = [
+        next(m for m in t.model.modules() if isinstance(m, torch.nn.Linear)).register_forward_hook(
+            lambda module, args, out, seen=seen: seen.add(out.dtype)
+        )
+        for t, seen in ((bf16, dtypes["bf16"]), (fp32, dtypes["fp32"]))
+    ]
+    try:
+        results = bf16.generate(LINES)
+        fp32.generate(LINES)
+        pairs = [(line, h) for line, hyps in zip(LINES, results, strict=True) for h in hyps if h.tokens]
+        # scored by ids: a random model's output text need not re-encode to the same pieces
+        sources = bf16.truncate(bf16.encode([line for line, _ in pairs]))
+        scored = bf16.score_ids(sources, [h.tokens for _, h in pairs])
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert dtypes == {"bf16": {torch.bfloat16}, "fp32": {torch.float32}}
+    assert pairs and all(isinstance(h.score, float) for hyps in results for h in hyps)
+    # the forced pass runs other shapes than the search, so bf16 rounds differently: equal to about 1%
+    for (_, hyp), forced in zip(pairs, scored, strict=True):
+        assert forced.log_prob == pytest.approx(hyp.log_prob, rel=0.01, abs=0.05)
+    assert bf16.with_search(beam=1, nbest=1).precision == "bf16-mixed"
+
+
+def test_16_mixed_needs_a_cuda_device_and_an_unknown_precision_is_named(checkpoint):
+    with pytest.raises(ConfigError, match="16-mixed decodes on CUDA devices"):
+        attnx.load(checkpoint, precision="16-mixed")
+    with pytest.raises(ConfigError, match="choose one of 32-true, bf16-mixed, 16-mixed"):
+        attnx.load(checkpoint, precision="bf16")
 
 
 def test_token_batches_respect_the_budget_and_cover_every_line_once():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import attnx
+from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.eager import EagerTranslator
 from attnx.inference.load import load
@@ -75,3 +76,22 @@ def test_an_exported_directory_is_decoded_by_ctranslate2(checkpoint, tmp_path):
     assert translator.search.beam == 1 and translator.max_tokens == 64
     (output,) = translator.translate_ids([[5, 6, 7]])
     assert len(output) <= translator.max_output_length(3)
+
+
+def test_an_export_takes_the_compute_type_of_the_precision_asked(checkpoint, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from attnx.export import export_ctranslate2
+
+    exported = export_ctranslate2(checkpoint, tmp_path / "ct2")
+    search = SearchConfig(beam=1, max_len_b=6)
+    assert load(exported, search=search).compute_type == "default"  # as exported
+    fp32 = load(exported, search=search, precision="32-true")
+    assert fp32.compute_type == "float32"
+    assert fp32.translate_ids([[5, 6, 7]]) == load(exported, search=search).translate_ids([[5, 6, 7]])
+    if "bfloat16" in ctranslate2.get_supported_compute_types("cpu"):
+        assert load(exported, search=search, precision="bf16-mixed").compute_type == "bfloat16"
+    else:
+        with pytest.raises(ConfigError, match="cannot compute in bfloat16 on this cpu device .*float32"):
+            load(exported, search=search, precision="bf16-mixed")
+    with pytest.raises(ConfigError, match="choose one of 32-true, bf16-mixed, 16-mixed"):
+        load(exported, precision="fp8")

@@ -62,8 +62,8 @@ def api(checkpoint):
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     handlers = list(logging.getLogger("attnx").handlers)
 
-    def make(max_batch_size: int) -> TranslationAPI:
-        lit = TranslationAPI(str(checkpoint), FAST, max_tokens=4096, max_batch_size=max_batch_size)
+    def make(max_batch_size: int, **kw) -> TranslationAPI:
+        lit = TranslationAPI(str(checkpoint), FAST, max_tokens=4096, max_batch_size=max_batch_size, **kw)
         lit.pre_setup()  # what LitServer does before starting a worker
         lit.setup("cpu")
         return lit
@@ -113,6 +113,14 @@ def test_a_request_may_ask_for_an_nbest_list_or_samples_with_scores(api, checkpo
     )
     assert len(answers[2]["hypotheses"][0]) == 3  # three samples
     assert answers[3] == {"translations": attnx.load(checkpoint, search=FAST).translate(["A cat."])}
+
+
+def test_a_worker_decodes_in_the_precision_asked_and_info_says_which(api, checkpoint):
+    assert api(1).translator.precision == "32-true"
+    assert api(1, precision="bf16-mixed").translator.precision == "bf16-mixed"
+    settings = ServeSettings(precision="bf16-mixed")
+    assert model_info(str(checkpoint), FAST, settings)["precision"] == "bf16-mixed"
+    assert server_module.build_server(str(checkpoint), FAST, settings).lit_api.precision == "bf16-mixed"
 
 
 def test_split_as_keeps_order_and_empty_pieces():

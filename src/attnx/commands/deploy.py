@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from attnx.inference.config import SearchConfig
+from attnx.inference.config import Precision, SearchConfig
 from attnx.serving.settings import RequestLimits, ServeSettings
 
 SERVE = ServeSettings()
@@ -29,6 +29,7 @@ def serve(
     workers: int = SERVE.workers,
     threads: int = SERVE.threads,
     timeout: float = SERVE.timeout,
+    precision: Precision | None = None,
 ) -> int:
     """Serve a trained model over HTTP: POST /translate, with concurrent requests translated together.
 
@@ -61,6 +62,8 @@ def serve(
         threads: Torch threads per worker on CPU; 0: torch's default (all cores) for one worker, cores /
             workers for several.
         timeout: Seconds a request may wait in the queue before it is answered 504.
+        precision: As attnx translate's: a checkpoint decodes in 32-true (the default), bf16-mixed or 16-mixed
+            (CUDA only); an export loads with the matching CTranslate2 compute type.
     """
     import os
 
@@ -92,6 +95,7 @@ def serve(
         timeout=timeout,
         workers=workers,
         threads=threads,
+        precision=precision,
         limits=RequestLimits(
             max_lines=max_lines,
             max_line_chars=max_line_chars,

@@ -78,6 +78,7 @@ def run_options(
     search: SearchConfig | None,
     format: OutputFormat,
     token_scores: bool,
+    precision: str | None = None,
 ) -> dict[str, Any]:
     """What decides a run's output besides its inputs: the models' content and every output option. A
     model that cannot be read is left for the loader to name."""
@@ -91,6 +92,7 @@ def run_options(
         "search": dataclasses.asdict(search) if search is not None else None,
         "format": format,
         "token_scores": token_scores,
+        **({"precision": precision} if precision is not None else {}),  # records before this option match
     }
 
 

@@ -10,7 +10,7 @@ from typing import Literal
 from attnx.commands.resumable import ResumableOutput, StreamOutput
 from attnx.commands.text_input import TextInput
 from attnx.errors import ConfigError
-from attnx.inference.config import DEFAULT_MAX_TOKENS, PAPER_SEARCH, SearchConfig
+from attnx.inference.config import DEFAULT_MAX_TOKENS, PAPER_SEARCH, Precision, SearchConfig
 from attnx.inference.formats import OutputFormat
 
 
@@ -43,6 +43,7 @@ def translate(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     buffer_size: int = 2000,
     device: str = "cpu",
+    precision: Precision | None = None,
     force: bool = False,
 ) -> int:
     """Translate text with a trained model: one segment a line in, one translation a line out, same order.
@@ -81,6 +82,10 @@ def translate(
         buffer_size: Lines read, translated (sorted by length) and written at a time; a pipe's lines are
             translated as they arrive, up to this many together.
         device: Where to decode: cpu, cuda, cuda:1, ...
+        precision: A checkpoint decodes in 32-true (the default), bf16-mixed or 16-mixed (CUDA only): the
+            matrix products under autocast in bf16 or fp16, softmax and scores in float32; faster where the
+            device has units for them, and a translation may differ from fp32's. An export loads with the
+            matching CTranslate2 compute type (default: the one it was exported with).
         force: Replace the --output file if it exists (otherwise an existing file is left and the command stops).
     """
     from attnx.commands.streaming import (
@@ -101,6 +106,10 @@ def translate(
     if output != "-":
         refuse_to_replace(output, force)
     check_device(device)
+    if precision == "16-mixed" and not device.startswith("cuda"):
+        raise ConfigError(
+            "--precision 16-mixed decodes on CUDA devices; on a CPU choose bf16-mixed or 32-true"
+        )
     for path in model if isinstance(model, list) else [model]:
         if is_ctranslate2_model(path):
             require_extra("ct2", f"attnx translate --model {path} (a CTranslate2 model)")
@@ -108,12 +117,19 @@ def translate(
         try:
             with PairedInputs(input, target=target, prefix=prefix) as inputs:
                 inputs.check_line_counts()
-                options = run_options(model, weights, search, format, token_scores)
+                options = run_options(model, weights, search, format, token_scores, precision)
                 sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
                 sink.prepare()
                 from attnx.inference.load import load
 
-                translator = load(model, device=device, search=search, max_tokens=max_tokens, weights=weights)
+                translator = load(
+                    model,
+                    device=device,
+                    search=search,
+                    max_tokens=max_tokens,
+                    weights=weights,
+                    precision=precision,
+                )
                 job = TranslationJob(translator, format, token_scores, buffer_size)
                 return run_translation(job, inputs, sink)
         except Stop:  # before the first line was read: nothing to keep

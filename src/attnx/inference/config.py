@@ -15,6 +15,9 @@ LengthPenalty = Literal["gnmt", "fairseq"]
 MBRUtility = Literal["chrf", "bleu"]
 MBRCandidates = Literal["sample", "epsilon", "nbest"]
 
+Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
+"""What a checkpoint decodes in (`attnx translate --precision`), named as `attnx fit`'s `--trainer.precision`."""
+
 DEFAULT_MAX_TOKENS = 4096
 """Source tokens per decoding batch, padding included: every engine's, `attnx translate`'s and `attnx serve`'s default."""
 

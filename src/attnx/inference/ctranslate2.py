@@ -243,13 +243,22 @@ class CTranslate2Translator(Translator):
         """Load the model on `device` (`cpu`, `cuda`, `cuda:N`) and return this translator."""
         ct2 = import_ctranslate2()
         kind, index = _device(device)
-        self._translator = ct2.Translator(
-            str(self.directory),
-            device=kind,
-            device_index=index,
-            compute_type=self.compute_type,
-            intra_threads=self.threads,
-        )
+        try:
+            self._translator = ct2.Translator(
+                str(self.directory),
+                device=kind,
+                device_index=index,
+                compute_type=self.compute_type,
+                intra_threads=self.threads,
+            )
+        except ValueError as err:
+            if "compute type" not in str(err):
+                raise
+            supported = ", ".join(sorted(ct2.get_supported_compute_types(kind, index)))
+            raise ConfigError(
+                f"CTranslate2 cannot compute in {self.compute_type} on this {kind} device (it can in: "
+                f"{supported}); choose another precision"
+            ) from None
         self._device = torch.device(kind, index) if kind == "cuda" else torch.device("cpu")
         return self
 

@@ -9,6 +9,7 @@ It batches its input by tokens (shortest first, padding included) and, besides t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Iterator, Sequence
@@ -32,6 +33,23 @@ from attnx.inference.scoring import force_decode
 from attnx.inference.search import generate
 from attnx.inference.translator import Translator, blank, fitted_search
 from attnx.model import Transformer
+
+DECODING_PRECISIONS: dict[str, torch.dtype | None] = {
+    "32-true": None,
+    "bf16-mixed": torch.bfloat16,
+    "16-mixed": torch.float16,
+}
+"""Precisions a checkpoint decodes in, named as `attnx fit`'s `--trainer.precision`: the mixed ones run the
+matrix products under autocast in that dtype while softmax, log-probabilities and scores stay float32."""
+
+
+def check_precision(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of `precision` on `device`, or a usage error naming the choices."""
+    if precision not in DECODING_PRECISIONS:
+        raise ConfigError(f"precision {precision!r}: choose one of {', '.join(DECODING_PRECISIONS)}")
+    if precision == "16-mixed" and device.type != "cuda":
+        raise ConfigError("precision 16-mixed decodes on CUDA devices; on a CPU choose bf16-mixed or 32-true")
+    return DECODING_PRECISIONS[precision]
 
 
 def token_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int]]:
@@ -71,6 +89,9 @@ class EagerTranslator(Translator):
             defaults to the model's own limit.
         max_tokens: Source tokens per decoding batch, padding included.
         weights: An ensemble's weights, one per model (default: equal).
+        precision: `32-true` (default), `bf16-mixed` or `16-mixed` (CUDA only): the matrix products under
+            autocast in bf16 or fp16, softmax and scores in float32
+            ([`DECODING_PRECISIONS`][attnx.inference.eager.DECODING_PRECISIONS]).
     """
 
     def __init__(
@@ -80,6 +101,7 @@ class EagerTranslator(Translator):
         search: SearchConfig | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         weights: Sequence[float] | None = None,
+        precision: str = "32-true",
     ) -> None:
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}")
@@ -98,6 +120,8 @@ class EagerTranslator(Translator):
         self.max_positions = min(int(m.max_positions) for m in models)
         self.search = fitted_search(search or SearchConfig(), self.max_positions)
         self.max_tokens = max_tokens
+        self.precision = precision
+        check_precision(precision, self.device)
 
     @classmethod
     def from_checkpoint(
@@ -129,16 +153,23 @@ class EagerTranslator(Translator):
 
     def to(self, device: str | torch.device) -> EagerTranslator:
         """Move the model(s) to `device` (in place) and return this translator."""
+        check_precision(self.precision, torch.device(device))
         for m in self.models:
             m.to(device)
         return self
 
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context decoding runs in: autocast in the translator's precision, or nothing for 32-true."""
+        dtype = DECODING_PRECISIONS[self.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
     def with_search(self, **changes: Any) -> EagerTranslator:
         """A translator sharing this one's model, with some search settings changed (e.g. `beam=1`)."""
         models = self.model if len(self.models) == 1 else self.models
-        return EagerTranslator(
-            models, self.tokenizer, dataclasses.replace(self.search, **changes), self.max_tokens, self.weights
-        )
+        search = dataclasses.replace(self.search, **changes)
+        return EagerTranslator(models, self.tokenizer, search, self.max_tokens, self.weights, self.precision)
 
     # ---------------------------------------------------------------------------------------------- ids
 
@@ -152,10 +183,11 @@ class EagerTranslator(Translator):
         """Hypotheses of a padded batch already on the model's device (aligned when `search.alignment`; with
         `search.mbr`, the candidates ranked by expected utility, `text` filled)."""
         draw = candidate_search(self.search)
-        results = generate(self.decoder, src, src_mask, draw, prefixes=prefixes, generator=generator)
-        results = rerank(results, self.search, self.decode)
-        if self.search.alignment:
-            self._align(src, src_mask, results)
+        with self.autocast():
+            results = generate(self.decoder, src, src_mask, draw, prefixes=prefixes, generator=generator)
+            results = rerank(results, self.search, self.decode)
+            if self.search.alignment:
+                self._align(src, src_mask, results)
         return results
 
     def _align(self, src: Tensor, src_mask: Tensor, results: list[list[Hypothesis]]) -> None:
@@ -223,13 +255,14 @@ class EagerTranslator(Translator):
         device = self.device
         for batch in token_batches(lengths, self.max_tokens):
             b = collate([(sources[i], []) for i in batch])
-            scored = force_decode(
-                self.decoder,
-                b.src.to(device),
-                b.src_mask.to(device),
-                [targets[i] for i in batch],
-                self.search,
-            )
+            with self.autocast():
+                scored = force_decode(
+                    self.decoder,
+                    b.src.to(device),
+                    b.src_mask.to(device),
+                    [targets[i] for i in batch],
+                    self.search,
+                )
             for i, hyp in zip(batch, scored, strict=True):
                 out[i] = hyp
         return [hyp for hyp in out if hyp is not None]
@@ -253,7 +286,7 @@ class EagerTranslator(Translator):
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self.autocast():
                 memory = self.model.encode(src, src_mask, weights=encoder)
                 self.model.decode(tgt_in, memory, src_mask, weights=cross)
         finally:

@@ -90,12 +90,14 @@ class TranslationAPI(ls.LitAPI):
         threads: int = 0,
         max_batch_size: int = 32,
         batch_timeout: float = 0.01,
+        precision: str | None = None,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=API_PATH)
         self.model = model
         self.search = search
         self.max_tokens = max_tokens
         self.threads = threads
+        self.precision = precision
 
     def setup(self, device: str) -> None:
         import torch
@@ -111,7 +113,13 @@ class TranslationAPI(ls.LitAPI):
         logging.getLogger("attnx").addHandler(warnings)
         if self.threads and torch.device(device).type == "cpu":
             torch.set_num_threads(self.threads)
-        self.translator = load(self.model, device=device, search=self.search, max_tokens=self.max_tokens)
+        self.translator = load(
+            self.model,
+            device=device,
+            search=self.search,
+            max_tokens=self.max_tokens,
+            precision=self.precision,
+        )
 
     # No annotation on purpose: LitServe turns an annotated `request` into a FastAPI parameter; unannotated,
     # it hands over the JSON body (already checked in the HTTP process).
@@ -177,6 +185,7 @@ def model_info(model: str, search: SearchConfig, settings: ServeSettings) -> dic
         "format": "ctranslate2" if Path(model).is_dir() else "checkpoint",
         "attnx": __version__,
         "device": settings.device,
+        "precision": settings.precision,
         "search": dataclasses.asdict(search),
         "max_tokens": settings.max_tokens,
         "batching": {"max_batch_size": settings.max_batch_size, "batch_timeout": settings.batch_timeout},
@@ -195,6 +204,7 @@ def build_server(model: str, search: SearchConfig, settings: ServeSettings) -> l
         threads=settings.threads,
         max_batch_size=settings.max_batch_size,
         batch_timeout=settings.batch_timeout,
+        precision=settings.precision,
     )
     return ls.LitServer(
         api,

@@ -44,6 +44,8 @@ class ServeSettings:
     timeout: float = 30.0
     workers: int = 1
     threads: int = 0
+    precision: str | None = None
+    """What a checkpoint decodes in (`32-true` when None) or an export's compute type; as attnx translate's."""
     limits: RequestLimits = RequestLimits()
 
     def __post_init__(self) -> None:
@@ -61,6 +63,10 @@ class ServeSettings:
             raise ConfigError(f"--threads must be 0 (torch's default) or more, got {self.threads}")
         if self.timeout <= 0:
             raise ConfigError(f"--timeout must be positive, got {self.timeout}")
+        if self.precision == "16-mixed" and not self.device.startswith("cuda"):
+            raise ConfigError(
+                "--precision 16-mixed decodes on CUDA devices; on a CPU choose bf16-mixed or 32-true"
+            )
         if not 0 <= self.batch_timeout < self.timeout:
             raise ConfigError(
                 f"--batch_timeout {self.batch_timeout} must be at least 0 and below --timeout {self.timeout}"
