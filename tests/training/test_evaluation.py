@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from attnx.data.batch import collate
+from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.training.evaluation import TranslationEvaluator
 
@@ -17,10 +18,12 @@ class Module:
     def __init__(self) -> None:
         self.calls: list[tuple[int, list[int]]] = []
         self.searches: list[SearchConfig] = []
+        self.precisions: list[str] = []
 
-    def translator(self, search: SearchConfig | None = None):
+    def translator(self, search: SearchConfig | None = None, precision: str = "32-true"):
         calls = self.calls
         self.searches.append(search)
+        self.precisions.append(precision)
 
         class Recording:
             def translate_tensors(self, src, src_mask):
@@ -89,3 +92,17 @@ def test_bad_settings_are_refused() -> None:
         with pytest.raises(ValueError, match="evaluation.search.nbest must be 1"):
             TranslationEvaluator(search=search)
     assert torch.equal(batch_of([2]).index, torch.tensor([2]))
+
+
+def test_decoding_runs_in_the_evaluation_precision_and_a_device_without_it_is_refused_first() -> None:
+    import pytest
+
+    module = Module()
+    TranslationEvaluator(bleu_samples=0).on_test_batch_end(stage(0, 1, False), module, None, batch_of([1]), 0)
+    evaluator = TranslationEvaluator(bleu_samples=0, precision="bf16-mixed")
+    evaluator.on_test_batch_end(stage(0, 1, False), module, None, batch_of([1]), 0)
+    assert module.precisions == ["32-true", "bf16-mixed"]  # fp32 unless asked, whatever trains
+    on_cpu = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    evaluator.setup(on_cpu, module, "test")
+    with pytest.raises(ConfigError, match="16-mixed decodes on CUDA devices"):
+        TranslationEvaluator(precision="16-mixed").setup(on_cpu, module, "fit")

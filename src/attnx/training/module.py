@@ -133,12 +133,12 @@ class TranslationTask(pl.LightningModule):
         self._tokenizer = tokenizer
 
     def translator(
-        self, search: SearchConfig | None = None, max_tokens: int | None = None
+        self, search: SearchConfig | None = None, max_tokens: int | None = None, precision: str = "32-true"
     ) -> EagerTranslator:
         """An [EagerTranslator][attnx.inference.eager.EagerTranslator] over the model being trained."""
         if max_tokens is None:
-            return EagerTranslator(self.model, self.tokenizer, search)
-        return EagerTranslator(self.model, self.tokenizer, search, max_tokens)
+            return EagerTranslator(self.model, self.tokenizer, search, precision=precision)
+        return EagerTranslator(self.model, self.tokenizer, search, max_tokens, precision=precision)
 
     # -------------------------------------------------------------------------------------------- training
 
