@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from attnx.checkpoint import load_model
 from attnx.data.batch import collate
 from attnx.inference.config import SearchConfig
-from attnx.inference.eager import DECODING_PRECISIONS, check_precision, token_batches
+from attnx.inference.eager import DECODING_PRECISIONS, autocast_dtype, token_batches
 from attnx.inference.scoring import force_decode
 from attnx.inference.search import translate_batch
 from attnx.model import Transformer, build_transformer
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     r = args.repeats
     t = args.max_tokens
     reference = None
-    dtype = check_precision(args.precision, model_device(model))
+    dtype = autocast_dtype(args.precision, model_device(model))
     if dtype is not None:
         decode_all(model, ids[:64], 64, search, "warm-up")
         reference = decode_all(model, ids, args.batch_size, search, f"beam {args.beam}, cache, 32-true", r, t)

@@ -316,7 +316,7 @@ def test_a_target_file_of_another_length_is_one_line_and_nothing_is_written(chec
         (["--weights", "[0.5,0.5]"], "weights need an ensemble"),
         (["--target", "IN", "--search.mbr", "4", "--format", "jsonl"], "--search.mbr do not apply"),
         (["--search.mbr", "6", "--search.mbr_candidates", "nbest"], "raise --search.beam to at least 6"),
-        (["--precision", "16-mixed"], "--precision 16-mixed decodes on CUDA devices"),
+        (["--precision", "16-mixed"], "precision 16-mixed decodes on CUDA devices"),
     ],
 )
 def test_options_that_cannot_work_together_are_one_line(checkpoint, tmp_path, capsys, argv, message):

@@ -35,7 +35,7 @@ def test_limits_must_be_positive():
         (dict(threads=-1), r"^--threads must be 0 \(torch's default\) or more, got -1$"),
         (dict(timeout=0.0), r"^--timeout must be positive, got 0.0$"),
         (dict(batch_timeout=-0.1), r"^--batch_timeout -0.1 must be at least 0 and below --timeout 30.0$"),
-        (dict(precision="16-mixed"), r"^--precision 16-mixed decodes on CUDA devices; on a CPU choose "),
+        (dict(precision="16-mixed"), r"^precision 16-mixed decodes on CUDA devices; on a CPU choose "),
     ],
 )
 def test_every_refusal_is_one_line_naming_the_option(bad, message):

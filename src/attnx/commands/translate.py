@@ -10,7 +10,7 @@ from typing import Literal
 from attnx.commands.resumable import ResumableOutput, StreamOutput
 from attnx.commands.text_input import TextInput
 from attnx.errors import ConfigError
-from attnx.inference.config import DEFAULT_MAX_TOKENS, PAPER_SEARCH, Precision, SearchConfig
+from attnx.inference.config import DEFAULT_MAX_TOKENS, PAPER_SEARCH, Precision, SearchConfig, check_precision
 from attnx.inference.formats import OutputFormat
 
 
@@ -106,10 +106,8 @@ def translate(
     if output != "-":
         refuse_to_replace(output, force)
     check_device(device)
-    if precision == "16-mixed" and not device.startswith("cuda"):
-        raise ConfigError(
-            "--precision 16-mixed decodes on CUDA devices; on a CPU choose bf16-mixed or 32-true"
-        )
+    if precision is not None:
+        check_precision(precision, device.split(":")[0])
     for path in model if isinstance(model, list) else [model]:
         if is_ctranslate2_model(path):
             require_extra("ct2", f"attnx translate --model {path} (a CTranslate2 model)")

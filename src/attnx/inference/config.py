@@ -18,6 +18,19 @@ MBRCandidates = Literal["sample", "epsilon", "nbest"]
 Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
 """What a checkpoint decodes in (`attnx translate --precision`), named as `attnx fit`'s `--trainer.precision`."""
 
+PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed", "16-mixed")
+"""The values of [`Precision`][attnx.inference.config.Precision], in the order usage errors list them."""
+
+
+def check_precision(precision: str, device_type: str) -> None:
+    """A usage error for a precision that is not one of [`PRECISIONS`][attnx.inference.config.PRECISIONS] or
+    that a `device_type` (`cpu`, `cuda`) cannot decode in."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if precision == "16-mixed" and device_type != "cuda":
+        raise ConfigError("precision 16-mixed decodes on CUDA devices; on a CPU choose bf16-mixed or 32-true")
+
+
 DEFAULT_MAX_TOKENS = 4096
 """Source tokens per decoding batch, padding included: every engine's, `attnx translate`'s and `attnx serve`'s default."""
 

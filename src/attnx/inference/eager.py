@@ -25,7 +25,7 @@ from attnx.checkpoint import load_model
 from attnx.data.batch import BOS_ID, EOS_ID, collate
 from attnx.data.tokenizer import Tokenizer
 from attnx.errors import ConfigError
-from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
+from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig, check_precision
 from attnx.inference.decoder import Decoder, EnsembleDecoder, ModelDecoder
 from attnx.inference.hypothesis import Hypothesis
 from attnx.inference.mbr import candidate_search, rerank
@@ -43,12 +43,9 @@ DECODING_PRECISIONS: dict[str, torch.dtype | None] = {
 matrix products under autocast in that dtype while softmax, log-probabilities and scores stay float32."""
 
 
-def check_precision(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of `precision` on `device`, or a usage error naming the choices."""
-    if precision not in DECODING_PRECISIONS:
-        raise ConfigError(f"precision {precision!r}: choose one of {', '.join(DECODING_PRECISIONS)}")
-    if precision == "16-mixed" and device.type != "cuda":
-        raise ConfigError("precision 16-mixed decodes on CUDA devices; on a CPU choose bf16-mixed or 32-true")
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of `precision` on `device` (None: 32-true), or a usage error naming the choices."""
+    check_precision(precision, device.type)
     return DECODING_PRECISIONS[precision]
 
 
@@ -121,7 +118,7 @@ class EagerTranslator(Translator):
         self.search = fitted_search(search or SearchConfig(), self.max_positions)
         self.max_tokens = max_tokens
         self.precision = precision
-        check_precision(precision, self.device)
+        autocast_dtype(precision, self.device)
 
     @classmethod
     def from_checkpoint(
@@ -153,7 +150,7 @@ class EagerTranslator(Translator):
 
     def to(self, device: str | torch.device) -> EagerTranslator:
         """Move the model(s) to `device` (in place) and return this translator."""
-        check_precision(self.precision, torch.device(device))
+        autocast_dtype(self.precision, torch.device(device))
         for m in self.models:
             m.to(device)
         return self

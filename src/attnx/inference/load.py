@@ -10,7 +10,7 @@ import torch
 
 from attnx.checkpoint import CheckpointError
 from attnx.errors import ConfigError
-from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
+from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig, check_precision
 from attnx.inference.ctranslate2 import CTranslate2Translator, is_ctranslate2_model
 from attnx.inference.eager import EagerTranslator
 from attnx.inference.translator import Translator
@@ -66,8 +66,8 @@ def load(
         raise ConfigError("ensemble weights need an ensemble: give a list of checkpoints")
     if path.is_dir():
         if is_ctranslate2_model(path):
-            if precision is not None and precision not in COMPUTE_TYPES:
-                raise ConfigError(f"precision {precision!r}: choose one of {', '.join(COMPUTE_TYPES)}")
+            if precision is not None:
+                check_precision(precision, torch.device(device).type)
             options = {} if precision is None else {"compute_type": COMPUTE_TYPES[precision]}
             return CTranslate2Translator.load(
                 path, device=device, search=search, max_tokens=max_tokens, **options

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnx.errors import ConfigError
-from attnx.inference.config import DEFAULT_MAX_TOKENS
+from attnx.inference.config import DEFAULT_MAX_TOKENS, check_precision
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 """Interfaces LitServe binds to: loopback only (the default), every IPv4 interface, every interface."""
@@ -63,10 +63,8 @@ class ServeSettings:
             raise ConfigError(f"--threads must be 0 (torch's default) or more, got {self.threads}")
         if self.timeout <= 0:
             raise ConfigError(f"--timeout must be positive, got {self.timeout}")
-        if self.precision == "16-mixed" and not self.device.startswith("cuda"):
-            raise ConfigError(
-                "--precision 16-mixed decodes on CUDA devices; on a CPU choose bf16-mixed or 32-true"
-            )
+        if self.precision is not None:
+            check_precision(self.precision, self.device.split(":")[0])
         if not 0 <= self.batch_timeout < self.timeout:
             raise ConfigError(
                 f"--batch_timeout {self.batch_timeout} must be at least 0 and below --timeout {self.timeout}"

@@ -21,8 +21,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from attnx.data.batch import Batch
 from attnx.errors import ConfigError
 from attnx.evaluation.bleu import BleuReport, score
-from attnx.inference.config import PAPER_SEARCH, Precision, SearchConfig
-from attnx.inference.eager import check_precision
+from attnx.inference.config import PAPER_SEARCH, Precision, SearchConfig, check_precision
 
 """§6.1's beam 4, α 0.6, maximum length input + 50 (copied, never modified)."""
 
@@ -113,7 +112,7 @@ class TranslationEvaluator(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # before any step: a precision the device cannot decode in is a usage error, not a failure hours in
-        check_precision(self.precision, trainer.strategy.root_device)
+        check_precision(self.precision, trainer.strategy.root_device.type)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._translations = []
