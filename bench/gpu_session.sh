@@ -3,12 +3,13 @@
 #   1. the GPU tests (pytest -m gpu);
 #   2. bench_gpu.py for base and big in bf16-mixed, 3,125 x 8 and 12,500 x 2 tokens a step, and base with
 #      cuDNN's attention kernel allowed (what attnx leaves out: attention.CUDNN_ATTENTION), and base reading
-#      its loss back once per optimizer step instead of every batch;
+#      its loss back at every batch (as attnx fit did) instead of once per optimizer step;
 #   3. the profile of the big model's training step;
-#   4. base in a Lightning Trainer and torch.compile'd;
-#   5. the main job: attnx fit configs/base.yaml for 200 steps on one GPU, then attnx test on newstest2014;
-#   6. attnx fit configs/big.yaml for 100 steps;
-#   7. the decoding toolbox on the GPU (beam, n-best, greedy, sampling, forced scoring) with base's checkpoint.
+#   4. the main job: attnx fit configs/big.yaml for 100 steps, then configs/base.yaml for 200 steps and
+#      attnx test on newstest2014;
+#   5. the decoding toolbox on the GPU (beam, n-best, greedy, sampling, forced scoring) with base's checkpoint,
+#      in fp32 and under bf16 autocast;
+#   6. base in a Lightning Trainer and torch.compile'd.
 #
 #   bash bench/gpu_session.sh [RESULTS_DIR] [SECONDS]
 #
@@ -110,20 +111,15 @@ step bench_nan_batch 60 $python bench/bench_gpu.py --data data/news --model "$ba
   --precision bf16-mixed --decode_sentences 0 --nan_check batch "${short[@]}" --json "$results/gpu_nan_batch.json"
 step profile_big 80 $python bench/bench_gpu.py --data data/news --model "$big" --precision bf16-mixed \
   --max_tokens "$large" --steps 3 --decode_sentences 0 --profile "${short[@]}" --json "$results/profile_big.json"
-step lightning_compile 150 $python bench/bench_gpu.py --data data/news --model "$base" --precision bf16-mixed \
-  --max_tokens "$small" "$large" --lightning --compile --decode_sentences 0 "${short[@]}" \
-  --json "$results/lightning_compile.json"
+step fit_big 150 "${attnx[@]}" fit --config configs/big.yaml "${one_gpu[@]}" --trainer.max_steps "$big_fit_steps"
+run=$(newest_run big)
+[[ -n $run ]] && cp "$run/metrics.csv" "$results/big_metrics.csv" 2>/dev/null
 step fit_base 200 "${attnx[@]}" fit --config configs/base.yaml "${one_gpu[@]}" --trainer.max_steps "$fit_steps"
 run=$(newest_run base)
 [[ -n $run ]] && cp "$run/metrics.csv" "$results/base_metrics.csv" 2>/dev/null
 base_ckpt=${run:+$run/checkpoints/averaged.ckpt}
 if [[ -n $base_ckpt && -f $base_ckpt ]]; then
   step test_base 100 "${attnx[@]}" test --config configs/base.yaml "${one_gpu[@]}" --ckpt_path "$base_ckpt"
-fi
-step fit_big 150 "${attnx[@]}" fit --config configs/big.yaml "${one_gpu[@]}" --trainer.max_steps "$big_fit_steps"
-run=$(newest_run big)
-[[ -n $run ]] && cp "$run/metrics.csv" "$results/big_metrics.csv" 2>/dev/null
-if [[ -n $base_ckpt && -f $base_ckpt ]]; then
   step decode 120 $python bench/bench_decode.py --ckpt_path "$base_ckpt" --device "$device" \
     --no_cache_sentences 0 "${decode[@]}"
   # bf16 autocast against fp32 (speed, outputs equal, BLEU): the same runs, no batch-size sweep
@@ -132,6 +128,9 @@ if [[ -n $base_ckpt && -f $base_ckpt ]]; then
 else
   say "== no averaged.ckpt from fit_base: test and decoding skipped"
 fi
+step lightning_compile 150 $python bench/bench_gpu.py --data data/news --model "$base" --precision bf16-mixed \
+  --max_tokens "$small" "$large" --lightning --compile --decode_sentences 0 "${short[@]}" \
+  --json "$results/lightning_compile.json"
 say "== done after $((SECONDS - start))s"
 tar -cf "$pack" -C "$(dirname "$results")" "$(basename "$results")" 2>/dev/null
 exit 0
