@@ -7,7 +7,7 @@ Every setting is checked here, once, when a [`SearchConfig`][attnx.inference.con
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from attnx.errors import ConfigError
 
@@ -18,7 +18,7 @@ MBRCandidates = Literal["sample", "epsilon", "nbest"]
 Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
 """What a checkpoint decodes in (`attnx translate --precision`), named as `attnx fit`'s `--trainer.precision`."""
 
-PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed", "16-mixed")
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 """The values of [`Precision`][attnx.inference.config.Precision], in the order usage errors list them."""
 
 
