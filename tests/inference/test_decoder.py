@@ -49,6 +49,29 @@ def test_model_decoder_steps_are_the_log_softmax_of_the_full_pass_and_forced_gat
     assert attention is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_log_probabilities_are_float32_at_least_and_a_float64_model_keeps_float64(dtype):
+    """A bf16 model's logits are widened before the softmax; a float64 one's are not rounded to float32
+    (beam search in float64 is how CPU and GPU are compared exactly)."""
+    m = model(0).to(dtype)
+    src, src_mask, tgt_in, tgt_out = pairs()
+    decoder = ModelDecoder(m)
+    forced, attention = decoder.forced(src, src_mask, tgt_in, tgt_out, attention=True)
+    steps = stepped(decoder, src, src_mask, tgt_in)
+    wide = torch.promote_types(dtype, torch.float32)
+    assert steps.dtype == forced.dtype == attention.dtype == wide
+    if dtype != torch.float64:
+        return
+    with torch.no_grad():
+        full = m(src, tgt_in, src_mask).log_softmax(-1)
+    torch.testing.assert_close(forced, given(full, tgt_out), atol=1e-12, rtol=1e-12)
+    for ids, hyps in zip([[5, 9, 11, 7], [12, 4]], generate(m, src, src_mask, SearchConfig(beam=2)), strict=True):
+        for h in hyps:  # the search's sums, checked in float64 against forced scoring of its own output
+            one = collate([(ids, h.tokens)])
+            scored, _ = decoder.forced(one.src, one.src_mask, one.tgt_in, one.tgt_out)
+            assert h.log_prob == pytest.approx(float(scored.sum()), abs=1e-12)
+
+
 def test_forced_attention_is_the_last_layers_cross_attention_averaged_over_heads():
     m = model(0)
     src, src_mask, tgt_in, tgt_out = pairs()

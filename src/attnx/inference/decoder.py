@@ -57,6 +57,12 @@ class Decoder(Protocol):
         ...
 
 
+def widened(x: Tensor) -> Tensor:
+    """`x` in float32 at least: a bf16/fp16 model's logits are widened before the softmax, a float64 one's
+    are kept (`.float()` would round them to float32)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 class ModelDecoder:
     """One model behind the [`Decoder`][attnx.inference.decoder.Decoder] calls: a
     [`Transformer`][attnx.model.transformer.Transformer] or anything with its `encode`, `start_decoding`,
@@ -72,7 +78,7 @@ class ModelDecoder:
 
     def step(self, tokens: Tensor, state: Any) -> Tensor:
         # one fused kernel: 1.5x faster than logsumexp and a subtraction, which build an (N, V) temporary
-        return torch.log_softmax(self.model.decode_step(tokens, state).float(), dim=-1)  # (N, V)
+        return torch.log_softmax(widened(self.model.decode_step(tokens, state)), dim=-1)  # (N, V)
 
     def reorder(self, state: Any, index: Tensor, same_sources: bool = False) -> None:
         state.reorder(index, same_sources=same_sources)
@@ -87,15 +93,15 @@ class ModelDecoder:
             # (as in training): at 64 sentences a batch, a third of the (B, T) positions are padding.
             real = tgt_out != PAD_ID  # (B, T)
             features = self.model.decode_features(tgt_in, memory, src_mask, weights=weights)[real]  # (M, D)
-            logits = F.linear(features, self.model.output_weight).float()  # (M, V)
-            log_probs = torch.zeros(tgt_out.shape, device=logits.device)
+            logits = widened(F.linear(features, self.model.output_weight))  # (M, V)
+            log_probs = torch.zeros(tgt_out.shape, dtype=logits.dtype, device=logits.device)
             log_probs[real] = _gather_log_probs(logits, tgt_out[real])
         else:  # a model with `decode` alone
-            logits = self.model.decode(tgt_in, memory, src_mask, weights=weights).float()  # (B, T, V)
+            logits = widened(self.model.decode(tgt_in, memory, src_mask, weights=weights))  # (B, T, V)
             log_probs = _gather_log_probs(logits, tgt_out)
         if weights is None:
             return log_probs, None
-        return log_probs, weights[-1].float().mean(dim=1)  # (B, T, S)
+        return log_probs, widened(weights[-1]).mean(dim=1)  # (B, T, S)
 
 
 def _gather_log_probs(logits: Tensor, targets: Tensor) -> Tensor:

@@ -73,11 +73,11 @@ class BeamSelection:
         rows_now = row_sent.numel()
         # A sentence's K best extensions are among the K best tokens of each of its rows.
         row_top, row_token = log_probs.topk(kk, dim=1)  # (N, K')
-        cand = torch.full((n, k, kk), -math.inf, device=device)
+        cand = torch.full((n, k, kk), -math.inf, dtype=log_probs.dtype, device=device)
         cand[row_sent, row_pos] = scores.unsqueeze(1) + row_top  # log P
         cand_token = torch.zeros((n, k, kk), dtype=torch.long, device=device)
         cand_token[row_sent, row_pos] = row_token
-        cand_step = torch.zeros((n, k, kk), device=device)
+        cand_step = torch.zeros((n, k, kk), dtype=log_probs.dtype, device=device)
         cand_step[row_sent, row_pos] = row_top
         slot_row = torch.zeros((n, k), dtype=torch.long, device=device)  # (B', K) row at each position
         slot_row[row_sent, row_pos] = torch.arange(rows_now, device=device)
@@ -127,11 +127,11 @@ class SampleSelection:
         probs = self.shaped(log_probs)  # every row has an allowed token (Constraints.apply)
         token = draw(probs, self.generator)  # (N,)
         step = log_probs.gather(1, token.unsqueeze(1)).squeeze(1)
-        cand = torch.full((n, k), -math.inf, device=device)
+        cand = torch.full((n, k), -math.inf, dtype=log_probs.dtype, device=device)
         cand[row_sent, row_pos] = scores + step
         cand_token = torch.zeros((n, k), dtype=torch.long, device=device)
         cand_token[row_sent, row_pos] = token
-        cand_step = torch.zeros((n, k), device=device)
+        cand_step = torch.zeros((n, k), dtype=log_probs.dtype, device=device)
         cand_step[row_sent, row_pos] = step
         slot_row = torch.zeros((n, k), dtype=torch.long, device=device)
         slot_row[row_sent, row_pos] = torch.arange(row_sent.numel(), device=device)
