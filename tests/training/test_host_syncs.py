@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import traceback
 import warnings
 from collections.abc import Callable
@@ -24,6 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnx.cli import main as attnx
+from attnx.components.loss import LabelSmoothedLoss
 from attnx.training.module import TranslationTask
 from tests.training.conftest import fit_args
 
@@ -143,32 +145,66 @@ def test_a_training_step_reads_back_once_per_optimizer_step_on_cpu(
     sites = count_read_backs(monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert attnx(fit_args(corpus, *QUIET)) == 0
-    checks = {
-        site: n for site, n in sites.items() if "on_before_optimizer_step" in site or "isfinite" in site
-    }
-    assert sum(checks.values()) == STEPS, sites  # the NaN check: once a step, not once a batch
+    checks = {site: n for site, n in sites.items() if "training/module.py" in site}
+    assert list(checks.values()) == [STEPS], sites  # the NaN check: one line, once a step, not once a batch
     others = {site: n for site, n in sites.items() if site not in checks}
     assert not others, f"read back from the device during training steps: {others}"
 
 
-def test_host_numbers_are_logged_once_per_optimizer_step(
+def test_training_logs_host_values_once_per_optimizer_step(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`self.log(name, 0.5)` copies the number to the device, which waits for the GPU like a read-back does:
-    the learning rate and the token rates are logged once a step, not at every batch."""
-    sites: collections.Counter[str] = collections.Counter()
+    """Every value logged while training goes through `log_host` (a CPU tensor: `self.log(name, 0.5)` would
+    copy it to the device, and a device tensor logged with `prog_bar=True` is read back at every batch), once a
+    step: the loss, NLL, perplexity, learning rate and token rates."""
+    calls: collections.Counter[str] = collections.Counter()
+    elsewhere: list[str] = []
     log = pl.LightningModule.log
 
     def counted_log(self: pl.LightningModule, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        if not isinstance(value, torch.Tensor):
-            sites[f"{name} from {calling_site()}"] += 1
+        site = calling_site()
+        calls[name] += 1
+        if "training/host_syncs.py" not in site or not isinstance(value, torch.Tensor) or value.device.type != "cpu":
+            elsewhere.append(f"{name} from {site}")
         log(self, name, value, *args, **kwargs)
 
     monkeypatch.setattr(pl.LightningModule, "log", counted_log)
     monkeypatch.chdir(tmp_path)
     assert attnx(fit_args(corpus, *QUIET)) == 0
-    assert any(name.startswith("train/lr") for name in sites), sites
-    assert max(sites.values()) <= STEPS, f"logged more often than once a step: {dict(sites)}"
+    assert {"train/loss", "train/nll", "train/ppl", "train/lr"} <= set(calls), calls
+    assert not elsewhere, elsewhere
+    assert max(calls.values()) <= STEPS, f"logged more often than once a step: {dict(calls)}"
+
+
+def test_the_logged_loss_is_the_steps_loss_per_target_token(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`train/loss` and `train/nll` of a step: the sums over its batches divided by their target tokens."""
+    batches: list[tuple[int, float, float]] = []
+    logged: dict[str, list[float]] = collections.defaultdict(list)
+    loss = LabelSmoothedLoss.__call__
+    log = pl.LightningModule.log
+
+    def recorded_loss(self: LabelSmoothedLoss, model: Any, batch: Any) -> Any:
+        sums = loss(self, model, batch)
+        batches.append((batch.n_tgt_tokens, float(sums.loss), float(sums.nll)))
+        return sums
+
+    def recorded_log(self: pl.LightningModule, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        logged[name].append(float(value))
+        log(self, name, value, *args, **kwargs)
+
+    monkeypatch.setattr(LabelSmoothedLoss, "__call__", recorded_loss)
+    monkeypatch.setattr(pl.LightningModule, "log", recorded_log)
+    monkeypatch.chdir(tmp_path)
+    assert attnx(fit_args(corpus, *QUIET)) == 0
+    assert len(batches) == STEPS * ACCUMULATE
+    for step in range(STEPS):
+        window = batches[step * ACCUMULATE : (step + 1) * ACCUMULATE]
+        tokens = sum(n for n, _, _ in window)
+        assert logged["train/loss"][step] == pytest.approx(sum(s for _, s, _ in window) / tokens, rel=1e-5)
+        assert logged["train/nll"][step] == pytest.approx(sum(s for _, _, s in window) / tokens, rel=1e-5)
+        assert logged["train/ppl"][step] == pytest.approx(math.exp(logged["train/nll"][step]), rel=1e-5)
 
 
 def test_the_nan_check_still_names_the_batch(corpus: Path, tmp_path: Path, capsys) -> None:

@@ -25,6 +25,7 @@ from attnx.inference.config import SearchConfig
 from attnx.inference.eager import EagerTranslator
 from attnx.model import ComponentSpec, TransformerConfig, architecture, build_transformer
 from attnx.registry import Kind
+from attnx.training.host_syncs import log_host
 from attnx.training.schedule import lr_lambda
 
 BASE_MODEL = TransformerConfig()
@@ -108,7 +109,7 @@ class TranslationTask(pl.LightningModule):
         self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         self._tokenizer: Tokenizer | None = None
         self._sums: Tensor | None = None
-        self._step_losses: list[tuple[int, Tensor]] = []  # (batch_idx, loss) of this optimizer step's batches
+        self._step_losses: list[tuple[int, int, Tensor]] = []  # (batch_idx, target tokens, loss and NLL sums)
 
     # ----------------------------------------------------------------------------------------- data access
 
@@ -153,13 +154,9 @@ class TranslationTask(pl.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         self._reseed(batch_idx)
         sums: LossSums = self.loss(self.model, batch)
-        tokens = batch.n_tgt_tokens
-        loss = sums.loss / tokens
-        self._step_losses.append((batch_idx, loss.detach()))
-        nll = sums.nll / tokens
-        self.log("train/loss", loss, prog_bar=True, batch_size=tokens)
-        self.log("train/nll", nll, batch_size=tokens)
-        self.log("train/ppl", torch.exp(nll), batch_size=tokens)
+        loss = sums.loss / batch.n_tgt_tokens
+        # logged once a step from the host (on_before_optimizer_step), never here: see attnx.training.host_syncs
+        self._step_losses.append((batch_idx, batch.n_tgt_tokens, torch.stack([sums.loss, sums.nll]).detach()))
         return loss
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
@@ -167,26 +164,26 @@ class TranslationTask(pl.LightningModule):
             self._step_losses.clear()  # a step's batches start (or a resumed run's first one)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self._check_losses()
-        # a Python number is logged through a copy to the device, which waits for the GPU: here, once a step
-        # and just after the check has waited anyway, not at every batch
-        self.log("train/lr", optimizer.param_groups[0]["lr"], prog_bar=True)
+        """Check and log the step's losses, and its learning rate: once per optimizer step, from the host."""
+        if self._step_losses:
+            loss, nll = self._check_losses()
+            log_host(self, "train/loss", loss, prog_bar=True)
+            log_host(self, "train/nll", nll)
+            log_host(self, "train/ppl", math.exp(min(nll, 50.0)))
+        log_host(self, "train/lr", optimizer.param_groups[0]["lr"], prog_bar=True)
 
-    def _check_losses(self) -> None:
-        """Refuse to step on a NaN or infinite loss. Checked once per optimizer step, before it changes the
-        weights, rather than at each batch: reading a loss back makes the host wait until the GPU has run
-        everything queued, and at every batch of a step (8 in the paper's setting on one GPU) that wait
-        leaves the GPU idle while the host prepares the next batch."""
-        if not self._step_losses:
-            return
-        batches, losses = zip(*self._step_losses, strict=True)
+    def _check_losses(self) -> tuple[float, float]:
+        """The loss and NLL per target token over the step's batches; refuses to step on a NaN or infinite
+        loss. Read back once per optimizer step, before it changes the weights, rather than at each batch:
+        a read-back makes the host wait until the GPU has run everything queued, and at every batch of a step
+        (8 in the paper's setting on one GPU) that wait leaves the GPU idle while the host prepares the next."""
+        batches, tokens, sums = zip(*self._step_losses, strict=True)
         self._step_losses.clear()
-        values = torch.stack(losses)
-        if bool(torch.isfinite(values).all()):
-            return
-        value, batch_idx = next(
-            (v, b) for v, b in zip(values.tolist(), batches, strict=True) if not math.isfinite(v)
-        )
+        rows = torch.stack(sums).double().tolist()  # per batch: loss and NLL sums; the step's one read-back
+        per_token = [loss / n for (loss, _), n in zip(rows, tokens, strict=True)]
+        if all(math.isfinite(v) for v in per_token):
+            return sum(r[0] for r in rows) / sum(tokens), sum(r[1] for r in rows) / sum(tokens)
+        value, batch_idx = next((v, b) for v, b in zip(per_token, batches, strict=True) if not math.isfinite(v))
         raise NonFiniteLossError(
             f"training loss is {value} at optimizer step {self.global_step + 1} (batch {batch_idx} of "
             f"epoch {self.current_epoch}); the run diverged. Lower model.lr_factor or raise "

@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 
 from attnx.data.batch import Batch
 from attnx.errors import ConfigError
+from attnx.training.host_syncs import log_host
 
 
 class AdaptiveThreads(Callback):
@@ -67,4 +68,4 @@ class AdaptiveThreads(Callback):
         if not self._queue:
             self.threads = min(self._cost, key=lambda n: self._cost[n][0] / self._cost[n][1])
             torch.set_num_threads(self.threads)
-        pl_module.log("train/threads", float(self.threads))
+        log_host(pl_module, "train/threads", self.threads)

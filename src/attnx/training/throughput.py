@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import Callback
 from attnx.data.batch import Batch
 from attnx.errors import ConfigError
 from attnx.model.builders import training_flops_per_token
+from attnx.training.host_syncs import log_host
 from attnx.training.precision import AMX_FLAGS, AVX512_BF16_FLAG, cpu_flags
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16, "64": torch.float64}
@@ -184,7 +185,7 @@ class TokenThroughput(Callback):
         elapsed = self._window[-1][0] - self._window[0][0]
         done = list(self._window)[1:]  # the work between the first and the last timestamp
         world = trainer.world_size  # token-budget batches keep the ranks equally loaded
-        pl_module.log("train/tokens_per_s", sum(w[1] for w in done) / elapsed * world, prog_bar=True)
-        pl_module.log("train/tgt_tokens_per_s", sum(w[2] for w in done) / elapsed * world)
+        log_host(pl_module, "train/tokens_per_s", sum(w[1] for w in done) / elapsed * world, prog_bar=True)
+        log_host(pl_module, "train/tgt_tokens_per_s", sum(w[2] for w in done) / elapsed * world)
         if self.peak_flops:
-            pl_module.log("train/mfu", sum(w[3] for w in done) / elapsed / self.peak_flops)
+            log_host(pl_module, "train/mfu", sum(w[3] for w in done) / elapsed / self.peak_flops)
