@@ -65,7 +65,9 @@ def test_log_probabilities_are_float32_at_least_and_a_float64_model_keeps_float6
     with torch.no_grad():
         full = m(src, tgt_in, src_mask).log_softmax(-1)
     torch.testing.assert_close(forced, given(full, tgt_out), atol=1e-12, rtol=1e-12)
-    for ids, hyps in zip([[5, 9, 11, 7], [12, 4]], generate(m, src, src_mask, SearchConfig(beam=2)), strict=True):
+    for ids, hyps in zip(
+        [[5, 9, 11, 7], [12, 4]], generate(m, src, src_mask, SearchConfig(beam=2)), strict=True
+    ):
         for h in hyps:  # the search's sums, checked in float64 against forced scoring of its own output
             one = collate([(ids, h.tokens)])
             scored, _ = decoder.forced(one.src, one.src_mask, one.tgt_in, one.tgt_out)

@@ -164,7 +164,11 @@ def test_training_logs_host_values_once_per_optimizer_step(
     def counted_log(self: pl.LightningModule, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
         site = calling_site()
         calls[name] += 1
-        if "training/host_syncs.py" not in site or not isinstance(value, torch.Tensor) or value.device.type != "cpu":
+        if (
+            "training/host_syncs.py" not in site
+            or not isinstance(value, torch.Tensor)
+            or value.device.type != "cpu"
+        ):
             elsewhere.append(f"{name} from {site}")
         log(self, name, value, *args, **kwargs)
 

@@ -183,7 +183,9 @@ class TranslationTask(pl.LightningModule):
         per_token = [loss / n for (loss, _), n in zip(rows, tokens, strict=True)]
         if all(math.isfinite(v) for v in per_token):
             return sum(r[0] for r in rows) / sum(tokens), sum(r[1] for r in rows) / sum(tokens)
-        value, batch_idx = next((v, b) for v, b in zip(per_token, batches, strict=True) if not math.isfinite(v))
+        value, batch_idx = next(
+            (v, b) for v, b in zip(per_token, batches, strict=True) if not math.isfinite(v)
+        )
         raise NonFiniteLossError(
             f"training loss is {value} at optimizer step {self.global_step + 1} (batch {batch_idx} of "
             f"epoch {self.current_epoch}); the run diverged. Lower model.lr_factor or raise "
