@@ -86,6 +86,11 @@ def test_describe_estimates_memory_and_time_on_a_device(capsys) -> None:
         assert part in memory  # 214.2M parameters: 4 + 4 + 8 bytes each
     assert "at 35% MFU of 989 TFLOP/s (bf16-mixed peak of H100: NVIDIA H100 SXM5 data sheet" in time
     assert time.endswith("for 300,000 steps (max_steps)")
+    # one GPU takes the 8 GPUs' batches in turn: fewer, larger ones, validating as often (5000 x 8 / 4 batches)
+    assert out[start + 3].startswith(
+        "  fewer, larger batches keep a GPU busier: --data.max_tokens 12500 --trainer.accumulate_grad_batches 2 "
+        "--trainer.val_check_interval 10000 trains the same 25,000 tokens per side a step in an estimated "
+    )
     assert main(["describe", "--config", "big", "--device", "a100", "--precision", "32-true"]) == 0
     assert "of 19.5 TFLOP/s (32-true peak of A100" in capsys.readouterr().out
     assert main(["describe", "--preset", "base"]) == 0

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnx.model.builders import training_flops_per_token
-from attnx.training.estimate import activation_bytes, estimate_run
+from attnx.training.estimate import activation_bytes, estimate_run, larger_batches
 from tests.conftest import REPO, tiny_config
 
 RSS_TOLERANCE = 0.2
@@ -155,3 +155,50 @@ def _json(config) -> str:
     import json
 
     return json.dumps(config.to_dict())
+
+
+def test_larger_batches_reach_a_busy_size_when_they_fit_and_keep_the_step_and_the_validation_interval() -> (
+    None
+):
+    """On a GPU, 8 batches of 3,125 tokens a step become 2 of 12,500 (the size measured to keep an H200 busy),
+    the validation interval divided alike; where memory is short, the largest batch that fits; none at all
+    for a step of one batch, or where no larger batch fits."""
+    from attnx.model import TransformerConfig
+
+    big = TransformerConfig(d_model=1024, d_ff=4096, n_heads=16, vocab_size=37000)
+    params = 214_245_376
+    hint = larger_batches(big, params, 3125, 8, "bf16-mixed", 141.0, val_check_interval=40000)
+    assert hint is not None
+    assert (
+        "--data.max_tokens 12500 --trainer.accumulate_grad_batches 2 --trainer.val_check_interval 10000 "
+        in hint
+    )
+    assert "the same 25,000 tokens per side a step" in hint and "docs/gpu.md" in hint
+    # 16 GiB: 2 x 3,125 fits in 60% of it (about 8 GiB estimated), 4 x 3,125 does not
+    small = larger_batches(big, params, 3125, 8, "bf16-mixed", 16.0)
+    assert small is not None and "--data.max_tokens 6250 --trainer.accumulate_grad_batches 4 " in small
+    assert "val_check_interval" not in small  # none given (or a fraction of an epoch): nothing to divide
+    assert larger_batches(big, params, 3125, 8, "bf16-mixed", 8.0) is None
+    assert larger_batches(big, params, 12500, 1, "bf16-mixed", 141.0) is None
+    assert larger_batches(big, params, 3125, 8, "bf16-mixed", None) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fit_on_a_gpu_says_the_estimate_and_suggests_fewer_larger_batches(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnx.cli import main as attnx
+    from tests.training.conftest import fit_args
+
+    monkeypatch.chdir(tmp_path)
+    gpu = ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--trainer.precision", "bf16-mixed"]
+    steps = ["--trainer.max_steps", "1", "--trainer.accumulate_grad_batches", "4", "--data.max_tokens", "256"]
+    assert attnx(fit_args(corpus, *gpu, *steps)) == 0
+    out = capsys.readouterr().out
+    if "estimated memory per device" not in out:  # a GPU without a data-sheet entry: nothing is estimated
+        pytest.skip(f"no peak known for {torch.cuda.get_device_name()}")
+    assert (
+        "fewer, larger batches keep a GPU busier: --data.max_tokens 1024 --trainer.accumulate_grad_batches 1"
+        in out
+    )

@@ -320,7 +320,7 @@ def run_estimate(
     devices: int | None = None,
 ) -> list[str]:
     """The estimate lines of `describe --device`, from the config's trainer and data sections."""
-    from attnx.training.estimate import estimate_run
+    from attnx.training.estimate import estimate_run, larger_batches
     from attnx.training.precision import FP32, choose_cpu_precision, cpu_flags
 
     trainer, data = _section(values, "trainer"), _section(values, "data")
@@ -353,8 +353,18 @@ def run_estimate(
     )
     batch = f"{accumulate} batch{'es' * (accumulate > 1)} of {max_tokens:,} tokens per side a step"
     where = f" on each of {devices} devices" if devices > 1 else " on 1 device"
+    lines = estimate.lines()
+    if device != "cpu":
+        interval = trainer.get("val_check_interval")
+        if isinstance(interval, int) and devices != configured:  # it counts batches: as many a step
+            interval = max(1, round(interval * configured / devices))
+        hint = larger_batches(
+            model_config, parameters, max_tokens, accumulate, str(precision), estimate.device_memory_gib,
+            seq_len, seq_len, interval,
+        )  # fmt: skip
+        lines += [hint] if hint else []
     return [f"estimate ({device}, {precision}, {batch}{where}; estimates, not measurements):"] + [
-        f"  {line}" for line in estimate.lines()
+        f"  {line}" for line in lines
     ]
 
 

@@ -140,6 +140,60 @@ class RunEstimate:
         return [memory, time]
 
 
+BUSY_BATCH_TOKENS = 12_500
+"""Tokens per side of a batch that kept one H200 busy: at 3,125 the host, launching a layer's kernels one by
+one, set the pace (docs/gpu.md, section 6)."""
+
+MEASURED_ON_A_GPU = (
+    "on one H200, 12,500 x 2 ran 4.6x (base) and 5.6x (big) the target tokens/s of 3,125 x 8; docs/gpu.md"
+)
+
+HEADROOM = 0.6
+"""A suggested batch must fit in this share of the device's memory: the activation estimate was measured up to
+a third off (tests/training/test_estimate.py's CUDA tolerance)."""
+
+
+def larger_batches(
+    config: TransformerConfig,
+    parameters: int,
+    max_tokens: int,
+    accumulate: int,
+    precision: str,
+    memory_gib: float | None,
+    src_len: float = 25.0,
+    tgt_len: float = 25.0,
+    val_check_interval: Any = None,
+) -> str | None:
+    """On a GPU, the same tokens a step in fewer, larger batches: the options that put `k` of the step's
+    `accumulate` batches into one, for the smallest `k` that reaches
+    [`BUSY_BATCH_TOKENS`][attnx.training.estimate.BUSY_BATCH_TOKENS] (else the largest `k` that fits), as one
+    line; None when the step is one batch already, or no larger batch fits in `memory_gib` with
+    [`HEADROOM`][attnx.training.estimate.HEADROOM]."""
+    if accumulate < 2 or not memory_gib:
+        return None
+    fitting = []
+    for k in (k for k in range(2, accumulate + 1) if accumulate % k == 0):
+        tokens = max_tokens * k
+        memory = 16 * parameters + activation_bytes(
+            config, tokens, tokens, precision, "cuda", src_len, tgt_len
+        )
+        if memory / 2**30 > HEADROOM * memory_gib:
+            break
+        fitting.append((k, memory))
+        if tokens >= BUSY_BATCH_TOKENS:
+            break
+    if not fitting:
+        return None
+    k, memory = fitting[-1]
+    options = f"--data.max_tokens {max_tokens * k} --trainer.accumulate_grad_batches {accumulate // k}"
+    if isinstance(val_check_interval, int) and not isinstance(val_check_interval, bool):
+        options += f" --trainer.val_check_interval {max(1, val_check_interval // k)}"  # it counts batches
+    return (
+        f"fewer, larger batches keep a GPU busier: {options} trains the same {max_tokens * accumulate:,} tokens "
+        f"per side a step in an estimated {_size(memory)} ({MEASURED_ON_A_GPU})"
+    )
+
+
 def _size(count: int) -> str:
     return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:,.0f} MiB"
 
@@ -270,6 +324,19 @@ def fit_estimate_lines(
         peak=peak,
     )
     lines = estimate.lines()
+    if device.type == "cuda":
+        hint = larger_batches(
+            config,
+            estimate.parameters,
+            datamodule.max_tokens,
+            trainer.accumulate_grad_batches,
+            precision,
+            estimate.device_memory_gib,
+            src_len,
+            tgt_len,
+            trainer.val_check_interval,
+        )
+        lines += [hint] if hint else []
     sanity = trainer.num_sanity_val_steps
     if sanity and sanity > 0:
         forward = training_flops_per_token(config, src_len, tgt_len)["per_token"] / 3  # no backward pass
