@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnx.components.masking import attention_mask, cached_keys_values
 from attnx.components.protocols import KeyValueCache
@@ -19,27 +21,44 @@ H200 (torch 2.11, cuDNN 9.19) every cuDNN attention call of a training step cost
 and backward alike, against 20-250 µs on the GPU: 61% of a base step of 3,125 x 8 tokens
 (`bench/bench_gpu.py --profile`, docs/gpu.md). cuDNN builds an execution plan for the shapes it is given, the
 cause reported upstream; the flash and memory-efficient kernels take the same inputs without one. `True`
-restores PyTorch's order; compiled layers keep PyTorch's choice."""
+restores PyTorch's order."""
+
+NOT_CUDNN = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+"""The kernels `F.scaled_dot_product_attention` may take when cuDNN's is left out, in PyTorch's order."""
 
 
 def attention_kernel(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
     """`F.scaled_dot_product_attention`, with cuDNN's kernel left out on CUDA unless `CUDNN_ATTENTION`.
 
     The switch is PyTorch's own (`torch.backends.cuda.enable_cudnn_sdp`), turned off for this call only and
-    put back after it, so every other choice (an `sdpa_kernel` context around the caller) still holds.
+    put back after it, so every other choice (an `sdpa_kernel` context around the caller) still holds. Where
+    `torch.compile` traces the layer, the same choice is an `sdpa_kernel` context over the kernels still
+    enabled, which the compiler follows (a flag set by hand would not reach the compiled graph).
     """
-    if (
-        q.is_cuda
-        and not CUDNN_ATTENTION
-        and torch.backends.cuda.cudnn_sdp_enabled()
-        and not torch.compiler.is_compiling()
-    ):
+    if CUDNN_ATTENTION:
+        return F.scaled_dot_product_attention(q, k, v, **options)
+    if torch.compiler.is_compiling():  # (reading cuDNN's flag here would split the graph)
+        allowed = [backend for backend in NOT_CUDNN if backend_enabled(backend)]
+        with sdpa_kernel(allowed) if allowed else contextlib.nullcontext():
+            return F.scaled_dot_product_attention(q, k, v, **options)
+    if q.is_cuda and torch.backends.cuda.cudnn_sdp_enabled():
         torch.backends.cuda.enable_cudnn_sdp(False)
         try:
             return F.scaled_dot_product_attention(q, k, v, **options)
         finally:
             torch.backends.cuda.enable_cudnn_sdp(True)
     return F.scaled_dot_product_attention(q, k, v, **options)
+
+
+@torch.compiler.assume_constant_result  # read while tracing, as the compiler reads the flags for its kernel
+def backend_enabled(backend: SDPBackend) -> bool:
+    """Whether PyTorch's flags (an `sdpa_kernel` context among them) allow `backend`."""
+    flags = torch.backends.cuda
+    return {
+        SDPBackend.FLASH_ATTENTION: flags.flash_sdp_enabled,
+        SDPBackend.EFFICIENT_ATTENTION: flags.mem_efficient_sdp_enabled,
+        SDPBackend.MATH: flags.math_sdp_enabled,
+    }[backend]()
 
 
 class MultiHeadAttention(nn.Module):
