@@ -151,17 +151,20 @@ def test_a_training_step_reads_back_once_per_optimizer_step_on_cpu(
     assert not others, f"read back from the device during training steps: {others}"
 
 
-def test_training_logs_host_values_once_per_optimizer_step(
+def test_training_logs_the_steps_losses_from_the_host_once_per_optimizer_step(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every value logged while training goes through `log_host` (a CPU tensor: `self.log(name, 0.5)` would
     copy it to the device, and a device tensor logged with `prog_bar=True` is read back at every batch), once a
-    step: the loss, NLL, perplexity, learning rate and token rates."""
+    step: the loss, NLL, perplexity, learning rate and token rates. `train/loss` and `train/nll` of a step are
+    the sums over its batches divided by their target tokens."""
     calls: collections.Counter[str] = collections.Counter()
     elsewhere: list[str] = []
-    log = pl.LightningModule.log
+    logged: dict[str, list[float]] = collections.defaultdict(list)
+    batches: list[tuple[int, float, float]] = []
+    log, loss = pl.LightningModule.log, LabelSmoothedLoss.__call__
 
-    def counted_log(self: pl.LightningModule, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+    def recorded_log(self: pl.LightningModule, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
         site = calling_site()
         calls[name] += 1
         if (
@@ -170,38 +173,21 @@ def test_training_logs_host_values_once_per_optimizer_step(
             or value.device.type != "cpu"
         ):
             elsewhere.append(f"{name} from {site}")
+        logged[name].append(float(value))
         log(self, name, value, *args, **kwargs)
-
-    monkeypatch.setattr(pl.LightningModule, "log", counted_log)
-    monkeypatch.chdir(tmp_path)
-    assert attnx(fit_args(corpus, *QUIET)) == 0
-    assert {"train/loss", "train/nll", "train/ppl", "train/lr"} <= set(calls), calls
-    assert not elsewhere, elsewhere
-    assert max(calls.values()) <= STEPS, f"logged more often than once a step: {dict(calls)}"
-
-
-def test_the_logged_loss_is_the_steps_loss_per_target_token(
-    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`train/loss` and `train/nll` of a step: the sums over its batches divided by their target tokens."""
-    batches: list[tuple[int, float, float]] = []
-    logged: dict[str, list[float]] = collections.defaultdict(list)
-    loss = LabelSmoothedLoss.__call__
-    log = pl.LightningModule.log
 
     def recorded_loss(self: LabelSmoothedLoss, model: Any, batch: Any) -> Any:
         sums = loss(self, model, batch)
         batches.append((batch.n_tgt_tokens, float(sums.loss), float(sums.nll)))
         return sums
 
-    def recorded_log(self: pl.LightningModule, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        logged[name].append(float(value))
-        log(self, name, value, *args, **kwargs)
-
-    monkeypatch.setattr(LabelSmoothedLoss, "__call__", recorded_loss)
     monkeypatch.setattr(pl.LightningModule, "log", recorded_log)
+    monkeypatch.setattr(LabelSmoothedLoss, "__call__", recorded_loss)
     monkeypatch.chdir(tmp_path)
     assert attnx(fit_args(corpus, *QUIET)) == 0
+    assert {"train/loss", "train/nll", "train/ppl", "train/lr"} <= set(calls), calls
+    assert not elsewhere, elsewhere
+    assert max(calls.values()) <= STEPS, f"logged more often than once a step: {dict(calls)}"
     assert len(batches) == STEPS * ACCUMULATE
     for step in range(STEPS):
         window = batches[step * ACCUMULATE : (step + 1) * ACCUMULATE]
