@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from attnx.model.builders import training_flops_per_token
-from attnx.training.estimate import activation_bytes, estimate_run, larger_batches
+from attnx.training.estimate import (
+    GPU_HOST_SECONDS_PER_LAYER,
+    activation_bytes,
+    estimate_run,
+    larger_batches,
+)
 from tests.conftest import REPO, tiny_config
 
 RSS_TOLERANCE = 0.2
@@ -117,7 +122,7 @@ def test_time_and_memory_follow_from_the_peak_the_mfu_and_the_run_length() -> No
     per_token = training_flops_per_token(config, 20.0, 30.0)["per_token"]
     peak = (2e12, "a data sheet", "GPU X", 80.0)
     estimate = estimate_run(
-        config, 1_000_000, 1000, "bf16-mixed", "h100", 4, 100, None, 0.5, 20.0, 30.0, peak
+        config, 1_000_000, 1000, "bf16-mixed", "h100", 4, 100, None, 0.5, 20.0, 30.0, peak, 0.0
     )
     step = per_token * 2 * 1000 * 4 / (2e12 * 0.5)  # 4 batches of 1,000 tokens a side, at half the peak
     assert estimate.step_seconds == pytest.approx(step)
@@ -127,7 +132,9 @@ def test_time_and_memory_follow_from_the_peak_the_mfu_and_the_run_length() -> No
     assert (
         estimate.memory_bytes == 16 * 1_000_000 + activations
     )  # fp32 weights, gradients, Adam's two moments
-    timed = estimate_run(config, 1_000_000, 1000, "bf16-mixed", "h100", 4, 100, 10 * step, 0.5, 20, 30, peak)
+    timed = estimate_run(
+        config, 1_000_000, 1000, "bf16-mixed", "h100", 4, 100, 10 * step, 0.5, 20, 30, peak, 0.0
+    )
     assert (timed.steps, timed.bounded_by, timed.run_seconds) == (10, "max_time", pytest.approx(10 * step))
     memory, time = estimate.lines()
     assert memory.startswith("estimated memory per device: ") and "fits in 80 GiB" in memory
@@ -202,3 +209,23 @@ def test_fit_on_a_gpu_says_the_estimate_and_suggests_fewer_larger_batches(
         "fewer, larger batches keep a GPU busier: --data.max_tokens 1024 --trainer.accumulate_grad_batches 1"
         in out
     )
+
+
+def test_on_a_gpu_a_step_takes_no_less_than_its_batches_host_time() -> None:
+    """Measured on an H200: ~50 ms of host time a batch for 12 layers whatever the batch's size, which set the
+    pace where the arithmetic alone said 28-93 ms a step. The estimate says which of the two it is."""
+    config = tiny_config(vocab_size=1000)  # 2 + 2 layers
+    peak = (2e12, "a data sheet", "GPU X", 80.0)
+    floor = estimate_run(config, 1_000_000, 1000, "bf16-mixed", "h100", 4, 100, None, 0.5, 20.0, 30.0, peak)
+    assert floor.host_seconds == pytest.approx(4 * 4 * GPU_HOST_SECONDS_PER_LAYER)  # 4 batches x 4 layers
+    assert floor.step_seconds == floor.host_seconds > floor.compute_seconds
+    assert floor.run_seconds == pytest.approx(100 * floor.host_seconds)
+    time = floor.lines()[1]
+    assert "a step, the host's floor: 4 batches x 16.4 ms of kernel launches" in time
+    assert "the arithmetic alone, " in time and "at 50% MFU" in time
+    on_cpu = estimate_run(config, 1_000_000, 1000, "bf16-mixed", "cpu", 4, 100, None, 0.5, 20.0, 30.0, peak)
+    assert on_cpu.host_seconds == 0 and on_cpu.step_seconds == on_cpu.compute_seconds
+    slow = (1e9, "a data sheet", "GPU Y", 80.0)  # arithmetic slower than the floor: the floor says nothing
+    bound = estimate_run(config, 1_000_000, 1000, "bf16-mixed", "h100", 4, 100, None, 0.5, 20.0, 30.0, slow)
+    assert bound.step_seconds == bound.compute_seconds > bound.host_seconds
+    assert "floor" not in bound.lines()[1]

@@ -32,6 +32,12 @@ DEFAULT_MFU = 0.35
 """The MFU estimates assume unless told otherwise: about what published Transformer training reaches on GPUs
 (fairseq's big model on one A100: ≈ 33%), and what attnx's CPU runs measure (docs/benchmarks.md)."""
 
+GPU_HOST_SECONDS_PER_LAYER = 4.1e-3
+"""Host time a training batch costs per layer on a GPU, forward and backward: launching its kernels one by one.
+Measured on one H200 with its 16-core Xeon host (torch 2.11, bf16-mixed): 49-54 ms a batch for base's 12
+layers at 3,125 and 12,500 tokens a side (docs/gpu.md, section 6). A step cannot take less than its batches'
+host time, however fast the GPU: the floor of the time estimate on GPUs."""
+
 DEVICES = {"h100": "h100", "h200": "h200", "a100": "a100"}
 """`--device` names → their [`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS] key (the SXM parts); `cpu` is this CPU."""
 
@@ -100,10 +106,13 @@ class RunEstimate:
     parameters: int
     activation_bytes: int
     device_memory_gib: float | None
-    step_seconds: float
+    step_seconds: float  # the larger of the two below
     steps: int | None
     run_seconds: float | None
     bounded_by: str  # "max_steps", "max_time" or "" (neither: no end)
+    compute_seconds: float = 0.0  # a step's FLOPs at the MFU
+    host_seconds: float = 0.0  # a step's batches times the host's floor (GPUs; 0 on CPU)
+    batches: int = 1  # a step's batches
 
     @property
     def weight_bytes(self) -> int:
@@ -131,10 +140,18 @@ class RunEstimate:
         if self.device_memory_gib:
             fits = "fits" if self.memory_bytes / 2**30 < 0.9 * self.device_memory_gib else "does NOT fit"
             memory += f"; {fits} in {self.device_memory_gib:g} GiB"
-        time = (
-            f"estimated time: {_duration(self.step_seconds)} a step at {self.mfu:.0%} MFU of "
-            f"{self.peak_flops / 1e12:,.3g} TFLOP/s ({self.precision} peak of {self.device}: {self.peak_source})"
+        arithmetic = (
+            f"at {self.mfu:.0%} MFU of {self.peak_flops / 1e12:,.3g} TFLOP/s ({self.precision} peak of "
+            f"{self.device}: {self.peak_source})"
         )
+        time = f"estimated time: {_duration(self.step_seconds)} a step {arithmetic}"
+        if self.host_seconds > self.compute_seconds:
+            batches = f"{self.batches} batch{'es' * (self.batches > 1)}"
+            time = (
+                f"estimated time: {_duration(self.step_seconds)} a step, the host's floor: {batches} x "
+                f"{_duration(self.host_seconds / self.batches)} of kernel launches (as measured on one H200's "
+                f"host); the arithmetic alone, {_duration(self.compute_seconds)} {arithmetic}"
+            )
         if self.run_seconds is not None and self.steps is not None:
             time += f", {_duration(self.run_seconds)} for {self.steps:,} steps ({self.bounded_by})"
         return [memory, time]
@@ -245,13 +262,16 @@ def estimate_run(
     src_len: float = 25.0,
     tgt_len: float = 25.0,
     peak: tuple[float, str, str, float | None] | None = None,
+    host_seconds_per_batch: float | None = None,
 ) -> RunEstimate:
     """Memory and time of training `config` (`parameters` of them) in batches of `max_tokens` per side and
     device, `accumulate` batches a step, on `device` (`cpu`, `h100`, `h200`, `a100`, or a name from
     [`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS]) in `precision`, at `mfu`.
 
-    Time per step is that of one device: devices train side by side on their own batches. The run ends at
-    `max_steps` or after `max_time_seconds`, whichever comes first (neither given: no run time).
+    Time per step is that of one device: devices train side by side on their own batches, and on a GPU no
+    less than its batches' host time (`host_seconds_per_batch`, default
+    [`GPU_HOST_SECONDS_PER_LAYER`][attnx.training.estimate.GPU_HOST_SECONDS_PER_LAYER] per layer; none on CPU).
+    The run ends at `max_steps` or after `max_time_seconds`, whichever comes first (neither given: no run time).
     """
     if not 0 < mfu <= 1:
         raise ConfigError(f"mfu must be in (0, 1], got {mfu}")
@@ -259,7 +279,12 @@ def estimate_run(
     kind = "cpu" if device == "cpu" else "cuda"
     activations = activation_bytes(config, max_tokens, max_tokens, precision, kind, src_len, tgt_len)
     per_token = training_flops_per_token(config, src_len, tgt_len)["per_token"]
-    step = per_token * 2 * max_tokens * accumulate / (peak_flops * mfu)
+    compute = per_token * 2 * max_tokens * accumulate / (peak_flops * mfu)
+    if host_seconds_per_batch is None:
+        layers = config.encoder_layers + config.decoder_layers
+        host_seconds_per_batch = 0.0 if device == "cpu" else layers * GPU_HOST_SECONDS_PER_LAYER
+    host = accumulate * host_seconds_per_batch
+    step = max(compute, host)
     steps, run, bounded_by = None, None, ""
     if max_steps and max_steps > 0:
         steps, run, bounded_by = max_steps, max_steps * step, "max_steps"
@@ -278,6 +303,9 @@ def estimate_run(
         steps=steps,
         run_seconds=run,
         bounded_by=bounded_by,
+        compute_seconds=compute,
+        host_seconds=host,
+        batches=accumulate,
     )
 
 
