@@ -173,21 +173,26 @@ def test_larger_batches_reach_a_busy_size_when_they_fit_and_keep_the_step_and_th
     from attnx.model import TransformerConfig
 
     big = TransformerConfig(d_model=1024, d_ff=4096, n_heads=16, vocab_size=37000)
-    params = 214_245_376
-    hint = larger_batches(big, params, 3125, 8, "bf16-mixed", 141.0, val_check_interval=40000)
-    assert hint is not None
+
+    def hint(max_tokens: int, accumulate: int, memory_gib: float | None, **options) -> str | None:
+        peak = (989e12, "a data sheet", "H200", memory_gib)
+        estimate = estimate_run(big, 214_245_376, max_tokens, "bf16-mixed", "h200", accumulate, peak=peak)
+        return larger_batches(estimate, big, max_tokens, **options)
+
+    busy = hint(3125, 8, 141.0, val_check_interval=40000)
+    assert busy is not None
     assert (
         "--data.max_tokens 12500 --trainer.accumulate_grad_batches 2 --trainer.val_check_interval 10000 "
-        in hint
+        in busy
     )
-    assert "the same 25,000 tokens per side a step" in hint and "docs/gpu.md" in hint
+    assert "the same 25,000 tokens per side a step" in busy and "docs/gpu.md" in busy
     # 16 GiB: 2 x 3,125 fits in 60% of it (about 8 GiB estimated), 4 x 3,125 does not
-    small = larger_batches(big, params, 3125, 8, "bf16-mixed", 16.0)
+    small = hint(3125, 8, 16.0)
     assert small is not None and "--data.max_tokens 6250 --trainer.accumulate_grad_batches 4 " in small
     assert "val_check_interval" not in small  # none given (or a fraction of an epoch): nothing to divide
-    assert larger_batches(big, params, 3125, 8, "bf16-mixed", 8.0) is None
-    assert larger_batches(big, params, 12500, 1, "bf16-mixed", 141.0) is None
-    assert larger_batches(big, params, 3125, 8, "bf16-mixed", None) is None
+    assert hint(3125, 8, 8.0) is None
+    assert hint(12500, 1, 141.0) is None
+    assert hint(3125, 8, None) is None
 
 
 @pytest.mark.gpu

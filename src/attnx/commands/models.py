@@ -358,10 +358,7 @@ def run_estimate(
         interval = trainer.get("val_check_interval")
         if isinstance(interval, int) and devices != configured:  # it counts batches: as many a step
             interval = max(1, round(interval * configured / devices))
-        hint = larger_batches(
-            model_config, parameters, max_tokens, accumulate, str(precision), estimate.device_memory_gib,
-            seq_len, seq_len, interval,
-        )  # fmt: skip
+        hint = larger_batches(estimate, model_config, max_tokens, seq_len, seq_len, interval)
         lines += [hint] if hint else []
     return [f"estimate ({device}, {precision}, {batch}{where}; estimates, not measurements):"] + [
         f"  {line}" for line in lines

@@ -171,28 +171,27 @@ a third off (tests/training/test_estimate.py's CUDA tolerance)."""
 
 
 def larger_batches(
+    estimate: RunEstimate,
     config: TransformerConfig,
-    parameters: int,
     max_tokens: int,
-    accumulate: int,
-    precision: str,
-    memory_gib: float | None,
     src_len: float = 25.0,
     tgt_len: float = 25.0,
     val_check_interval: Any = None,
 ) -> str | None:
-    """On a GPU, the same tokens a step in fewer, larger batches: the options that put `k` of the step's
-    `accumulate` batches into one, for the smallest `k` that reaches
+    """On a GPU, the same tokens a step as `estimate`'s in fewer, larger batches: the options that put `k` of
+    the step's batches of `max_tokens` into one, for the smallest `k` that reaches
     [`BUSY_BATCH_TOKENS`][attnx.training.estimate.BUSY_BATCH_TOKENS] (else the largest `k` that fits), as one
-    line; None when the step is one batch already, or no larger batch fits in `memory_gib` with
+    line; None when the step is one batch already, or no larger batch fits in the device's memory with
     [`HEADROOM`][attnx.training.estimate.HEADROOM]."""
+    accumulate, memory_gib = estimate.batches, estimate.device_memory_gib
     if accumulate < 2 or not memory_gib:
         return None
+    state = estimate.memory_bytes - estimate.activation_bytes  # weights, gradients, Adam: whatever the batch
     fitting = []
     for k in (k for k in range(2, accumulate + 1) if accumulate % k == 0):
         tokens = max_tokens * k
-        memory = 16 * parameters + activation_bytes(
-            config, tokens, tokens, precision, "cuda", src_len, tgt_len
+        memory = state + activation_bytes(
+            config, tokens, tokens, estimate.precision, "cuda", src_len, tgt_len
         )
         if memory / 2**30 > HEADROOM * memory_gib:
             break
@@ -354,15 +353,7 @@ def fit_estimate_lines(
     lines = estimate.lines()
     if device.type == "cuda":
         hint = larger_batches(
-            config,
-            estimate.parameters,
-            datamodule.max_tokens,
-            trainer.accumulate_grad_batches,
-            precision,
-            estimate.device_memory_gib,
-            src_len,
-            tgt_len,
-            trainer.val_check_interval,
+            estimate, config, datamodule.max_tokens, src_len, tgt_len, trainer.val_check_interval
         )
         lines += [hint] if hint else []
     sanity = trainer.num_sanity_val_steps

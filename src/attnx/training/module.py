@@ -35,6 +35,11 @@ FUSED_LOSS = ComponentSpec("label_smoothed")
 """The default loss: label-smoothed cross-entropy with the projection fused in (copied, never modified)."""
 
 
+def perplexity(nll: float) -> float:
+    """`exp(nll)` of an NLL per token in nats, capped at exp(50) (an untrained model's would overflow)."""
+    return math.exp(min(nll, 50.0))
+
+
 class NonFiniteLossError(AttnxError, FloatingPointError):
     """The training loss became NaN or infinite; training stops instead of corrupting the weights."""
 
@@ -169,7 +174,7 @@ class TranslationTask(pl.LightningModule):
             loss, nll = self._check_losses()
             log_host(self, "train/loss", loss, prog_bar=True)
             log_host(self, "train/nll", nll)
-            log_host(self, "train/ppl", math.exp(min(nll, 50.0)))
+            log_host(self, "train/ppl", perplexity(nll))
         log_host(self, "train/lr", optimizer.param_groups[0]["lr"], prog_bar=True)
 
     def _check_losses(self) -> tuple[float, float]:
@@ -243,7 +248,7 @@ class TranslationTask(pl.LightningModule):
         # every rank holds the same values: sync_dist only averages equal numbers (and keeps Lightning quiet)
         self.log(f"{stage}/loss", loss / tokens, prog_bar=stage == "val", sync_dist=True)
         self.log(f"{stage}/nll", nll / tokens, sync_dist=True)
-        self.log(f"{stage}/ppl", math.exp(min(nll / tokens, 50.0)), sync_dist=True)
+        self.log(f"{stage}/ppl", perplexity(nll / tokens), sync_dist=True)
 
     def on_validation_epoch_start(self) -> None:
         self._start_sums()
