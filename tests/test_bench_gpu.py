@@ -100,3 +100,20 @@ def test_the_gpu_session_script_never_writes_over_earlier_results(tmp_path: Path
         assert done.returncode == 2 and "already exists" in done.stderr, done.stderr
     assert (earlier / "session.log").read_text() == "an earlier run's log\n"
     assert pack.read_text() == "an earlier pack\n" and not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.parametrize(("precision", "casts_weights"), [("fp32", False), ("bf16-mixed", True)])
+def test_the_profile_tells_weight_copies_from_activation_copies(
+    corpus: Path,  # noqa: F811
+    precision: str,
+    casts_weights: bool,
+) -> None:
+    """The profile's question the GPU left open: are a step's copies autocast's casts of the weights, or of
+    activations? In fp32 nothing is cast; in bf16-mixed every linear layer's weight is."""
+    config = bench.model_configs("tiny", 300)["tiny"]
+    batches = bench.training_batches(corpus, 256, 6, pin=False)
+    report = bench.profile_steps(config, batches, precision, 2, bench.torch.device("cpu"))
+    [weights] = [line for line in report.splitlines() if "weights-shaped" in line]
+    copies = int(weights.split(":")[1].split()[0].replace(",", ""))
+    assert "Copies in one optimizer step (2 batches" in report
+    assert (copies > 0) == casts_weights
