@@ -176,7 +176,7 @@ def describe(
     seq_len: int = 25,
     device: Literal["h100", "h200", "a100", "cpu"] | None = None,
     precision: str | None = None,
-    mfu: float = 0.35,
+    mfu: float | None = None,
     devices: int | None = None,
 ) -> int:
     """Print a model's parameters and training FLOPs per token; with --device, estimated memory and time too.
@@ -200,7 +200,9 @@ def describe(
             data sheets' dense peaks, or this CPU (its matrix-product rate measured now).
         precision: The precision of the estimate; default the config's trainer.precision, else bf16-mixed on a
             GPU and on CPU what `attnx fit` would choose.
-        mfu: Model FLOPs utilization the time estimate assumes (a fraction of the device's peak).
+        mfu: Model FLOPs utilization the time estimate assumes (a fraction of the device's peak); default 0.35
+            on a GPU, and on the CPU 0.65 in fp32 (what attnx's CPU runs measure), less in bf16, whose units
+            speed up the matrix products alone.
         devices: Devices the run would use; default the config's trainer.devices. Fewer multiply
             accumulate_grad_batches to keep the tokens of a step, as the configs' comments advise.
     """
@@ -315,7 +317,7 @@ def run_estimate(
     parameters: int,
     device: str,
     precision: str | None,
-    mfu: float,
+    mfu: float | None,
     seq_len: int,
     devices: int | None = None,
 ) -> list[str]:

@@ -29,8 +29,13 @@ from attnx.model.builders import training_flops_per_token
 from attnx.training.throughput import GPU_PEAKS, cpu_peak_flops, gpu_peak, precision_dtype
 
 DEFAULT_MFU = 0.35
-"""The MFU estimates assume unless told otherwise: about what published Transformer training reaches on GPUs
-(fairseq's big model on one A100: ≈ 33%), and what attnx's CPU runs measure (docs/benchmarks.md)."""
+"""The MFU estimates on GPUs assume unless told otherwise: about what published Transformer training reaches
+(fairseq's big model on one A100: ≈ 33%)."""
+
+CPU_MFU = 0.65
+"""The MFU estimates on a CPU in fp32 assume, over its matrix-product rate measured at start: what `attnx fit`
+logs as `train/mfu` there, 2 threads (docs/gpu.md, "On a CPU"): 0.57-0.63 for configs/multi30k_cpu.yaml (d_model
+256), 0.73-0.85 for base and big; a smaller model spends more of its step outside matrix products."""
 
 GPU_HOST_SECONDS_PER_LAYER = 4.1e-3
 """Host time a training batch costs per layer on a GPU, forward and backward: launching its kernels one by one.
@@ -248,6 +253,14 @@ def device_peak(
     return tflops * 1e12, peak.source, peak.key.upper(), peak.memory_gib
 
 
+def cpu_mfu(peak_flops: float, fp32_peak_flops: float) -> float:
+    """The MFU of a CPU step whose matrix products run at `peak_flops` (bf16 units: several times
+    `fp32_peak_flops`): in fp32 [`CPU_MFU`][attnx.training.estimate.CPU_MFU]; in another precision its matrix
+    products speed up and the rest of the step (norms, softmax, dropout, Adam) keeps fp32's time."""
+    rest = (1 / CPU_MFU - 1) * peak_flops / fp32_peak_flops  # in units of the matrix products' time
+    return 1 / (1 + rest)
+
+
 def estimate_run(
     config: TransformerConfig,
     parameters: int,
@@ -257,7 +270,7 @@ def estimate_run(
     accumulate: int = 1,
     max_steps: int | None = None,
     max_time_seconds: float | None = None,
-    mfu: float = DEFAULT_MFU,
+    mfu: float | None = None,
     src_len: float = 25.0,
     tgt_len: float = 25.0,
     peak: tuple[float, str, str, float | None] | None = None,
@@ -265,16 +278,25 @@ def estimate_run(
 ) -> RunEstimate:
     """Memory and time of training `config` (`parameters` of them) in batches of `max_tokens` per side and
     device, `accumulate` batches a step, on `device` (`cpu`, `h100`, `h200`, `a100`, or a name from
-    [`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS]) in `precision`, at `mfu`.
+    [`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS]) in `precision`, at `mfu` (default
+    [`DEFAULT_MFU`][attnx.training.estimate.DEFAULT_MFU] on GPUs, [`cpu_mfu`][attnx.training.estimate.cpu_mfu]
+    on the CPU).
 
     Time per step is that of one device: devices train side by side on their own batches, and on a GPU no
     less than its batches' host time (`host_seconds_per_batch`, default
     [`GPU_HOST_SECONDS_PER_LAYER`][attnx.training.estimate.GPU_HOST_SECONDS_PER_LAYER] per layer; none on CPU).
     The run ends at `max_steps` or after `max_time_seconds`, whichever comes first (neither given: no run time).
     """
-    if not 0 < mfu <= 1:
+    if mfu is not None and not 0 < mfu <= 1:
         raise ConfigError(f"mfu must be in (0, 1], got {mfu}")
     peak_flops, source, label, memory = peak or device_peak(device, precision)
+    if mfu is None and device == "cpu":
+        fp32 = precision_dtype(precision) == torch.float32
+        mfu = cpu_mfu(
+            peak_flops, peak_flops if fp32 else cpu_peak_flops(torch.float32, torch.get_num_threads())
+        )
+    elif mfu is None:
+        mfu = DEFAULT_MFU
     kind = "cpu" if device == "cpu" else "cuda"
     activations = activation_bytes(config, max_tokens, max_tokens, precision, kind, src_len, tgt_len)
     per_token = training_flops_per_token(config, src_len, tgt_len)["per_token"]
@@ -309,7 +331,7 @@ def estimate_run(
 
 
 def fit_estimate_lines(
-    trainer: pl.Trainer, module: Any, datamodule: Any, mfu: float = DEFAULT_MFU
+    trainer: pl.Trainer, module: Any, datamodule: Any, mfu: float | None = None
 ) -> list[str]:
     """What `attnx fit` prints before training: the estimate for the device it runs on, and how long the
     sanity check that Lightning runs before the first step will take (it shows nothing until it ends)."""
@@ -359,7 +381,7 @@ def fit_estimate_lines(
     sanity = trainer.num_sanity_val_steps
     if sanity and sanity > 0:
         forward = training_flops_per_token(config, src_len, tgt_len)["per_token"] / 3  # no backward pass
-        seconds = sanity * forward * 2 * datamodule.eval_max_tokens / (estimate.peak_flops * mfu)
+        seconds = sanity * forward * 2 * datamodule.eval_max_tokens / (estimate.peak_flops * estimate.mfu)
         lines.append(
             f"first a sanity check: {sanity} validation batches of {datamodule.eval_max_tokens:,} tokens per side "
             f"before the first step, estimated {_duration(seconds)} (--trainer.num_sanity_val_steps 0 skips it)"
