@@ -414,8 +414,9 @@ def copies_by_shape(
 ) -> str:
     """Which tensors one optimizer step copies (``aten::copy_``, where autocast's casts and ``.to`` land), by
     the destination's shape: a parameter's shape is a weight (its cast, or its gradient's cast back), any
-    other an activation (a scalar: a loss or a step count). A profile of its own, recording shapes, so that the step's table above is not
-    slowed by the recording; its times are the device's on CUDA, the host's on a CPU."""
+    other an activation (a scalar: a loss or a step count). A profile of its own, recording shapes, so that
+    the step's table above is not slowed by the recording; its times are the device's on CUDA, the host's on
+    a CPU."""
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = device.type == "cuda"
