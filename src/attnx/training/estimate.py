@@ -347,13 +347,7 @@ def fit_estimate_lines(
             return []  # no data-sheet figure: the first progress lines will say how fast it runs
         peak = (found.tflops(dtype) * 1e12, found.source, found.key.upper(), found.memory_gib)
     else:
-        threads = torch.get_num_threads()
-        peak = (
-            cpu_peak_flops(dtype, threads),
-            "measured now",
-            f"this CPU ({threads} thread{'s' * (threads > 1)})",
-            None,
-        )
+        peak = device_peak("cpu", precision)
     train = datamodule.corpus.dataset(datamodule.train_split)
     src_len = float(np.mean(train.src_lengths)) + 1 if len(train) else 25.0
     tgt_len = float(np.mean(train.tgt_lengths)) + 1 if len(train) else 25.0
