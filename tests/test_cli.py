@@ -224,9 +224,18 @@ def test_misspelt_field_of_an_optional_settings_group_suggests_the_field(capsys)
         (["--search.sampling", "true", "--search.top_p", "0"], "search.top_p must be in (0, 1], got 0.0"),
         (
             ["--search.sampling", "true", "--search.temperature", "0"],
-            "search.temperature must be > 0, got 0.0",
+            "search.temperature must be from 0.001 to 1000, got 0",
         ),
         (["--search.top_k", "5"], "search.top_k=5 only shape sampling: add --search.sampling true"),
+        (
+            ["--search.alpha", "1e308"],
+            "search.alpha must be from -5 to 5, got 1e+308",
+        ),  # was an OverflowError
+        (
+            ["--search.sampling", "true", "--search.seed", str(2**80)],
+            "search.seed must be from 0 to 2**64 - 1",
+        ),
+        (["--search.sampling", "true", "--search.beam", "8"], "search.beam (8) is not used by sampling"),
     ],
 )
 def test_a_refused_search_setting_is_its_own_one_line(options: list[str], message: str, capsys) -> None:

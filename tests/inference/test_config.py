@@ -17,7 +17,36 @@ from attnx.inference.config import PAPER_SEARCH, SearchConfig
         ({"beam": 2, "nbest": 3}, "search.nbest (3) cannot exceed search.beam (2)"),
         ({"sampling": True, "top_p": 0.0}, "search.top_p must be in (0, 1]"),
         ({"sampling": True, "top_p": 1.5}, "search.top_p must be in (0, 1]"),
-        ({"sampling": True, "temperature": 0.0}, "search.temperature must be > 0"),
+        ({"sampling": True, "temperature": 0.0}, "search.temperature must be from 0.001 to 1000, got 0"),
+        # values that reached the search and raised there (index out of bounds, OverflowError)
+        (
+            {"sampling": True, "temperature": 1e-300},
+            "search.temperature must be from 0.001 to 1000, got 1e-300",
+        ),
+        (
+            {"sampling": True, "temperature": 1e300},
+            "search.temperature must be from 0.001 to 1000, got 1e+300",
+        ),
+        ({"sampling": True, "temperature": float("nan")}, "search.temperature must be from 0.001 to 1000"),
+        ({"alpha": 1e308}, "search.alpha must be from -5 to 5, got 1e+308"),
+        ({"alpha": float("nan")}, "search.alpha must be from -5 to 5, got nan"),
+        ({"alpha": -float("inf")}, "search.alpha must be from -5 to 5, got -inf"),
+        ({"max_len_a": float("inf")}, "search.max_len_a must be a finite number >= 0, got inf"),
+        ({"max_positions": 0}, "search.max_positions must be at least 1"),
+        ({"sampling": True, "seed": 2**80}, "search.seed must be from 0 to 2**64 - 1 = 18446744073709551615"),
+        ({"sampling": True, "seed": -1}, "search.seed must be from 0 to 2**64 - 1"),
+        (
+            {"sampling": True, "beam": 8},
+            "search.beam (8) is not used by sampling, which draws search.nbest samples",
+        ),
+        ({"sampling": True, "beam": 8}, "for 8 samples give --search.nbest 8"),
+        ({"mbr": 8, "beam": 2}, "search.beam (2) is not used by MBR over sampled candidates"),
+        # types, as the Python API or a serve request can give them (jsonargparse checks the command line's)
+        ({"beam": 2.5}, "search.beam must be an integer, got 2.5 (a number)"),
+        ({"nbest": "4"}, "search.nbest must be an integer, got '4' (a string)"),
+        ({"sampling": 1}, "search.sampling must be a boolean, got 1 (an integer)"),
+        ({"alpha": True}, "search.alpha must be a number, got True (a boolean)"),
+        ({"sampling": True, "seed": 1.5}, "search.seed must be an integer or null, got 1.5"),
         ({"sampling": True, "top_k": -1}, "search.top_k must be >= 0"),
         ({"no_repeat_ngram": -2}, "search.no_repeat_ngram must be >= 0"),
         ({"min_length": -1}, "search.min_length must be >= 0"),
@@ -27,7 +56,7 @@ from attnx.inference.config import PAPER_SEARCH, SearchConfig
         ({"sampling": True, "epsilon": 1.0}, "search.epsilon must be in [0, 1)"),
         ({"epsilon": 0.02}, "search.epsilon=0.02 only shape sampling"),
         ({"mbr": 1}, "search.mbr must be 0 (off) or at least 2 candidates"),
-        ({"mbr": 8, "nbest": 2, "beam": 2}, "search.nbest (2) does not apply to MBR"),
+        ({"mbr": 8, "nbest": 2}, "search.nbest (2) does not apply to MBR"),
         ({"mbr": 8, "mbr_utility": "comet"}, "search.mbr_utility must be 'chrf' or 'bleu'"),
         (
             {"mbr": 8, "mbr_candidates": "beam"},
@@ -48,9 +77,9 @@ def test_bad_settings_are_one_line_naming_the_option(changes, message):
         dataclasses.replace(PAPER_SEARCH, **changes)
 
 
-def test_sampling_draws_nbest_samples_whatever_the_beam():
-    config = SearchConfig(sampling=True, nbest=8, beam=2, top_k=10, top_p=0.9, temperature=0.8, seed=1)
-    assert config.width == 8
+def test_sampling_draws_nbest_samples_and_leaves_the_beam_at_its_default():
+    config = SearchConfig(sampling=True, nbest=8, top_k=10, top_p=0.9, temperature=0.8, seed=1)
+    assert config.width == 8 and config.beam == 4
     assert SearchConfig(beam=5, nbest=3).width == 5
     assert (PAPER_SEARCH.beam, PAPER_SEARCH.nbest, PAPER_SEARCH.sampling) == (4, 1, False)
 
@@ -59,3 +88,12 @@ def test_mbr_by_sampling_takes_the_sampling_options_without_sampling_true():
     config = SearchConfig(mbr=16, mbr_candidates="epsilon", epsilon=0.02, temperature=0.9, seed=2)
     assert config.samples and not config.sampling
     assert not SearchConfig(mbr=4, beam=4, mbr_candidates="nbest").samples
+
+
+def test_the_edges_of_every_range_are_accepted():
+    SearchConfig(alpha=-5, length_penalty="fairseq")
+    SearchConfig(alpha=5.0)
+    SearchConfig(alpha=1)  # an integer is a number
+    SearchConfig(sampling=True, temperature=0.001, seed=0)
+    SearchConfig(sampling=True, temperature=1000, seed=2**64 - 1)
+    SearchConfig(mbr=4, beam=4, mbr_candidates="nbest")  # the n-best list of a beam: the beam is used

@@ -315,3 +315,14 @@ def test_mbr_ranks_the_engines_own_samples_and_epsilon_is_one_line(
         ]
     with pytest.raises(ValueError, match="CTranslate2 has no epsilon sampling"):
         ct2_translator.with_search(sampling=True, epsilon=0.02)
+
+
+def test_a_seed_over_ctranslate2s_32_bits_is_refused_in_one_line():
+    """torch takes 64-bit seeds, CTranslate2 32-bit ones: a larger seed was a TypeError of its binding."""
+    from attnx.inference.ctranslate2 import check_search
+
+    check_search(SearchConfig(sampling=True, seed=2**32 - 1))
+    with pytest.raises(
+        ValueError, match=r"search.seed 4294967296: CTranslate2's generator takes seeds from 0 to"
+    ):
+        check_search(SearchConfig(sampling=True, seed=2**32))

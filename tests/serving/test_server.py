@@ -115,6 +115,49 @@ def test_a_request_may_ask_for_an_nbest_list_or_samples_with_scores(api, checkpo
     assert answers[3] == {"translations": attnx.load(checkpoint, search=FAST).translate(["A cat."])}
 
 
+def test_a_request_that_fails_while_decoding_fails_alone(api, checkpoint, monkeypatch):
+    """A failing `generate` call is made again per request: the neighbours get their translations, the
+    request that fails by itself a 500 naming its error (LitServe answers every request of a batch whose
+    `predict` raises with a 500)."""
+    lit = api(max_batch_size=8)
+    generate = lit.translator.generate
+
+    def fragile(lines):
+        if "BOOM" in lines:
+            raise RuntimeError("index 1000 is out of bounds")
+        return generate(lines)
+
+    monkeypatch.setattr(lit.translator, "generate", fragile)
+    requests = [{"text": LINES[:2]}, {"text": ["A dog.", "BOOM"]}, {"text": "A cat."}, {"text": ["BOOM"]}]
+    answers = lit.unbatch(lit.predict(lit.batch([lit.decode_request(r) for r in requests])))
+    reference = attnx.load(checkpoint, search=FAST)
+    assert answers[0] == {"translations": reference.translate(LINES[:2])}
+    assert answers[2] == {"translations": reference.translate(["A cat."])}
+    for failed in (answers[1], answers[3]):
+        response = lit.encode_response(failed)
+        assert response.status_code == 500
+        assert json.loads(response.body) == {
+            "detail": "translating this request failed: RuntimeError: index 1000 is out of bounds"
+        }
+    alone = api(max_batch_size=1)  # no batch: the request's own error all the same
+    monkeypatch.setattr(alone.translator, "generate", fragile)
+    assert alone.encode_response(alone.predict(alone.decode_request({"text": "BOOM"}))).status_code == 500
+
+
+def test_a_sampling_request_to_a_server_of_another_beam_is_served(api, checkpoint):
+    lit = api(max_batch_size=8)  # beam 2, which sampling does not use
+    requests = [
+        {"text": ["Two men."], "search": {"sampling": True, "nbest": 2, "seed": 3}},
+        {"text": "A cat."},
+    ]
+    answers = lit.unbatch(lit.predict(lit.batch([lit.decode_request(r) for r in requests])))
+    sampler = attnx.load(checkpoint, search=dataclasses.replace(FAST, beam=4, sampling=True, nbest=2, seed=3))
+    assert [h["text"] for h in answers[0]["hypotheses"][0]] == [
+        h.text for h in sampler.generate(["Two men."])[0]
+    ]
+    assert answers[1] == {"translations": attnx.load(checkpoint, search=FAST).translate(["A cat."])}
+
+
 def test_a_worker_decodes_in_the_precision_asked_and_info_says_which(api, checkpoint):
     assert api(1).translator.precision == "32-true"
     assert api(1, precision="bf16-mixed").translator.precision == "bf16-mixed"
@@ -373,6 +416,34 @@ def test_bad_requests_get_a_4xx_and_a_message_and_the_server_keeps_serving(serve
     status, answer = server.post({"text": ["A dog runs."], "search": {"nbest": 2}})
     assert status == 200 and len(answer["hypotheses"][0]) == 2
     assert answer["hypotheses"][0][0]["text"] == answer["translations"][0]
+
+
+SAMPLE = {"sampling": True, "nbest": 2}
+UNSAFE = [
+    (
+        {"text": "A dog.", "search": {**SAMPLE, "temperature": 1e-300}},
+        "search.temperature must be from 0.001",
+    ),
+    ({"text": "A dog.", "search": {**SAMPLE, "temperature": 1e300}}, "search.temperature must be from 0.001"),
+    ({"text": "A dog.", "search": {"alpha": 1e308}}, "search.alpha must be from -5 to 5"),
+    ({"text": "A dog.", "search": {**SAMPLE, "seed": 2**80}}, "search.seed must be from 0 to 2**64 - 1"),
+    (b'{"text": "A dog.", "search": {"alpha": NaN}}', "search.alpha must be from -5 to 5, got nan"),
+    ({"text": "A dog.", "search": {**SAMPLE, "beam": 8}}, "search.beam (8) is not used by sampling"),
+]
+
+
+@pytest.mark.slow
+def test_values_that_failed_a_batch_are_refused_before_it_and_the_neighbours_are_answered(server, checkpoint):
+    """Each of these once reached a worker, raised there and failed every request batched with it (500)."""
+    goods = [{"text": lines} for lines in REQUESTS[:6]]
+    mixed = [body for pair in zip(goods, [bad for bad, _ in UNSAFE], strict=True) for body in pair]
+    with ThreadPoolExecutor(len(mixed)) as pool:
+        answers = list(pool.map(server.post, mixed))
+    reference = attnx.load(checkpoint, search=FAST)
+    for good, (status, answer) in zip(goods, answers[::2], strict=True):
+        assert (status, answer) == (200, {"translations": reference.translate(good["text"])})
+    for (_, words), (status, answer) in zip(UNSAFE, answers[1::2], strict=True):
+        assert status == 422 and words in answer["detail"], answer
 
 
 def raw_post(url: str, body: dict) -> socket.socket:

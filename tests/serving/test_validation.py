@@ -17,6 +17,7 @@ from attnx.serving.validation import (  # noqa: E402
     parse_body,
     request_lines,
     request_search,
+    search_changes,
 )
 
 LIMITS = RequestLimits(max_lines=3, max_line_chars=10, max_body_bytes=200)
@@ -126,6 +127,7 @@ def test_middleware_leaves_other_routes_and_gets_alone():
 
 
 SERVER_SEARCH = SearchConfig(beam=4)
+SAMPLING = b'{"text": "a", "search": {"sampling": true, %s}}'
 
 
 @pytest.mark.parametrize(
@@ -133,13 +135,40 @@ SERVER_SEARCH = SearchConfig(beam=4)
     [
         (b'{"text": "a", "search": 4}', 422, '"search" is a number; give an object'),
         (b'{"text": "a", "search": {"max_len_b": 500}}', 422, 'cannot set "max_len_b" per request'),
-        (b'{"text": "a", "search": {"nbest": "4"}}', 422, '"search.nbest" is a string; give an integer'),
-        (b'{"text": "a", "search": {"sampling": 1}}', 422, '"search.sampling" is a number; give a boolean'),
+        (
+            b'{"text": "a", "search": {"nbest": "4"}}',
+            422,
+            "search.nbest must be an integer, got '4' (a string)",
+        ),
+        (b'{"text": "a", "search": {"sampling": 1}}', 422, "search.sampling must be a boolean, got 1"),
+        (b'{"text": "a", "search": {"top_k": 2.5}}', 422, "search.top_k must be an integer"),
+        (b'{"text": "a", "search": {"alpha": true}}', 422, "search.alpha must be a number"),
         (b'{"text": "a", "search": {"nbest": 5}}', 422, "cannot exceed search.beam"),
         (b'{"text": "a", "search": {"sampling": true, "top_p": 1.5}}', 422, "top_p must be in (0, 1]"),
         (b'{"text": "a", "search": {"temperature": 0.5}}', 422, "only shape sampling"),
         (b'{"text": "a", "search": {"beam": 40}}', 413, "at most 16"),
         (b'{"text": "a", "scores": "yes"}', 422, '"scores" is a string; give true or false'),
+        # values that passed these checks and failed the batch they joined (tests/serving/test_server.py)
+        (
+            SAMPLING % b'"temperature": 1e-300',
+            422,
+            "search.temperature must be from 0.001 to 1000, got 1e-300",
+        ),
+        (
+            SAMPLING % b'"temperature": 1e+300',
+            422,
+            "search.temperature must be from 0.001 to 1000, got 1e+300",
+        ),
+        (b'{"text": "a", "search": {"alpha": 1e+308}}', 422, "search.alpha must be from -5 to 5, got 1e+308"),
+        (b'{"text": "a", "search": {"alpha": NaN}}', 422, "search.alpha must be from -5 to 5, got nan"),
+        (
+            b'{"text": "a", "search": {"alpha": -Infinity}}',
+            422,
+            "search.alpha must be from -5 to 5, got -inf",
+        ),
+        (SAMPLING % b'"seed": 1208925819614629174706176', 422, "search.seed must be from 0 to 2**64 - 1"),
+        (SAMPLING % b'"seed": -1', 422, "search.seed must be from 0 to 2**64 - 1"),
+        (SAMPLING % b'"beam": 8', 422, "search.beam (8) is not used by sampling"),
     ],
 )
 def test_a_request_s_search_settings_are_checked_in_one_line(body, status, words):
@@ -155,3 +184,12 @@ def test_a_request_may_change_the_settings_it_is_allowed_to():
     assert request_search({"text": "a"}, SERVER_SEARCH, LIMITS) == {}
     sampled = {"text": "a", "search": {"sampling": True, "nbest": 16, "temperature": 0.7, "seed": 3}}
     assert request_search(sampled, SERVER_SEARCH, LIMITS)["nbest"] == 16
+
+
+def test_a_request_that_samples_leaves_the_servers_beam_behind():
+    """Sampling uses no beam and `SearchConfig` refuses one beside it: a server of beam 2 still serves samples."""
+    server = SearchConfig(beam=2)
+    assert search_changes(server, {"sampling": True, "nbest": 3}) == {"sampling": True, "nbest": 3, "beam": 4}
+    assert search_changes(server, {"nbest": 2}) == {"nbest": 2}
+    assert search_changes(SearchConfig(sampling=True), {"sampling": True}) == {"sampling": True}
+    assert parse_body(b'{"text": "a", "search": {"sampling": true, "nbest": 3}}', LIMITS, server) == ["a"]

@@ -6,7 +6,9 @@ Every setting is checked here, once, when a [`SearchConfig`][attnx.inference.con
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import numbers
+from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
 from attnx.errors import ConfigError
@@ -35,23 +37,68 @@ DEFAULT_MAX_TOKENS = 4096
 """Source tokens per decoding batch, padding included: every engine's, `attnx translate`'s and `attnx serve`'s default."""
 
 
+DEFAULT_BEAM = 4
+"""§6.1's beam size, `SearchConfig.beam`'s default; a sampling search leaves it there (it is not used)."""
+ALPHA_RANGE = (-5.0, 5.0)
+"""Length penalty exponents accepted: `lp` stays a finite float32 for outputs of up to millions of tokens
+(`|Y| ** 5`); the paper's α is 0.6, fairseq's `--lenpen` is usually 0 to 2."""
+TEMPERATURE_RANGE = (1e-3, 1e3)
+"""Sampling temperatures accepted: dividing float32 log-probabilities by them keeps the most probable token
+finite and `-inf` (a forbidden token) `-inf`. Below 0.001 use `top_k` 1 (greedy); above 1000 the draw is
+uniform over the tokens allowed."""
+SEED_RANGE = (0, 2**64 - 1)
+"""Seeds torch's random generator takes (`torch.Generator.manual_seed`: 64 bits)."""
+
+KINDS = {"int": "an integer", "int | None": "an integer or null", "float": "a number", "bool": "a boolean"}
+"""What each field annotation of `SearchConfig` accepts, as messages name it (the literals are checked by
+value)."""
+
+
+def kind_of(value: object) -> str:
+    """Which of `KINDS`' kinds `value` is: ints are numbers too, booleans are neither."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, numbers.Integral):
+        return "an integer"
+    if isinstance(value, numbers.Real):
+        return "a number"
+    names = {type(None): "null", str: "a string", list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def accepts(kind: str, value: object) -> bool:
+    got = kind_of(value)
+    return {
+        "an integer": got == "an integer",
+        "an integer or null": got in ("an integer", "null"),
+        "a number": got in ("an integer", "a number"),
+        "a boolean": got == "a boolean",
+    }[kind]
+
+
+def within(value: float, bounds: tuple[float, float]) -> bool:
+    """`bounds[0] <= value <= bounds[1]`, never for NaN."""
+    return bounds[0] <= value <= bounds[1]
+
+
 @dataclass
 class SearchConfig:
     """How to decode (§6.1 defaults: beam 4, α = 0.6, maximum length input + 50).
 
-    Beam search by default; `sampling=True` draws `nbest` samples per input instead (the `beam` is then
-    not used); `mbr=N` draws `N` candidates and ranks them by expected utility (MBR decoding). All report, per hypothesis, `score` (what the search ranks by: `log_prob / lp(|Y|)`) and
+    Beam search by default; `sampling=True` draws `nbest` samples per input instead (fairseq's `--beam` with
+    `--sampling`; `beam` is then not used and must stay at its default); `mbr=N` draws `N` candidates and ranks them by expected utility (MBR decoding). All report, per hypothesis, `score` (what the search ranks by: `log_prob / lp(|Y|)`) and
     `log_prob` (the total log-probability in nats, `</s>` included); docs/decoding.md.
     """
 
-    beam: int = 4
-    """Beam size; 1 = greedy search. Not used with sampling."""
+    beam: int = DEFAULT_BEAM
+    """Beam size; 1 = greedy search. Not used with sampling (search.nbest is the number of samples)."""
     alpha: float = 0.6
-    """Length penalty exponent α."""
+    """Length penalty exponent α, from -5 to 5."""
     length_penalty: LengthPenalty = "gnmt"
     """`gnmt`: `((5 + |Y|) / 6) ** α` (the paper's, §6.1); `fairseq`: `|Y| ** α`."""
     max_len_a: float = 1.0
-    """Maximum output length = `max_len_a * input length + max_len_b` (paper: input length + 50)."""
+    """Maximum output length = `max_len_a * input length + max_len_b` (paper: input length + 50); a finite
+    `max_len_a` >= 0."""
     max_len_b: int = 50
     """See `max_len_a`."""
     max_positions: int | None = None
@@ -68,17 +115,18 @@ class SearchConfig:
     """Sampling only: draw from the smallest set of most probable tokens whose probability reaches `top_p`
     (nucleus sampling), in (0, 1]; 1: all."""
     temperature: float = 1.0
-    """Sampling only: divide the log-probabilities by this (> 0) before drawing; below 1 sharpens, above 1
-    flattens. Reported scores stay the model's own."""
+    """Sampling only: divide the log-probabilities by this (0.001 to 1000) before drawing; below 1 sharpens,
+    above 1 flattens. Reported scores stay the model's own."""
     epsilon: float = 0.0
     """Sampling only: never draw a token whose probability (after `temperature`) is below `epsilon` (epsilon
     sampling, Hewitt et al. 2022; the most probable token always stays), in [0, 1); 0: off."""
     seed: int | None = None
-    """Sampling only: seed of the random draws; the same seed gives the same samples on CPU. None: a fresh
-    draw each run."""
+    """Sampling only: seed of the random draws, 0 to 2**64 - 1 (torch's generator; an export decoded by
+    CTranslate2: to 2**32 - 1); the same seed gives the same samples on CPU. None: a fresh draw each run."""
     mbr: int = 0
     """MBR decoding: draw this many candidates (see `mbr_candidates`) and return them ranked by expected
-    utility against each other, best first (each with its `expected_utility`); 0: off."""
+    utility against each other, best first (each with its `expected_utility`); 0: off. The table of their
+    pairwise utilities must fit the memory available (checked when a translator is made)."""
     mbr_utility: MBRUtility = "chrf"
     """MBR only: the utility, sacreBLEU's sentence `chrf` or sentence `bleu`."""
     mbr_candidates: MBRCandidates = "sample"
@@ -93,6 +141,11 @@ class SearchConfig:
     """Also return hard alignments (source piece, target piece) from the encoder-decoder attention."""
 
     def __post_init__(self) -> None:
+        for field in fields(self):
+            kind = KINDS.get(str(field.type))
+            value = getattr(self, field.name)
+            if kind is not None and not accepts(kind, value):
+                raise ConfigError(f"search.{field.name} must be {kind}, got {value!r} ({kind_of(value)})")
         checks = [
             (self.beam >= 1, f"search.beam must be at least 1, got {self.beam}"),
             (self.nbest >= 1, f"search.nbest must be at least 1, got {self.nbest}"),
@@ -105,13 +158,33 @@ class SearchConfig:
                 self.length_penalty in ("gnmt", "fairseq"),
                 f"search.length_penalty must be 'gnmt' or 'fairseq', got {self.length_penalty!r}",
             ),
-            (self.max_len_a >= 0, f"search.max_len_a must be >= 0, got {self.max_len_a}"),
+            (
+                within(self.alpha, ALPHA_RANGE),
+                f"search.alpha must be from {ALPHA_RANGE[0]:g} to {ALPHA_RANGE[1]:g}, got {self.alpha}",
+            ),
+            (
+                0 <= self.max_len_a < math.inf,
+                f"search.max_len_a must be a finite number >= 0, got {self.max_len_a}",
+            ),
+            (
+                self.max_positions is None or self.max_positions >= 1,
+                f"search.max_positions must be at least 1 (or null: no cap), got {self.max_positions}",
+            ),
             (self.top_k >= 0, f"search.top_k must be >= 0 (0: all tokens), got {self.top_k}"),
             (0 < self.top_p <= 1, f"search.top_p must be in (0, 1], got {self.top_p}"),
-            (self.temperature > 0, f"search.temperature must be > 0, got {self.temperature}"),
+            (
+                within(self.temperature, TEMPERATURE_RANGE),
+                f"search.temperature must be from {TEMPERATURE_RANGE[0]:g} to {TEMPERATURE_RANGE[1]:g}, got "
+                f"{self.temperature:g}",
+            ),
             (self.no_repeat_ngram >= 0, f"search.no_repeat_ngram must be >= 0, got {self.no_repeat_ngram}"),
             (self.min_length >= 0, f"search.min_length must be >= 0, got {self.min_length}"),
             (0 <= self.epsilon < 1, f"search.epsilon must be in [0, 1), got {self.epsilon}"),
+            (
+                self.seed is None or within(self.seed, SEED_RANGE),
+                f"search.seed must be from 0 to 2**64 - 1 = {SEED_RANGE[1]} (torch's generator), got {self.seed}",
+            ),
+            (not self.samples or self.beam == DEFAULT_BEAM, self._unused_beam()),
         ]
         for ok, message in checks:
             if not ok:
@@ -134,6 +207,18 @@ class SearchConfig:
                     f"search.{', search.'.join(changed)} only shape sampling: add --search.sampling true "
                     "(or leave them out for beam search)"
                 )
+
+    def _unused_beam(self) -> str:
+        if self.sampling:
+            return (
+                f"search.beam ({self.beam}) is not used by sampling, which draws search.nbest samples per input "
+                f"(fairseq's --beam with --sampling): for {self.beam} samples give --search.nbest {self.beam} "
+                "and leave search.beam out"
+            )
+        return (
+            f"search.beam ({self.beam}) is not used by MBR over sampled candidates, which draws search.mbr "
+            "of them: leave search.beam out, or rank a beam's n-best list with --search.mbr_candidates nbest"
+        )
 
     def _check_mbr(self) -> None:
         if not self.mbr:

@@ -95,6 +95,10 @@ def is_ctranslate2_model(directory: str | Path) -> bool:
 # ----------------------------------------------------------------------------------------------- decoding
 
 
+CT2_SEED_MAX = 2**32 - 1
+"""The largest seed `ctranslate2.set_random_seed` takes (an unsigned 32-bit integer)."""
+
+
 def check_search(search: SearchConfig) -> None:
     """Raise `ValueError` for settings CTranslate2's search cannot reproduce."""
     if search.alignment:
@@ -106,6 +110,10 @@ def check_search(search: SearchConfig) -> None:
         raise ConfigError(
             "CTranslate2 has no epsilon sampling: decode the checkpoint (*.ckpt) the export was made from, or "
             "sample with top_k/top_p"
+        )
+    if search.samples and search.seed is not None and search.seed > CT2_SEED_MAX:
+        raise ConfigError(
+            f"search.seed {search.seed}: CTranslate2's generator takes seeds from 0 to 2**32 - 1 = {CT2_SEED_MAX}"
         )
     if not search.samples and search.beam > 1 and search.length_penalty == "gnmt" and search.alpha != 0:
         raise ConfigError(

@@ -10,7 +10,9 @@ Three kinds of process, all started by `serve`:
 - inference workers (`workers`, each with its own `attnx.inference.translator.Translator`, from `attnx.inference.load.load`) take up
   to `max_batch_size` queued requests, waiting at most `batch_timeout` seconds for the batch to fill,
   and translate all their lines with one `Translator.generate` call (which batches them by tokens) per
-  search setting asked for (requests that change none share one call).
+  search setting asked for (requests that change none share one call). A call that fails is made again
+  for each of its requests alone: only a request that fails by itself is answered 500, its neighbours are
+  translated as if it had not been sent.
 
 Shutdown: the HTTP processes stop accepting, finish the requests they hold (up to 30 s), and only then are
 the inference workers stopped. Send the signal to the main process; the workers ignore SIGINT so a Ctrl+C
@@ -30,6 +32,7 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +42,10 @@ from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.formats import hypothesis_fields
 from attnx.serving.settings import ServeSettings
-from attnx.serving.validation import FIELD, SCORES, SEARCH, RequestLimitsMiddleware
+from attnx.serving.validation import FIELD, SCORES, SEARCH, RequestLimitsMiddleware, search_changes
 
 API_PATH = "/translate"
+log = logging.getLogger(__name__)
 
 
 def lines_of(payload: dict[str, Any]) -> list[str]:
@@ -62,6 +66,13 @@ def split_as(flat: list[str], counts: list[int]) -> list[list[str]]:
         pieces.append(flat[start : start + count])
         start += count
     return pieces
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The answer to a request that failed while decoding, alone (not the fault of a batch it was in)."""
+
+    message: str
 
 
 def exit_quietly(signum: int, frame: object) -> None:
@@ -128,26 +139,57 @@ class TranslationAPI(ls.LitAPI):
 
     def predict(self, x: Any) -> Any:
         """One `generate` call over every line of the batch's requests that ask for the same search settings,
-        then one answer per request."""
+        then one answer per request. A call that raises is made again for each of its requests alone, so a
+        request that fails (a case the HTTP process's checks did not foresee) fails by itself: it is answered
+        500 with its error, its neighbours as if it had not been sent."""
         requests: list[tuple[list[str], dict[str, Any], bool]] = x if self.max_batch_size > 1 else [x]
-        answers: list[dict[str, Any]] = [{} for _ in requests]
+        answers: list[dict[str, Any] | Failed] = [Failed("not translated") for _ in requests]
         groups: dict[str, list[int]] = {}
         for i, (_, changes, _) in enumerate(requests):
+            changes = search_changes(self.search, changes)
             groups.setdefault(json.dumps(changes, sort_keys=True), []).append(i)
         for key, members in groups.items():
-            changes = json.loads(key)
-            translator = self.translator.with_search(**changes) if changes else self.translator
-            flat = translator.generate([line for i in members for line in requests[i][0]])
-            for i, results in zip(
-                members, split_as(flat, [len(requests[i][0]) for i in members]), strict=True
-            ):
-                answer: dict[str, Any] = {"translations": [hyps[0].text for hyps in results]}
-                if requests[i][2] or translator.search.nbest > 1:
-                    answer["hypotheses"] = [[hypothesis_fields(h) for h in hyps] for hyps in results]
-                answers[i] = answer
+            try:
+                self.answer(json.loads(key), [requests[i] for i in members], members, answers)
+            except Exception as err:
+                if len(members) == 1:
+                    answers[members[0]] = self.failed(err)
+                    continue
+                for i in members:
+                    try:
+                        self.answer(json.loads(key), [requests[i]], [i], answers)
+                    except Exception as alone:
+                        answers[i] = self.failed(alone)
         return answers if self.max_batch_size > 1 else answers[0]
 
-    def encode_response(self, output: dict[str, Any]) -> dict[str, Any]:
+    def answer(
+        self,
+        changes: dict[str, Any],
+        requests: list[tuple[list[str], dict[str, Any], bool]],
+        members: list[int],
+        answers: list[dict[str, Any] | Failed],
+    ) -> None:
+        """Translate `requests` (asking for `changes`) in one `generate` call; answers[members[j]] is the answer
+        to requests[j]."""
+        translator = self.translator.with_search(**changes) if changes else self.translator
+        flat = translator.generate([line for lines, _, _ in requests for line in lines])
+        pieces = split_as(flat, [len(lines) for lines, _, _ in requests])
+        for i, (_, _, scores), results in zip(members, requests, pieces, strict=True):
+            answer: dict[str, Any] = {"translations": [hyps[0].text for hyps in results]}
+            if scores or translator.search.nbest > 1:
+                answer["hypotheses"] = [[hypothesis_fields(h) for h in hyps] for hyps in results]
+            answers[i] = answer
+
+    @staticmethod
+    def failed(err: Exception) -> Failed:
+        log.error("a request failed while decoding; answered 500 alone", exc_info=err)
+        return Failed(f"translating this request failed: {type(err).__name__}: {err}")
+
+    def encode_response(self, output: dict[str, Any] | Failed) -> Any:
+        if isinstance(output, Failed):
+            from starlette.responses import JSONResponse
+
+            return JSONResponse({"detail": output.message}, status_code=500)
         return output
 
 

@@ -5,7 +5,8 @@ A request body is `{"text": ["line", ...]}` (or `{"text": "one line"}`), optiona
 [`REQUEST_SEARCH`][attnx.serving.validation.REQUEST_SEARCH]) and `"scores": true` (answer every hypothesis
 with its scores). Every check runs in the HTTP process, so a bad request is answered at once with a 4xx and
 `{"detail": "<message>"}` and never joins a batch of good ones: one request's mistake cannot fail its
-neighbours' translations.
+neighbours' translations. (A request that still fails while decoding is isolated by the worker:
+`attnx.serving.server.TranslationAPI.predict`.)
 
 | problem                                             | status |
 |-----------------------------------------------------|--------|
@@ -13,7 +14,7 @@ neighbours' translations.
 | body that is not JSON (or not UTF-8)                | 400    |
 | not an object, a field other than `text`, `search`, `scores`; `text` missing or not a string / list of strings | 422 |
 | `text` an empty list                              | 422    |
-| `search` not an object, a setting a request may not change, a value the search refuses; `scores` not a boolean | 422 |
+| `search` not an object, a setting a request may not change, a value the search refuses (type or range, as `attnx translate` refuses it: `SearchConfig`'s own checks); `scores` not a boolean | 422 |
 | `search.beam` or `search.nbest` over `max_beam`   | 413    |
 | more than `max_lines` lines, a line over `max_line_chars` characters | 413 |
 """
@@ -26,24 +27,24 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from attnx.inference.config import SearchConfig
+from attnx.inference.config import DEFAULT_BEAM, SearchConfig
 from attnx.serving.settings import RequestLimits
 
 FIELD = "text"
 SEARCH = "search"
 SCORES = "scores"
-REQUEST_SEARCH: dict[str, str] = {
-    "beam": "an integer",
-    "nbest": "an integer",
-    "alpha": "a number",
-    "sampling": "a boolean",
-    "top_k": "an integer",
-    "top_p": "a number",
-    "temperature": "a number",
-    "seed": "an integer or null",
-    "no_repeat_ngram": "an integer",
-    "min_length": "an integer",
-}
+REQUEST_SEARCH = (
+    "beam",
+    "nbest",
+    "alpha",
+    "sampling",
+    "top_k",
+    "top_p",
+    "temperature",
+    "seed",
+    "no_repeat_ngram",
+    "min_length",
+)
 """Search settings one request may change (`"search": {"nbest": 4}`); the rest stay the server's."""
 DRAIN_BYTES = 100_000_000
 """Bytes of a refused body read and dropped before answering 413; a client sending more sees the connection
@@ -120,20 +121,8 @@ def request_search(payload: dict[str, Any], search: SearchConfig, limits: Reques
             f'"search" cannot set {", ".join(map(json.dumps, unknown))} per request; it may set '
             + ", ".join(REQUEST_SEARCH),
         )
-    for name, value in changes.items():
-        kind = REQUEST_SEARCH[name]
-        if isinstance(value, bool):
-            ok = kind == "a boolean"
-        elif isinstance(value, int):
-            ok = kind != "a boolean"
-        elif isinstance(value, float):
-            ok = kind == "a number"
-        else:
-            ok = value is None and kind.endswith("or null")
-        if not ok:
-            raise RequestError(422, f'"search.{name}" is {json_type(value)}; give {kind}')
-    try:
-        asked = dataclasses.replace(search, **changes)
+    try:  # types and ranges: SearchConfig's checks, the same as attnx translate's
+        asked = dataclasses.replace(search, **search_changes(search, changes))
     except ValueError as err:
         raise RequestError(422, f'"search": {err}') from None
     width = max(asked.nbest, 1 if asked.sampling else asked.beam)
@@ -141,6 +130,15 @@ def request_search(payload: dict[str, Any], search: SearchConfig, limits: Reques
         raise RequestError(
             413, f'"search" asks for {width} hypotheses per line; this server takes at most {limits.max_beam}'
         )
+    return changes
+
+
+def search_changes(search: SearchConfig, changes: dict[str, Any]) -> dict[str, Any]:
+    """The settings a request's `"search"` (already checked) changes in the server's `search`: those it names,
+    and when it turns sampling on without naming a beam, the beam back to its default. The server's beam is a
+    setting of beam search, which sampling does not use (and `SearchConfig` refuses a beam beside sampling)."""
+    if changes.get("sampling") is True and "beam" not in changes and not search.samples:
+        return {**changes, "beam": DEFAULT_BEAM}
     return changes
 
 
