@@ -247,6 +247,25 @@ def test_mbr_writes_each_distinct_candidate_with_its_expected_utility_best_first
             assert f"F0= {h['log_prob']!r} MBR= {h['expected_utility']!r} |||" in line
 
 
+@pytest.mark.parametrize(
+    ("mbr", "need"),
+    [("100000", "894.1 GiB"), ("20000", "35.8 GiB")],  # numpy's ArrayMemoryError (851 and 52 GiB) once
+)
+def test_an_mbr_table_over_the_memory_available_is_one_line_with_the_estimate_and_the_cap(
+    checkpoint, tmp_path, capsys, monkeypatch, mbr, need
+):
+    monkeypatch.setattr("attnx.inference.mbr.available_memory", lambda: 16 * 2**30)
+    src = write_lines(tmp_path / "in.txt", SOURCES)
+    out = tmp_path / "out.txt"
+    argv = ["translate", "--model", str(checkpoint), "--input", str(src), "--output", str(out)]
+    assert attnx_main([*argv, "--search.mbr", mbr]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"search.mbr {mbr}: the pairwise utilities of {mbr} candidates take about {need} of memory" in err
+    assert "16.0 GiB are available; choose search.mbr 13364 or less" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
 def test_plain_text_with_alignments_appends_them_after_three_bars(checkpoint, tmp_path):
     src = write_lines(tmp_path / "in.txt", SOURCES)
     out = run_translate("--model", str(checkpoint), "--input", str(src), "--search.alignment", "true", *SHORT)

@@ -11,14 +11,17 @@ from sacrebleu.metrics import BLEU, CHRF
 
 import attnx
 from attnx.data.batch import collate
+from attnx.inference import mbr as mbr_module
 from attnx.inference.config import SearchConfig
 from attnx.inference.hypothesis import Hypothesis
 from attnx.inference.mbr import (
     bleu_matrix,
     candidate_search,
+    check_memory,
     chrf_matrix,
     expected_utilities,
     rank_by_expected_utility,
+    utility_table_bytes,
 )
 from attnx.inference.search import generate
 from tests.inference.test_eager import LINES
@@ -45,6 +48,58 @@ def test_pairwise_utilities_equal_sacrebleu_sentence_scores(sentences, fast, met
     assert got.shape == (len(sentences), len(sentences))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
     assert (got != got.T).any()  # hypothesis and reference are not interchangeable
+
+
+def candidates(sentences: list[str], k: int) -> list[str]:
+    """`k` distinct texts sharing many n-grams, as the samples of one source do."""
+    words = " ".join(sentences).split()
+    return [" ".join(words[i % 50 : i % 50 + 3 + i % 7]) + f" {i}" for i in range(k)]
+
+
+@pytest.mark.parametrize("fast", [chrf_matrix, bleu_matrix], ids=["chrf", "bleu"])
+def test_utilities_computed_in_blocks_of_n_grams_are_the_same_floats(sentences, fast, monkeypatch):
+    texts = candidates(sentences, 120)
+    whole = fast(texts)
+    monkeypatch.setattr(mbr_module, "PAIRS_PER_CHUNK", 240)  # two n-grams a block
+    np.testing.assert_array_equal(fast(texts), whole)
+
+
+@pytest.mark.parametrize("fast", [chrf_matrix, bleu_matrix], ids=["chrf", "bleu"])
+def test_the_memory_estimate_holds_what_the_utilities_take(sentences, fast):
+    import tracemalloc
+
+    texts = candidates(sentences, 500)
+    tracemalloc.start()
+    try:
+        fast(texts)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= utility_table_bytes(len(texts))
+
+
+def test_an_mbr_table_over_the_memory_available_is_refused_by_every_translator(checkpoint, monkeypatch):
+    """`search.mbr 100000` once asked numpy for 851 GiB in the middle of a run (ArrayMemoryError)."""
+    check_memory(SearchConfig(mbr=13364), available=16 * 2**30)  # the most that fits 16 GiB
+    with pytest.raises(ValueError, match=r"choose search.mbr 13364 or less$"):
+        check_memory(SearchConfig(mbr=13365), available=16 * 2**30)
+    monkeypatch.setattr(mbr_module, "available_memory", lambda: 2**30)
+    with pytest.raises(ValueError) as err:
+        attnx.load(checkpoint, search=SearchConfig(mbr=4000))
+    assert str(err.value) == (
+        "search.mbr 4000: the pairwise utilities of 4000 candidates take about 1.5 GiB of memory and 1.0 GiB "
+        "are available; choose search.mbr 3291 or less"
+    )
+    translator = attnx.load(checkpoint, search=SearchConfig(beam=2))
+    with pytest.raises(ValueError, match="search.mbr 4000: the pairwise utilities"):
+        translator.with_search(mbr=4000, beam=4)
+    assert utility_table_bytes(100_000) > 800 * 2**30
+
+
+def test_a_long_utility_table_shows_its_progress_on_stderr(sentences, monkeypatch, capsys):
+    monkeypatch.setattr(mbr_module, "PROGRESS_AFTER_S", 0)
+    chrf_matrix(candidates(sentences, 20))
+    assert "MBR: utilities of 20 candidates" in capsys.readouterr().err
 
 
 def test_expected_chrf_of_three_candidates_by_hand():

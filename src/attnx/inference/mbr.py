@@ -16,26 +16,40 @@ detokenized text, scaled 0-100.
 
 **Fast pairwise utilities.** sacreBLEU scores one pair at a time from two `Counter`s; `N` candidates need
 `N²` such calls. Here every candidate's n-grams are counted once ([`ngram_counts`][attnx.inference.mbr.ngram_counts]:
-one row of a count matrix per candidate, one column per distinct n-gram of the sentence's candidates), and
-the matched counts of all pairs are one array operation, `sum_g min(C[h, g], C[r, g])` per order; the
-statistics then go through the same formula as sacreBLEU's, vectorized over the pairs, so the utilities equal
-sacreBLEU's (tests/inference/test_mbr.py checks them on Multi30k sentences). Nothing here needs Lightning.
+per order, the counts of the n-grams two candidates or more share, as a sparse matrix `C`), and the matched
+counts of all pairs, `sum_g min(C[h, g], C[r, g])`, are matrix products of 0/1 blocks of `C`
+([`matched`][attnx.inference.mbr.matched]); the statistics then go through the same formula as sacreBLEU's,
+vectorized over the pairs, so the utilities equal sacreBLEU's (tests/inference/test_mbr.py checks them on
+Multi30k sentences).
+
+**Memory and time.** The table of `N` candidates takes about `N² *` [`BYTES_PER_PAIR`][attnx.inference.mbr.BYTES_PER_PAIR]
+bytes at its peak; a translator refuses an `mbr` whose table would not fit the memory available
+([`check_memory`][attnx.inference.mbr.check_memory], one line with the estimate and the largest `mbr` that
+fits), and a table that takes more than a few seconds shows its progress on stderr. Nothing here needs Lightning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
+from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.hypothesis import Hypothesis
 
 __all__ = [
     "bleu_matrix",
     "candidate_search",
+    "check_memory",
     "chrf_matrix",
     "expected_utilities",
     "ngram_counts",
@@ -50,7 +64,15 @@ CHRF_BETA = 2
 BLEU_ORDER = 4
 """sacreBLEU's BLEU: word n-grams of order 1 to 4."""
 PAIRS_PER_CHUNK = 1 << 22
-"""Bound on the `(hypotheses, references, n-grams)` minimum computed at once (memory, not results)."""
+"""Bound on the `(candidates, n-grams)` block of counts multiplied at once (memory, not results)."""
+PROGRESS_AFTER_S = 3.0
+"""A table of pairwise utilities that takes longer than this shows its progress on stderr."""
+BYTES_PER_PAIR = 96
+"""Peak memory of a table of pairwise utilities per pair of candidates, with room: `chrf_matrix` and
+`bleu_matrix` took 59 and 67 bytes a pair over 3,000 distinct candidates (tracemalloc);
+tests/inference/test_mbr.py holds the estimate above what they take."""
+WORKSPACE_BYTES = 8 * PAIRS_PER_CHUNK
+"""The float32 block of counts and its 0/1 copy, besides the `(K, K)` arrays."""
 
 
 def candidate_search(search: SearchConfig) -> SearchConfig:
@@ -66,50 +88,80 @@ def candidate_search(search: SearchConfig) -> SearchConfig:
 # ------------------------------------------------------------------------------------------ n-gram counts
 
 
-def ngram_counts(grams: Sequence[Sequence[Counter]], orders: int) -> tuple[np.ndarray, np.ndarray]:
-    """Counts of every candidate's n-grams as one matrix.
+@dataclass
+class NgramCounts:
+    """The candidates' n-grams of one order: how many each candidate has (`totals` `(K,)`) and, as
+    coordinates, the counts of the n-grams two candidates or more share (candidate `rows[j]` has n-gram
+    `cols[j]` `counts[j]` times; `n_cols` such n-grams). An n-gram of one candidate matches only itself, which
+    `totals` counts already, so it is left out: most long n-grams of distinct samples are."""
 
-    `grams[i][n]`: the `Counter` of candidate `i`'s n-grams of order `n + 1`, `n < orders`. Returns `C` `(K, G)` (row `i`,
-    column `g`: how often candidate `i` has n-gram `g`; `G` distinct n-grams of all orders, grouped by order)
-    and `starts` `(orders,)`, the first column of each order.
+    totals: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+    counts: np.ndarray
+    n_cols: int
+
+
+def ngram_counts(grams: Sequence[Sequence[Counter]], orders: int) -> list[NgramCounts]:
+    """`grams[i][n]`: the `Counter` of candidate `i`'s n-grams of order `n + 1`, `n < orders`; one
+    [`NgramCounts`][attnx.inference.mbr.NgramCounts] per order."""
+    out = []
+    for n in range(orders):
+        holders = Counter(gram for by_order in grams for gram in by_order[n])
+        columns: dict[object, int] = {}
+        rows, cols, counts = [], [], []
+        for i, by_order in enumerate(grams):
+            for gram, count in by_order[n].items():
+                if holders[gram] > 1:
+                    rows.append(i)
+                    cols.append(columns.setdefault(gram, len(columns)))
+                    counts.append(count)
+        totals = np.array([sum(by_order[n].values()) for by_order in grams], dtype=np.int64)
+        arrays = (np.array(rows, np.int64), np.array(cols, np.int64), np.array(counts, np.int64))
+        out.append(NgramCounts(totals, *arrays, len(columns)))
+    return out
+
+
+def matched(table: NgramCounts, width: int, bar: tqdm) -> np.ndarray:
+    """`M` `(K, K)`: `M[h, r]` = sum over the n-grams `g` of `min(C[h, g], C[r, g])`.
+
+    `min(a, b)` is the number of thresholds `t >= 1` both counts reach, so `M = sum_t B_t B_tᵀ` with
+    `B_t[h, g] = C[h, g] >= t`: matrix products of 0/1 blocks of `width` n-grams (exact in float32: every sum
+    is an integer far below 2**24). The diagonal is each candidate's own number of n-grams.
     """
-    columns: list[dict[object, int]] = [{} for _ in range(orders)]
-    for by_order in grams:
-        for n, counter in enumerate(by_order):
-            for gram in counter:
-                columns[n].setdefault(gram, len(columns[n]))
-    starts = np.cumsum([0] + [len(c) for c in columns[:-1]]).astype(np.int64)
-    counts = np.zeros((len(grams), sum(len(c) for c in columns)), dtype=np.int32)
-    for i, by_order in enumerate(grams):
-        for n, counter in enumerate(by_order):
-            if counter:
-                where = [columns[n][gram] + starts[n] for gram in counter]
-                counts[i, where] = list(counter.values())
-    return counts, starts
-
-
-def matched(counts: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """`M` `(K, K, orders)`: `M[h, r, n] = sum over n-grams g of order n of min(C[h, g], C[r, g])`."""
-    k, g = counts.shape
-    out = np.zeros((k, k, len(starts)), dtype=np.int64)
-    if g == 0:
-        return out
-    # An order with no n-gram at all has an empty column range, which reduceat would not give as 0.
-    present = np.append(starts[1:], g) > starts
-    step = max(1, PAIRS_PER_CHUNK // max(1, k * g))
-    for first in range(0, k, step):
-        block = np.minimum(counts[first : first + step, None, :], counts[None, :, :])  # (k', K, G)
-        out[first : first + step][..., present] = np.add.reduceat(block, starts[present], axis=2)
+    k = len(table.totals)
+    out = np.zeros((k, k), dtype=np.float32)
+    order = np.argsort(table.cols, kind="stable")
+    rows, cols, counts = table.rows[order], table.cols[order], table.counts[order]
+    for first in range(0, table.n_cols, width):
+        lo, hi = np.searchsorted(cols, [first, first + width])
+        block = np.zeros((k, min(width, table.n_cols - first)), dtype=np.float32)  # (K, w)
+        block[rows[lo:hi], cols[lo:hi] - first] = counts[lo:hi]
+        for t in range(1, int(counts[lo:hi].max()) + 1):
+            reached = (block >= t).astype(np.float32)
+            out += reached @ reached.T
+        bar.update(1)
+    np.fill_diagonal(out, table.totals)
     return out
 
 
-def totals(counts: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """`(K, orders)`: each candidate's number of n-grams of each order."""
-    out = np.zeros((counts.shape[0], len(starts)), dtype=np.int64)
-    if counts.shape[1]:
-        present = np.append(starts[1:], counts.shape[1]) > starts
-        out[:, present] = np.add.reduceat(counts, starts[present], axis=1)
-    return out
+def pairwise_matches(tables: Sequence[NgramCounts]) -> Iterator[np.ndarray]:
+    """Per order, [`matched`][attnx.inference.mbr.matched] as float64; a table that takes longer than
+    `PROGRESS_AFTER_S` shows its progress on stderr."""
+    k = len(tables[0].totals)
+    width = max(1, PAIRS_PER_CHUNK // max(1, k))
+    blocks = sum(-(-table.n_cols // width) for table in tables)
+    with tqdm(
+        total=blocks,
+        desc=f"MBR: utilities of {k} candidates",
+        unit="block",
+        file=sys.stderr,
+        delay=PROGRESS_AFTER_S,
+        leave=False,
+        dynamic_ncols=True,
+    ) as bar:
+        for table in tables:
+            yield matched(table, width, bar).astype(np.float64)
 
 
 # ------------------------------------------------------------------------------------------------ chrF
@@ -130,24 +182,21 @@ def chrf_matrix(texts: Sequence[str]) -> np.ndarray:
     orders both sides have (the effective order, sacreBLEU's default without eps smoothing), in the same order
     of operations here, so the numbers are the same floats.
     """
-    counts, starts = ngram_counts([char_ngrams(t) for t in texts], CHRF_CHAR_ORDER)
-    n_orders = CHRF_CHAR_ORDER
-    match = matched(counts, starts).astype(np.float64)  # (H, R, n)
-    total = totals(counts, starts)  # (K, n)
+    tables = ngram_counts([char_ngrams(t) for t in texts], CHRF_CHAR_ORDER)
     k = len(texts)
-    hyp_total = np.broadcast_to(total[:, None, :], (k, k, n_orders))
-    ref_total = np.broadcast_to(total[None, :, :], (k, k, n_orders))
-    n_hyp = np.where(ref_total > 0, hyp_total, 0)  # "don't count hits if no reference exists"
     factor = CHRF_BETA**2
     avg_prec = np.zeros((k, k))
     avg_rec = np.zeros((k, k))
     effective = np.zeros((k, k), dtype=np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        for n in range(n_orders):
-            both = (n_hyp[..., n] > 0) & (ref_total[..., n] > 0)
-            avg_prec += np.where(both, match[..., n] / n_hyp[..., n], 0.0)
-            avg_rec += np.where(both, match[..., n] / ref_total[..., n], 0.0)
+        for table, match in zip(tables, pairwise_matches(tables), strict=True):  # (H, R) per order
+            ref_total = table.totals[None, :]  # (1, R)
+            n_hyp = np.where(ref_total > 0, table.totals[:, None], 0)  # no hits counted without a reference
+            both = (n_hyp > 0) & (ref_total > 0)
+            avg_prec += np.where(both, match / n_hyp, 0.0)
+            avg_rec += np.where(both, match / ref_total, 0.0)
             effective += both
+            del match, n_hyp, both
         avg_prec = np.where(effective > 0, avg_prec / effective, 0.0)
         avg_rec = np.where(effective > 0, avg_rec / effective, 0.0)
         score = (1 + factor) * avg_prec * avg_rec
@@ -173,9 +222,8 @@ def bleu_matrix(texts: Sequence[str]) -> np.ndarray:
 
     tokenize = Tokenizer13a()
     tokens = [tokenize(t.rstrip()).split() for t in texts]
-    counts, starts = ngram_counts([word_ngrams(x) for x in tokens], BLEU_ORDER)
-    correct = matched(counts, starts).astype(np.float64)  # (H, R, 4)
-    total = totals(counts, starts).astype(np.float64)  # (H, 4)
+    tables = ngram_counts([word_ngrams(x) for x in tokens], BLEU_ORDER)
+    total = np.stack([table.totals for table in tables], axis=1).astype(np.float64)  # (H, 4)
     k = len(texts)
     sys_len = np.array([len(x) for x in tokens], dtype=np.float64)[:, None].repeat(k, 1)  # (H, R)
     ref_len = sys_len.T
@@ -184,17 +232,20 @@ def bleu_matrix(texts: Sequence[str]) -> np.ndarray:
         smooth = np.ones((k, k))
         log_sum = np.zeros((k, k))
         eff_order = np.zeros((k, 1))
-        for n in range(BLEU_ORDER):
+        any_correct = np.zeros((k, k), dtype=bool)
+        for n, correct in enumerate(pairwise_matches(tables)):  # (H, R) per order
             has = total[:, n : n + 1] > 0  # (H, 1): sacreBLEU stops at the first order with no n-grams
-            zero = correct[..., n] == 0
+            zero = correct == 0
             smooth = np.where(has & zero, smooth * 2, smooth)
             precision = np.where(
-                zero, 100.0 / (smooth * total[:, n : n + 1]), 100.0 * correct[..., n] / total[:, n : n + 1]
+                zero, 100.0 / (smooth * total[:, n : n + 1]), 100.0 * correct / total[:, n : n + 1]
             )
             log_sum = np.where(has, log_sum + np.log(precision), log_sum)
             eff_order = np.where(has, n + 1, eff_order)
+            any_correct |= ~zero
+            del correct, zero, precision
         score = bp * np.exp(log_sum / np.maximum(eff_order, 1))
-    return np.where(correct.sum(axis=2) > 0, score, 0.0)
+    return np.where(any_correct, score, 0.0)
 
 
 UTILITIES: dict[str, Callable[[Sequence[str]], np.ndarray]] = {"chrf": chrf_matrix, "bleu": bleu_matrix}
@@ -202,6 +253,47 @@ UTILITIES: dict[str, Callable[[Sequence[str]], np.ndarray]] = {"chrf": chrf_matr
 
 
 # ------------------------------------------------------------------------------------------------- MBR
+
+
+def utility_table_bytes(candidates: int) -> int:
+    """Estimated peak memory of the pairwise utilities of `candidates` distinct candidates."""
+    return candidates**2 * BYTES_PER_PAIR + WORKSPACE_BYTES
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still take: Linux's `MemAvailable`, lowered to what is left under a cgroup
+    (container) limit; None where neither is known."""
+    found: list[int] = []
+    with (
+        contextlib.suppress(OSError, ValueError, IndexError),
+        open("/proc/meminfo", encoding="ascii") as meminfo,
+    ):
+        found += [int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")]
+    with contextlib.suppress(OSError, ValueError):
+        cgroup = Path("/sys/fs/cgroup")
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int((cgroup / "memory.current").read_text()))
+    return min(found) if found else None
+
+
+def check_memory(search: SearchConfig, available: int | None = None) -> None:
+    """A usage error, with the estimate and what fits, when the pairwise utilities of `search.mbr` candidates
+    would not fit `available` bytes (default: [`available_memory`][attnx.inference.mbr.available_memory])."""
+    if not search.mbr:
+        return
+    available = available_memory() if available is None else available
+    need = utility_table_bytes(search.mbr)
+    if available is not None and need > available:
+        fits = math.isqrt(max(0, available - WORKSPACE_BYTES) // BYTES_PER_PAIR)
+        raise ConfigError(
+            f"search.mbr {search.mbr}: the pairwise utilities of {search.mbr} candidates take about "
+            f"{size(need)} of memory and {size(available)} are available; choose search.mbr {fits} or less"
+        )
+
+
+def size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def expected_utilities(texts: Sequence[str], utility: str = "chrf") -> tuple[list[str], list[float]]:

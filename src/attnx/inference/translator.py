@@ -43,6 +43,7 @@ from attnx.data.tokenizer import Tokenizer
 from attnx.errors import ConfigError
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.hypothesis import Hypothesis
+from attnx.inference.mbr import check_memory
 
 __all__ = ["DEFAULT_MAX_TOKENS", "Hypothesis", "Translator", "encode_lines", "one_line", "truncate_ids"]
 
@@ -84,7 +85,9 @@ def truncate_ids(ids: Sequence[Sequence[int]], max_positions: int, what: str = "
 
 
 def fitted_search(search: SearchConfig, max_positions: int) -> SearchConfig:
-    """`search` capped to a model of `max_positions` target positions (the settings are checked by `SearchConfig`)."""
+    """`search` capped to a model of `max_positions` target positions (the settings are checked by
+    `SearchConfig`), or a usage error when its MBR table would not fit this machine's memory."""
+    check_memory(search)
     if search.max_positions is None or search.max_positions > max_positions:
         search = dataclasses.replace(search, max_positions=max_positions)
     return search
