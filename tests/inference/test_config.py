@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from attnx.inference.config import PAPER_SEARCH, SearchConfig
+from attnx.inference.config import PAPER_SEARCH, SearchConfig, changed_search
 
 
 @pytest.mark.parametrize(
@@ -97,3 +97,15 @@ def test_the_edges_of_every_range_are_accepted():
     SearchConfig(sampling=True, temperature=0.001, seed=0)
     SearchConfig(sampling=True, temperature=1000, seed=2**64 - 1)
     SearchConfig(mbr=4, beam=4, mbr_candidates="nbest")  # the n-best list of a beam: the beam is used
+
+
+def test_changes_that_sample_leave_the_beam_behind_unless_they_name_one():
+    beam2 = SearchConfig(beam=2)
+    assert changed_search(beam2, sampling=True, nbest=3) == SearchConfig(sampling=True, nbest=3)
+    assert changed_search(beam2, mbr=8, seed=1) == SearchConfig(mbr=8, seed=1)
+    assert changed_search(beam2, nbest=2) == SearchConfig(beam=2, nbest=2)
+    assert changed_search(beam2, mbr=2, mbr_candidates="nbest") == SearchConfig(
+        beam=2, mbr=2, mbr_candidates="nbest"
+    )
+    with pytest.raises(ValueError, match=r"search.beam \(2\) is not used by sampling"):
+        changed_search(beam2, sampling=True, beam=2)

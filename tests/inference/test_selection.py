@@ -160,6 +160,21 @@ def test_sampling_shapes_the_distribution_as_documented():
     assert shaped(temperature=0.5) == pytest.approx((squared / squared.sum()).tolist())
 
 
+def test_the_temperatures_accepted_draw_an_allowed_token():
+    """Both ends of `TEMPERATURE_RANGE` keep a forbidden token (-inf) forbidden and the draw a proper one;
+    1e-300 and 1e300 made every weight NaN (a draw out of the vocabulary)."""
+    from attnx.inference.config import TEMPERATURE_RANGE
+
+    log_probs = torch.log_softmax(torch.tensor([[0.0, 9.0, 3.0, -40.0, 1.0]]), dim=1)
+    log_probs[0, 0] = -math.inf  # as Constraints forbids a token
+    for temperature in TEMPERATURE_RANGE:
+        config = SearchConfig(sampling=True, temperature=temperature)
+        weights = SampleSelection(1, config, None).shaped(log_probs)
+        assert bool(torch.isfinite(weights).all()) and weights[0, 0] == 0 and weights.sum() > 0
+        token = draw(weights, torch.Generator().manual_seed(0))
+        assert 1 <= int(token) <= 4
+
+
 def test_sampled_candidates_report_the_models_own_log_probs():
     gen = torch.Generator().manual_seed(1)
     log_probs = torch.log_softmax(3 * torch.randn(4, 8, generator=gen), dim=1)

@@ -17,7 +17,6 @@ from attnx.serving.validation import (  # noqa: E402
     parse_body,
     request_lines,
     request_search,
-    search_changes,
 )
 
 LIMITS = RequestLimits(max_lines=3, max_line_chars=10, max_body_bytes=200)
@@ -186,10 +185,10 @@ def test_a_request_may_change_the_settings_it_is_allowed_to():
     assert request_search(sampled, SERVER_SEARCH, LIMITS)["nbest"] == 16
 
 
-def test_a_request_that_samples_leaves_the_servers_beam_behind():
-    """Sampling uses no beam and `SearchConfig` refuses one beside it: a server of beam 2 still serves samples."""
+def test_a_request_that_samples_is_served_by_a_server_of_another_beam():
+    """Sampling uses no beam and `SearchConfig` refuses one beside it: a server of beam 2 still serves samples
+    (`changed_search`), and a request naming a beam beside sampling is refused."""
     server = SearchConfig(beam=2)
-    assert search_changes(server, {"sampling": True, "nbest": 3}) == {"sampling": True, "nbest": 3, "beam": 4}
-    assert search_changes(server, {"nbest": 2}) == {"nbest": 2}
-    assert search_changes(SearchConfig(sampling=True), {"sampling": True}) == {"sampling": True}
     assert parse_body(b'{"text": "a", "search": {"sampling": true, "nbest": 3}}', LIMITS, server) == ["a"]
+    with pytest.raises(RequestError, match=r"search.beam \(2\) is not used by sampling"):
+        parse_body(b'{"text": "a", "search": {"sampling": true, "beam": 2}}', LIMITS, server)

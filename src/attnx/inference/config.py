@@ -6,10 +6,11 @@ Every setting is checked here, once, when a [`SearchConfig`][attnx.inference.con
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, fields
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from attnx.errors import ConfigError
 
@@ -275,6 +276,17 @@ class SearchConfig:
     def width(self) -> int:
         """Decoder rows per input: the beam, or the number of samples."""
         return self.nbest if self.sampling else self.beam
+
+
+def changed_search(search: SearchConfig, **changes: Any) -> SearchConfig:
+    """`search` with some settings changed (checked as any settings are), what `with_search` gives every
+    engine: changes that make the search sample without naming a beam leave `search`'s beam behind, since
+    sampling uses none (and a beam named beside it is refused)."""
+    merged = {**dataclasses.asdict(search), **changes}
+    samples = merged["sampling"] or (merged["mbr"] > 0 and merged["mbr_candidates"] != "nbest")
+    if samples is True and "beam" not in changes:
+        changes = {**changes, "beam": DEFAULT_BEAM}
+    return dataclasses.replace(search, **changes)
 
 
 PAPER_SEARCH = SearchConfig()

@@ -50,7 +50,7 @@ from attnx.checkpoint import CheckpointError
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.errors import ConfigError
-from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
+from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig, changed_search
 from attnx.inference.hypothesis import Hypothesis
 from attnx.inference.lengths import length_penalty, max_output_length
 from attnx.inference.mbr import candidate_search, rerank
@@ -236,7 +236,7 @@ class CTranslate2Translator(Translator):
         options = {name: kw.pop(name) for name in cls.OPTIONS if name in kw}
         translator = cls(directory, device, search, **options)
         if kw:
-            translator.search = translator._capped(dataclasses.replace(translator.search, **kw))
+            translator.search = translator._capped(changed_search(translator.search, **kw))
         return translator
 
     def _capped(self, search: SearchConfig) -> SearchConfig:
@@ -274,7 +274,7 @@ class CTranslate2Translator(Translator):
         """This translator with some search settings changed (the loaded model is shared)."""
         other = object.__new__(CTranslate2Translator)
         other.__dict__.update(self.__dict__)
-        other.search = self._capped(dataclasses.replace(self.search, **changes))
+        other.search = self._capped(changed_search(self.search, **changes))
         return other
 
     # ---------------------------------------------------------------------------------------------- ids

@@ -10,7 +10,6 @@ It batches its input by tokens (shortest first, padding included) and, besides t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from attnx.checkpoint import load_model
 from attnx.data.batch import BOS_ID, EOS_ID, collate
 from attnx.data.tokenizer import Tokenizer
 from attnx.errors import ConfigError
-from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig, check_precision
+from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig, changed_search, check_precision
 from attnx.inference.decoder import Decoder, EnsembleDecoder, ModelDecoder
 from attnx.inference.hypothesis import Hypothesis
 from attnx.inference.mbr import candidate_search, rerank
@@ -165,7 +164,7 @@ class EagerTranslator(Translator):
     def with_search(self, **changes: Any) -> EagerTranslator:
         """A translator sharing this one's model, with some search settings changed (e.g. `beam=1`)."""
         models = self.model if len(self.models) == 1 else self.models
-        search = dataclasses.replace(self.search, **changes)
+        search = changed_search(self.search, **changes)
         return EagerTranslator(models, self.tokenizer, search, self.max_tokens, self.weights, self.precision)
 
     # ---------------------------------------------------------------------------------------------- ids

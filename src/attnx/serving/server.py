@@ -42,7 +42,7 @@ from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.formats import hypothesis_fields
 from attnx.serving.settings import ServeSettings
-from attnx.serving.validation import FIELD, SCORES, SEARCH, RequestLimitsMiddleware, search_changes
+from attnx.serving.validation import FIELD, SCORES, SEARCH, RequestLimitsMiddleware
 
 API_PATH = "/translate"
 log = logging.getLogger(__name__)
@@ -146,7 +146,6 @@ class TranslationAPI(ls.LitAPI):
         answers: list[dict[str, Any] | Failed] = [Failed("not translated") for _ in requests]
         groups: dict[str, list[int]] = {}
         for i, (_, changes, _) in enumerate(requests):
-            changes = search_changes(self.search, changes)
             groups.setdefault(json.dumps(changes, sort_keys=True), []).append(i)
         for key, members in groups.items():
             try:

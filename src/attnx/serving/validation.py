@@ -21,13 +21,12 @@ neighbours' translations. (A request that still fails while decoding is isolated
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from attnx.inference.config import DEFAULT_BEAM, SearchConfig
+from attnx.inference.config import SearchConfig, changed_search
 from attnx.serving.settings import RequestLimits
 
 FIELD = "text"
@@ -122,7 +121,7 @@ def request_search(payload: dict[str, Any], search: SearchConfig, limits: Reques
             + ", ".join(REQUEST_SEARCH),
         )
     try:  # types and ranges: SearchConfig's checks, the same as attnx translate's
-        asked = dataclasses.replace(search, **search_changes(search, changes))
+        asked = changed_search(search, **changes)
     except ValueError as err:
         raise RequestError(422, f'"search": {err}') from None
     width = max(asked.nbest, 1 if asked.sampling else asked.beam)
@@ -130,15 +129,6 @@ def request_search(payload: dict[str, Any], search: SearchConfig, limits: Reques
         raise RequestError(
             413, f'"search" asks for {width} hypotheses per line; this server takes at most {limits.max_beam}'
         )
-    return changes
-
-
-def search_changes(search: SearchConfig, changes: dict[str, Any]) -> dict[str, Any]:
-    """The settings a request's `"search"` (already checked) changes in the server's `search`: those it names,
-    and when it turns sampling on without naming a beam, the beam back to its default. The server's beam is a
-    setting of beam search, which sampling does not use (and `SearchConfig` refuses a beam beside sampling)."""
-    if changes.get("sampling") is True and "beam" not in changes and not search.samples:
-        return {**changes, "beam": DEFAULT_BEAM}
     return changes
 
 
