@@ -45,7 +45,7 @@ ALPHA_RANGE = (-5.0, 5.0)
 (`|Y| ** 5`); the paper's α is 0.6, fairseq's `--lenpen` is usually 0 to 2."""
 TEMPERATURE_RANGE = (1e-3, 1e3)
 """Sampling temperatures accepted: dividing float32 log-probabilities by them keeps the most probable token
-finite and `-inf` (a forbidden token) `-inf`. Below 0.001 use `top_k` 1 (greedy); above 1000 the draw is
+finite and `-inf` (a forbidden token) `-inf`. Below 0.001 use `top_k` 1 (greedy); above 1000 the draw is all but
 uniform over the tokens allowed."""
 SEED_RANGE = (0, 2**64 - 1)
 """Seeds torch's random generator takes (`torch.Generator.manual_seed`: 64 bits)."""
@@ -56,7 +56,7 @@ value)."""
 
 
 def kind_of(value: object) -> str:
-    """Which of `KINDS`' kinds `value` is: ints are numbers too, booleans are neither."""
+    """The kind of `value`, as messages name it (`accepts` takes an integer for a number; a boolean is neither)."""
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, numbers.Integral):
@@ -68,6 +68,7 @@ def kind_of(value: object) -> str:
 
 
 def accepts(kind: str, value: object) -> bool:
+    """Whether `value` is of `kind`, one of `KINDS`' values."""
     got = kind_of(value)
     return {
         "an integer": got == "an integer",

@@ -293,6 +293,7 @@ def check_memory(search: SearchConfig, available: int | None = None) -> None:
 
 
 def size(n: int) -> str:
+    """`n` bytes in GiB, or MiB below one GiB."""
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
