@@ -1,6 +1,7 @@
 """What tests use to make a decodable model without Lightning: the small SentencePiece model it carries and
-[`attnx.checkpoint.save_model`][attnx.checkpoint.format.save_model] to write it; and
-[`flip_bytes`][tests.checkpoints.flip_bytes] to damage a written one as a bad disk or copy would."""
+[`attnx.checkpoint.save_model`][attnx.checkpoint.format.save_model] to write it (`tiny_checkpoint`: one that
+`attnx fit --config configs/tiny.yaml` accepts); and `flip_bytes` to damage a written one as a bad disk or copy
+would."""
 
 from __future__ import annotations
 
@@ -11,15 +12,29 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from attnx.checkpoint import save_model
 from attnx.data.tokenizer import Tokenizer, train_sentencepiece
+from attnx.model import TransformerConfig, build_transformer
+from tests.conftest import REPO
 
-__all__ = ["flip_bytes", "save_model", "train_tokenizer"]
+__all__ = ["flip_bytes", "save_model", "tiny_checkpoint", "train_tokenizer"]
 
 
 def train_tokenizer(lines: Iterable[str], vocab_size: int, **options: Any) -> Tokenizer:
     """A SentencePiece model trained in memory on `lines` with attnx's special ids; `options` go to the trainer."""
     return train_sentencepiece(vocab_size, sentences=lines, **options)
+
+
+def tiny_checkpoint(corpus: Path, path: Path) -> Path:
+    """A checkpoint of configs/tiny.yaml's model, randomly initialised, with the SentencePiece model of the
+    prepared corpus `corpus`: what `attnx fit/test --config configs/tiny.yaml --data.data_dir CORPUS` accepts."""
+    transformer = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())["model"]["transformer"]
+    tokenizer = Tokenizer.load(corpus / "spm.model")
+    config = TransformerConfig.from_dict({**transformer, "vocab_size": tokenizer.vocab_size})
+    save_model(path, build_transformer(config), config, tokenizer)
+    return path
 
 
 def flip_bytes(path: Path, count: int = 570, seed: int = 0) -> str:

@@ -21,9 +21,7 @@ import yaml
 from attnx.checkpoint import CheckpointError, atomic_save, load_model, read_checkpoint
 from attnx.checkpoint.format import damaged_member
 from attnx.cli import main as attnx
-from attnx.data.tokenizer import Tokenizer
-from attnx.model import TransformerConfig, build_transformer
-from tests.checkpoints import flip_bytes, save_model
+from tests.checkpoints import flip_bytes, tiny_checkpoint
 from tests.training.conftest import TINY, fit_args
 
 
@@ -71,15 +69,6 @@ def test_unreadable_files_are_one_line_and_a_payload_never_runs(tmp_path: Path) 
         }
         assert expected.get(kind, "not a checkpoint") in message, (kind, message)
     assert not (tmp_path / "ran").exists()
-
-
-def tiny_checkpoint(corpus: Path, path: Path) -> Path:
-    """A checkpoint of configs/tiny.yaml's model with the corpus's SentencePiece model (what `fit` would accept)."""
-    transformer = yaml.safe_load(TINY.read_text())["model"]["transformer"]
-    tokenizer = Tokenizer.load(corpus / "spm.model")
-    config = TransformerConfig.from_dict({**transformer, "vocab_size": tokenizer.vocab_size})
-    save_model(path, build_transformer(config), config, tokenizer)
-    return path
 
 
 def damaged_copy(path: Path, name: str) -> tuple[Path, str]:
