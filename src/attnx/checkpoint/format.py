@@ -165,8 +165,8 @@ def tokenizer_sha256(checkpoint: dict[str, Any]) -> str:
 
 def check_tokenizer(checkpoint: dict[str, Any], path: str | Path | None, tokenizer: Tokenizer) -> None:
     """Refuse, in one line naming both files, to pair a checkpoint with another SentencePiece model than the
-    one it was trained with (`attnx fit --ckpt_path`, `attnx test` on a config's data): its ids would
-    silently mean other pieces."""
+    one it was trained with (`attnx fit --ckpt_path` and `--init_from`, `attnx test` on a config's data): its
+    ids would silently mean other pieces."""
     theirs = tokenizer_sha256(checkpoint)
     if theirs == tokenizer.sha256:
         return
