@@ -8,24 +8,19 @@ A checkpoint needs no such record: its zip archive holds a CRC-32 of every membe
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from attnx.checkpoint.format import CheckpointError
+from attnx.data.corpus import file_sha256
 
 RECORD = "files_sha256"
 """The metadata key of the record: `{file name: SHA-256}`."""
 
 log = logging.getLogger(__name__)
 _UNVERIFIABLE: set[Path] = set()  # exports already said to have no record, once each per process
-
-
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def file_digests(directory: Path, skip: Collection[str] = ()) -> dict[str, str]:
