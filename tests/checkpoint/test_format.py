@@ -4,6 +4,7 @@ space (the writing itself: tests/test_files.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import random
@@ -127,10 +128,19 @@ def test_every_command_refuses_a_damaged_checkpoint_in_one_line(
         fit_args(corpus, "--ckpt_path", str(damaged)),
         fit_args(corpus, "--init_from", str(damaged)),
         ["average", "--checkpoints", f"[{good}, {damaged}]", "--output", "averaged.ckpt"],
-        ["export", "--ckpt_path", str(damaged), "--format", "ctranslate2", "--output", "ct2"],
-        ["export", "--ckpt_path", str(damaged), "--format", "huggingface", "--output", "hf"],
-        ["serve", "--model", str(damaged), "--port", str(port)],
     ]
+    extras = [  # the commands of the optional extras, where they are installed
+        (
+            "ctranslate2",
+            ["export", "--ckpt_path", str(damaged), "--format", "ctranslate2", "--output", "ct2"],
+        ),
+        (
+            "transformers",
+            ["export", "--ckpt_path", str(damaged), "--format", "huggingface", "--output", "hf"],
+        ),
+        ("litserve", ["serve", "--model", str(damaged), "--port", str(port)]),
+    ]
+    commands += [argv for package, argv in extras if importlib.util.find_spec(package) is not None]
     for argv in commands:
         capsys.readouterr()
         rc = attnx(argv)
