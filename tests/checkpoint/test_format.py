@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,12 @@ def test_a_damaged_checkpoint_is_one_line_and_an_older_one_is_checked_alike(
             "for them (changed on disk or in a copy). Use another checkpoint (e.g. an earlier one from the same "
             "run directory), or copy it again from where it was written."
         )
+    deflated = tmp_path / "deflated.ckpt"  # not what torch.save writes: never inflated
+    with zipfile.ZipFile(good) as archive, zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in archive.infolist():
+            out.writestr(info.filename, archive.read(info))
+    with pytest.raises(CheckpointError, match="is truncated or corrupt"):
+        read_checkpoint(deflated)
     # a file checked once, then replaced by a damaged one, is checked again
     os.replace(tmp_path / "damaged-good.ckpt", good)
     with pytest.raises(CheckpointError, match="is damaged"):

@@ -68,7 +68,7 @@ def damaged_member(path: str | Path) -> str | None:
     Every member is read once, in chunks of [`CRC_CHUNK`][attnx.checkpoint.format.CRC_CHUNK] bytes; checkpoints
     of every attnx version carry these CRCs. A file that matched is remembered (by its identity, size and times),
     so the several reads of one command check it once. Raises `zipfile.BadZipFile` or `OSError` when the archive
-    cannot be opened at all (a truncated file).
+    cannot be opened at all (a truncated file) or holds a compressed member (not what `torch.save` writes).
     """
     path = Path(path)
     identity = _identity(path)
@@ -76,6 +76,8 @@ def damaged_member(path: str | Path) -> str | None:
         return None
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:  # inflating a crafted member could go on for hours
+                raise zipfile.BadZipFile(f"member {info.filename} is compressed, which torch.save never does")
             try:
                 with archive.open(info) as member:  # reading a member to its end compares its CRC-32
                     while member.read(CRC_CHUNK):
