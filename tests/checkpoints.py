@@ -1,17 +1,57 @@
 """What tests use to make a decodable model without Lightning: the small SentencePiece model it carries and
-[`attnx.checkpoint.save_model`][attnx.checkpoint.format.save_model] to write it."""
+[`attnx.checkpoint.save_model`][attnx.checkpoint.format.save_model] to write it (`tiny_checkpoint`: one that
+`attnx fit --config configs/tiny.yaml` accepts); and `flip_bytes` to damage a written one as a bad disk or copy
+would."""
 
 from __future__ import annotations
 
+import random
+import struct
+import zipfile
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from attnx.checkpoint import save_model
 from attnx.data.tokenizer import Tokenizer, train_sentencepiece
+from attnx.model import TransformerConfig, build_transformer
+from tests.conftest import REPO
 
-__all__ = ["save_model", "train_tokenizer"]
+__all__ = ["flip_bytes", "save_model", "tiny_checkpoint", "train_tokenizer"]
 
 
 def train_tokenizer(lines: Iterable[str], vocab_size: int, **options: Any) -> Tokenizer:
     """A SentencePiece model trained in memory on `lines` with attnx's special ids; `options` go to the trainer."""
     return train_sentencepiece(vocab_size, sentences=lines, **options)
+
+
+def tiny_checkpoint(corpus: Path, path: Path) -> Path:
+    """A checkpoint of configs/tiny.yaml's model, randomly initialised, with the SentencePiece model of the
+    prepared corpus `corpus`: what `attnx fit/test --config configs/tiny.yaml --data.data_dir CORPUS` accepts."""
+    transformer = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())["model"]["transformer"]
+    tokenizer = Tokenizer.load(corpus / "spm.model")
+    config = TransformerConfig.from_dict({**transformer, "vocab_size": tokenizer.vocab_size})
+    save_model(path, build_transformer(config), config, tokenizer)
+    return path
+
+
+def flip_bytes(path: Path, count: int = 570, seed: int = 0) -> str:
+    """Change `count` bytes inside the largest tensor of the checkpoint at `path` (the largest member of another
+    zip archive), in place, leaving the archive's structure and recorded CRC-32s as they were; returns the
+    member's name."""
+    with zipfile.ZipFile(path) as archive:
+        tensors = [info for info in archive.infolist() if "/data/" in info.filename] or archive.infolist()
+        member = max(tensors, key=lambda info: info.file_size)
+    with open(path, "r+b") as f:
+        f.seek(member.header_offset + 26)  # the local header's name and extra-field lengths
+        name_length, extra_length = struct.unpack("<HH", f.read(4))
+        start = member.header_offset + 30 + name_length + extra_length
+        rng = random.Random(seed)
+        for offset in sorted(rng.sample(range(member.file_size), min(count, member.file_size))):
+            f.seek(start + offset)
+            byte = f.read(1)[0]
+            f.seek(start + offset)
+            f.write(bytes([byte ^ rng.randrange(1, 256)]))
+    return member.filename

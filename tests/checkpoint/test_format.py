@@ -1,24 +1,30 @@
-"""The checkpoint file: one reader that refuses every unreadable file in one line and never runs a payload;
-a write that fails on a full disk is one line naming the file and the space (the writing itself:
-tests/test_files.py)."""
+"""The checkpoint file: one reader that refuses every unreadable or damaged file in one line and never runs a
+payload, in every command that reads one; a write that fails on a full disk is one line naming the file and the
+space (the writing itself: tests/test_files.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from attnx.checkpoint import CheckpointError, atomic_save, read_checkpoint
-from tests.training.conftest import TINY
+from attnx.checkpoint import CheckpointError, atomic_save, load_model, read_checkpoint
+from attnx.checkpoint.format import damaged_member
+from attnx.cli import main as attnx
+from tests.checkpoints import flip_bytes, tiny_checkpoint
+from tests.training.conftest import TINY, fit_args
 
 
 class Payload:
@@ -65,6 +71,94 @@ def test_unreadable_files_are_one_line_and_a_payload_never_runs(tmp_path: Path) 
         }
         assert expected.get(kind, "not a checkpoint") in message, (kind, message)
     assert not (tmp_path / "ran").exists()
+
+
+def damaged_copy(path: Path, name: str) -> tuple[Path, str]:
+    """A copy of `path` with 570 bytes changed inside its largest tensor, and that tensor's archive member."""
+    copy = path.with_name(name)
+    shutil.copy(path, copy)
+    return copy, flip_bytes(copy)
+
+
+def test_a_damaged_checkpoint_is_one_line_and_an_older_one_is_checked_alike(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """570 bytes changed inside the embeddings: torch.load takes the file as it is; attnx compares every member
+    with the CRC-32 its archive records and names the file. A checkpoint of an attnx that recorded no SHA-256
+    of its SentencePiece model is checked by the same CRCs."""
+    good = tiny_checkpoint(corpus, tmp_path / "good.ckpt")
+    older = tmp_path / "older.ckpt"
+    state = torch.load(good, weights_only=True)
+    del state["attnx"]["tokenizer_sha256"]
+    torch.save(state, older)
+    for path in (good, older):
+        assert damaged_member(path) is None and load_model(path).model is not None
+        damaged, member = damaged_copy(path, f"damaged-{path.name}")
+        assert member.endswith(tuple(f"data/{i}" for i in range(100)))  # a tensor's bytes
+        assert torch.load(damaged, weights_only=True)["state_dict"]  # torch itself never notices
+        assert damaged_member(damaged) == member
+        with pytest.raises(CheckpointError) as caught:
+            load_model(damaged)
+        assert str(caught.value) == (
+            f"checkpoint {damaged} is damaged: the bytes of its member {member} do not match the CRC-32 recorded "
+            "for them (changed on disk or in a copy). Use another checkpoint (e.g. an earlier one from the same "
+            "run directory), or copy it again from where it was written."
+        )
+    deflated = tmp_path / "deflated.ckpt"  # not what torch.save writes: never inflated
+    with zipfile.ZipFile(good) as archive, zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in archive.infolist():
+            out.writestr(info.filename, archive.read(info))
+    with pytest.raises(CheckpointError, match="is truncated or corrupt"):
+        read_checkpoint(deflated)
+    # a file checked once, then replaced by a damaged one, is checked again
+    os.replace(tmp_path / "damaged-good.ckpt", good)
+    with pytest.raises(CheckpointError, match="is damaged"):
+        read_checkpoint(good)
+
+
+def test_every_command_refuses_a_damaged_checkpoint_in_one_line(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each command that reads a checkpoint, given one with bytes changed inside a tensor (all of them took it
+    with exit status 0: garbage translations, an average containing it, an export of it): one line naming the
+    file and what to do, exit status 1, no output written."""
+    good = tiny_checkpoint(corpus, tmp_path / "good.ckpt")
+    damaged, member = damaged_copy(good, "damaged.ckpt")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "input.en").write_text("A dog runs.\n")
+    monkeypatch.chdir(tmp_path)
+    commands = [
+        ["translate", "--model", str(damaged), "--input", "input.en"],
+        fit_args(corpus, "--ckpt_path", str(damaged), subcommand="test"),
+        fit_args(corpus, "--ckpt_path", str(damaged)),
+        fit_args(corpus, "--init_from", str(damaged)),
+        ["average", "--checkpoints", f"[{good}, {damaged}]", "--output", "averaged.ckpt"],
+    ]
+    extras = [  # the commands of the optional extras, where they are installed
+        (
+            "ctranslate2",
+            ["export", "--ckpt_path", str(damaged), "--format", "ctranslate2", "--output", "ct2"],
+        ),
+        (
+            "transformers",
+            ["export", "--ckpt_path", str(damaged), "--format", "huggingface", "--output", "hf"],
+        ),
+        ("litserve", ["serve", "--model", str(damaged), "--port", str(port)]),
+    ]
+    commands += [argv for package, argv in extras if importlib.util.find_spec(package) is not None]
+    for argv in commands:
+        capsys.readouterr()
+        rc = attnx(argv)
+        said = capsys.readouterr()
+        assert rc == 1 and "Traceback" not in said.err and said.out == "", (argv, said.err[-2000:])
+        line = said.err.strip().splitlines()[-1]
+        expected = (
+            f"attnx {argv[0]}: error: checkpoint {damaged} is damaged: the bytes of its member {member} "
+        )
+        assert line.startswith(expected), (argv, said.err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["damaged.ckpt", "good.ckpt", "input.en"]
 
 
 def test_a_full_disk_during_fit_is_one_line_naming_the_file_and_the_space(

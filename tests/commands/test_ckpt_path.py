@@ -1,5 +1,5 @@
-"""`--ckpt_path` before Lightning reads it: `last` found among the config's runs, a bad file refused in one line,
-killed writes cleaned up for `fit`."""
+"""`--ckpt_path` before Lightning reads it: `last` found among the config's runs, a bad file refused in one line
+(for `fit`, also one with no training state to resume), killed writes cleaned up for `fit`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from attnx.checkpoint import CheckpointError
+from attnx.checkpoint import CheckpointError, atomic_save, average_checkpoints
+from attnx.cli import main as attnx
 from attnx.commands.ckpt_path import checked_checkpoint
+from attnx.errors import ConfigError
+from tests.checkpoints import tiny_checkpoint
+from tests.training.conftest import fit_args
 
 
 def csv_logger(save_dir: Path) -> dict:
@@ -41,3 +45,30 @@ def test_fit_removes_the_leftovers_of_killed_writes(tmp_path: Path, capsys) -> N
     assert checked_checkpoint("fit", None, csv_logger(tmp_path / "runs")) is None
     assert not left.exists()
     assert f"attnx fit: removed {left}, left by a checkpoint write that was killed" in capsys.readouterr().err
+
+
+def test_fit_refuses_a_checkpoint_of_weights_only_and_says_what_to_use(
+    corpus: Path, tmp_path: Path, capsys
+) -> None:
+    """An averaged checkpoint (or one save_model wrote) has no optimizer state: `fit --ckpt_path` with it ended in
+    Lightning's KeyError. One line says to fine-tune from it with --init_from, or resume with --ckpt_path last;
+    the decoding commands read it as before."""
+    weights = tiny_checkpoint(corpus, tmp_path / "weights.ckpt")
+    averaged = tmp_path / "averaged.ckpt"
+    atomic_save(average_checkpoints([weights, weights]), averaged)
+    for path, what in ((averaged, "an averaged checkpoint"), (weights, "a checkpoint of weights only")):
+        with pytest.raises(ConfigError) as caught:
+            checked_checkpoint("fit", str(path), csv_logger(tmp_path / "runs"))
+        assert str(caught.value) == (
+            f"--ckpt_path {path} is {what}: it holds weights only, no optimizer state, schedule or step to "
+            f"resume; use --init_from {path} to fine-tune from it, or --ckpt_path last to resume the run"
+        )
+        assert checked_checkpoint("test", str(path), {}) == str(path)
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        assert attnx(fit_args(corpus, "--ckpt_path", str(averaged))) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.splitlines()[-1].startswith(
+        f"attnx fit: error: --ckpt_path {averaged} is an averaged checkpoint: it holds weights only"
+    ), err

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnx.cli import main as attnx
 from attnx.data.corpus import PreparedCorpus, ids_dtype
 from attnx.data.datamodule import TranslationDataModule
 from attnx.data.errors import DataError
+from tests.checkpoints import tiny_checkpoint
 from tests.training.conftest import TINY
 
 from .conftest import run
@@ -107,6 +109,36 @@ def test_fit_on_a_damaged_corpus_is_one_line_before_training(prepared: Path, tmp
     assert (
         done.stderr.strip().splitlines()[-1].startswith(f"attnx fit: error: {prepared / 'valid.de'} has ")
     ), done.stderr
+    assert not list(tmp_path.glob("runs/tiny/version_*/checkpoints/*.ckpt"))
+
+
+def test_a_vocabulary_size_edited_in_meta_json_is_one_line_in_fit_as_in_test(
+    prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """meta.json's vocab_size doubled: fit built a model of that many pieces over the smaller SentencePiece model
+    and trained on (test, validate and resume refused it, as another model than the checkpoint's). Every command
+    reads the vocabulary size through one check against spm.model, before any model is built."""
+    meta = json.loads((prepared / "meta.json").read_text())
+    pieces = meta["vocab_size"]
+    meta["vocab_size"] = 2 * pieces
+    (prepared / "meta.json").write_text(json.dumps(meta))
+    expected = (
+        f"{prepared / 'meta.json'} records a vocabulary of {2 * pieces} pieces, spm.model has {pieces}: the corpus "
+        f"changed after it was prepared; run `attnx prepare` again into {prepared} (the same command rebuilds it)"
+    )
+    with pytest.raises(DataError) as caught:
+        assert TranslationDataModule(str(prepared)).vocab_size  # what fit links to the model's size
+    assert str(caught.value) == expected
+    with pytest.raises(DataError, match="records a vocabulary of"):
+        assert PreparedCorpus(prepared).tokenizer
+    checkpoint = tiny_checkpoint(prepared, tmp_path / "tiny.ckpt")  # of spm.model's size
+    for command in (["fit", "--trainer.max_steps", "1"], ["test", "--ckpt_path", str(checkpoint)]):
+        capsys.readouterr()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(tmp_path)
+            rc = attnx([*command, "--config", str(TINY), "--data.data_dir", str(prepared)])
+        said = capsys.readouterr()
+        assert rc == 1 and said.err.splitlines()[-1] == f"attnx {command[0]}: error: {expected}", said.err
     assert not list(tmp_path.glob("runs/tiny/version_*/checkpoints/*.ckpt"))
 
 

@@ -257,3 +257,22 @@ def test_a_checkpoint_refuses_another_sentencepiece_model(
     with pytest.MonkeyPatch.context() as mp:  # its own corpus: resumes
         mp.chdir(tmp_path)
         assert attnx(fit_args(corpus, "--ckpt_path", str(older), *extra)) == 0
+
+
+def test_init_from_refuses_another_sentencepiece_model_as_ckpt_path_does(
+    corpus: Path, other_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fit --init_from B.ckpt` where B was trained with another SentencePiece model of the same size trained on
+    without a word; the check of `--ckpt_path` (`check_tokenizer`) refuses it, in the same line, before the
+    first step."""
+    from tests.checkpoints import tiny_checkpoint
+
+    checkpoint = tiny_checkpoint(corpus, tmp_path / "b.ckpt")
+    capsys.readouterr()
+    rc, _ = fit(other_corpus, tmp_path, "--trainer.max_steps", "1", "--init_from", str(checkpoint))
+    said = capsys.readouterr()
+    assert rc == 1 and "Traceback" not in said.err and "init_from: the weights of" not in said.out, said.err
+    assert said.err.splitlines()[-1].startswith(
+        f"attnx fit: error: checkpoint {checkpoint} was trained with another SentencePiece model than "
+        f"{other_corpus / 'spm.model'} (SHA-256 "
+    ), said.err

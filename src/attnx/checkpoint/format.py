@@ -7,7 +7,8 @@ where `transformer` is [`TransformerConfig.to_dict`][attnx.model.builders.Transf
 `tokenizer_sha256` its SHA-256 (what `sha256sum spm.model` prints; checkpoints written before it was recorded
 are checked against the hash of the bytes they carry).
 Model weights live in `checkpoint["state_dict"]` under the `model.` prefix. Everything loads with
-`torch.load(weights_only=True)`.
+`torch.load(weights_only=True)`, once the CRC-32 of every member of the file's zip archive matches
+([`damaged_member`][attnx.checkpoint.format.damaged_member]).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pickle
 import shutil
 import warnings
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,8 @@ from attnx.model import Transformer, TransformerConfig, build_transformer
 
 FORMAT_VERSION = 1
 STATE_PREFIX = "model."
+CRC_CHUNK = 1 << 24
+"""Bytes read at a time when checking a member's CRC-32: no member is held in memory whole."""
 
 
 class CheckpointError(AttnxError, ValueError):
@@ -46,13 +50,53 @@ class LoadedModel:
     checkpoint: dict[str, Any]
 
 
+_whole: set[tuple[int, ...]] = set()  # files whose CRCs matched, by identity: each command checks a file once
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    """What changes when a file is replaced or written to: its device, inode, size and times."""
+    stat = os.stat(path)
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def damaged_member(path: str | Path) -> str | None:
+    """The name of the first member of the zip archive at `path` whose bytes do not match the CRC-32 recorded
+    for them (or whose header is unreadable), or None when every member matches.
+
+    `torch.save` records the CRC-32 of every member (the pickled structure, each tensor's bytes) and
+    `torch.load` never checks them: a bit flipped on disk or in a copy loads as weights that translate garbage.
+    Every member is read once, in chunks of [`CRC_CHUNK`][attnx.checkpoint.format.CRC_CHUNK] bytes; checkpoints
+    of every attnx version carry these CRCs. A file that matched is remembered (by its identity, size and times),
+    so the several reads of one command check it once. Raises `zipfile.BadZipFile` or `OSError` when the archive
+    cannot be opened at all (a truncated file) or holds a compressed member (not what `torch.save` writes).
+    """
+    path = Path(path)
+    identity = _identity(path)
+    if identity in _whole:
+        return None
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:  # inflating a crafted member could go on for hours
+                raise zipfile.BadZipFile(f"member {info.filename} is compressed, which torch.save never does")
+            try:
+                with archive.open(info) as member:  # reading a member to its end compares its CRC-32
+                    while member.read(CRC_CHUNK):
+                        pass
+            except (zipfile.BadZipFile, zlib.error, EOFError):
+                return info.filename
+    _whole.add(identity)
+    return None
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """`torch.load` with `weights_only=True`, turning every failure into a
     [`CheckpointError`][attnx.checkpoint.format.CheckpointError] of one line naming the file.
 
     The one loader of every command. A file that is not a zip archive (what `torch.save` writes) is refused
-    before anything is unpickled; a pickle payload inside one never runs (`weights_only`), and torch's advice
-    to load it with `weights_only=False` is never passed on.
+    before anything is unpickled, and so is one whose bytes do not match the CRC-32 its archive records for
+    them ([`damaged_member`][attnx.checkpoint.format.damaged_member]: a bit flip would load as a model that
+    translates garbage); a pickle payload inside one never runs (`weights_only`), and torch's advice to load
+    it with `weights_only=False` is never passed on.
     """
     path = Path(path)
     if not path.is_file():
@@ -73,6 +117,16 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path} is not a checkpoint: it is not a zip archive as torch.save writes (random, text or "
             "legacy-pickle content). attnx reads checkpoints written by `attnx fit` or `attnx average`."
+        )
+    try:
+        damaged = damaged_member(path)
+    except (OSError, zipfile.BadZipFile) as err:
+        raise CheckpointError(truncated) from err
+    if damaged is not None:
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: the bytes of its member {damaged} do not match the CRC-32 recorded for "
+            "them (changed on disk or in a copy). Use another checkpoint (e.g. an earlier one from the same run "
+            "directory), or copy it again from where it was written."
         )
     try:
         with warnings.catch_warnings():  # torch's notes about pickle protocols concern files we refuse anyway
@@ -113,8 +167,8 @@ def tokenizer_sha256(checkpoint: dict[str, Any]) -> str:
 
 def check_tokenizer(checkpoint: dict[str, Any], path: str | Path | None, tokenizer: Tokenizer) -> None:
     """Refuse, in one line naming both files, to pair a checkpoint with another SentencePiece model than the
-    one it was trained with (`attnx fit --ckpt_path`, `attnx test` on a config's data): its ids would
-    silently mean other pieces."""
+    one it was trained with (`attnx fit --ckpt_path` and `--init_from`, `attnx test` on a config's data): its
+    ids would silently mean other pieces."""
     theirs = tokenizer_sha256(checkpoint)
     if theirs == tokenizer.sha256:
         return

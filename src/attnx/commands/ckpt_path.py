@@ -1,5 +1,6 @@
 """`--ckpt_path` before Lightning reads it: `last` resolved to the newest `last.ckpt` of the config's runs, the
-file checked in one line, and for `fit` the leftovers of checkpoint writes that were killed removed."""
+file checked in one line (for `fit`, also that it holds a training state to resume), and for `fit` the
+leftovers of checkpoint writes that were killed removed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from attnx.checkpoint import read_checkpoint
+from attnx.errors import ConfigError
 from attnx.files import remove_stale_temporaries
 from attnx.training.resume import checkpoint_directories, last_checkpoint
 
@@ -37,7 +39,11 @@ def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
         ckpt_path = str(last_checkpoint(trainer))
         if rank_zero_only.rank == 0:  # every rank resolves it; one says so
             print(f"attnx {subcommand}: --ckpt_path last is {ckpt_path}", file=sys.stderr)
-    read_checkpoint(
-        ckpt_path
-    )  # one line for a missing, unreadable or foreign file, before Lightning's torch.load
+    checkpoint = read_checkpoint(ckpt_path)  # a missing, unreadable, damaged or foreign file: one line
+    if subcommand == "fit" and "optimizer_states" not in checkpoint:
+        what = "an averaged checkpoint" if "averaged_from" in checkpoint else "a checkpoint of weights only"
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path} is {what}: it holds weights only, no optimizer state, schedule or step to "
+            f"resume; use --init_from {ckpt_path} to fine-tune from it, or --ckpt_path last to resume the run"
+        )
     return ckpt_path

@@ -176,4 +176,4 @@ class AttnxCLI(LightningCLI):
                 callback.before_fit(self.trainer)
         init_from = self.config["fit"].get("init_from")
         if init_from:
-            load_initial_weights(self.model, init_from)
+            load_initial_weights(self.model, init_from, self.datamodule.tokenizer)

@@ -218,6 +218,8 @@ class PreparedCorpus:
 
     @property
     def vocab_size(self) -> int:
+        """The vocabulary size `meta.json` records ([`tokenizer`][attnx.data.corpus.PreparedCorpus.tokenizer]
+        checks it against `spm.model`)."""
         return self.meta["vocab_size"]
 
     @property
@@ -227,8 +229,16 @@ class PreparedCorpus:
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
+        """`spm.model`, once its SHA-256 and its number of pieces are those `meta.json` records (the
+        datamodule's `vocab_size`, which sizes the model of every training and decoding command, is read here)."""
         self.verify([SPM_MODEL])
-        return Tokenizer.load(self.data_dir / SPM_MODEL)
+        tokenizer = Tokenizer.load(self.data_dir / SPM_MODEL)
+        recorded = self.meta.get("vocab_size")
+        if recorded != tokenizer.vocab_size:
+            raise self._damaged(
+                META, f"records a vocabulary of {recorded!r} pieces, {SPM_MODEL} has {tokenizer.vocab_size}"
+            )
+        return tokenizer
 
     def _check(self, split: str) -> None:
         if split not in self.meta["splits"]:

@@ -105,7 +105,9 @@ class TranslationDataModule(L.LightningDataModule):
 
     @property
     def vocab_size(self) -> int:
-        return self._corpus.vocab_size
+        """The number of pieces of the corpus's SentencePiece model, once `meta.json` records the same
+        ([`PreparedCorpus.tokenizer`][attnx.data.corpus.PreparedCorpus.tokenizer]): the model's size."""
+        return self.tokenizer.vocab_size
 
     def setup(self, stage: str) -> None:
         """Check the files of the splits this stage reads against the SHA-256 `meta.json` records, so a damaged

@@ -19,7 +19,8 @@ shared weights, quantize) and save it. What needs care:
   LayerNorm. The LayerNorm epsilon is written to the model config.
 
 The directory also holds `sentencepiece.model` (the checkpoint's tokenizer) and `attnx.json` (format
-version, the transformer config, the default search settings, the SentencePiece model's SHA-256), which [`is_ctranslate2_model`][attnx.inference.ctranslate2.is_ctranslate2_model] checks and
+version, the transformer config, the default search settings, the SentencePiece model's SHA-256 and that of
+every file CTranslate2 wrote, [`check_digests`][attnx.checkpoint.digests.check_digests]), which [`is_ctranslate2_model`][attnx.inference.ctranslate2.is_ctranslate2_model] checks and
 [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] reads.
 """
 
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attnx.checkpoint.digests import RECORD, file_digests
 from attnx.data.batch import BOS_ID, EOS_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.export.common import ExportError, Target, layer_norm_eps, load_exportable, staged_output
@@ -194,6 +196,7 @@ def export_ctranslate2(
         spec.validate()
         spec.optimize(quantization=quantization)
         spec.save(str(work))
+        written = file_digests(work)  # model.bin, config.json, the vocabulary: CTranslate2's own files
         (work / SPM_MODEL).write_bytes(loaded.tokenizer.to_bytes())
         meta = {
             "format": FORMAT,
@@ -205,6 +208,7 @@ def export_ctranslate2(
             "tokenizer": SPM_MODEL,
             "tokenizer_sha256": loaded.tokenizer.sha256,
             "source_checkpoint": Path(ckpt_path).name,
+            RECORD: written,
         }
         (work / METADATA).write_text(json.dumps(meta, indent=2) + "\n")
     return Path(output)

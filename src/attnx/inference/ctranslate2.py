@@ -3,7 +3,7 @@
 [`Translator`][attnx.inference.translator.Translator] calls.
 
 The directory holds CTranslate2's `model.bin`, `sentencepiece.model` (the checkpoint's tokenizer) and
-`attnx.json` (format version, the transformer config, the default search settings), which
+`attnx.json` (format version, the transformer config, the default search settings, each file's SHA-256), which
 [`is_ctranslate2_model`][attnx.inference.ctranslate2.is_ctranslate2_model] checks and
 [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] reads.
 
@@ -47,6 +47,7 @@ import torch
 from tqdm import tqdm
 
 from attnx.checkpoint import CheckpointError
+from attnx.checkpoint.digests import check_digests
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.errors import ConfigError
@@ -206,6 +207,7 @@ class CTranslate2Translator(Translator):
         self.metadata = meta
         self.config = TransformerConfig.from_dict(meta["transformer"])
         self.max_positions = self.config.max_len
+        check_digests(directory, meta, METADATA)  # CTranslate2 would load a damaged model.bin as it is
         self.tokenizer = Tokenizer.load(directory / meta.get("tokenizer", SPM_MODEL))
         check_tokenizer(directory, meta, self.tokenizer)
         self.pieces = [self.tokenizer.sp.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]

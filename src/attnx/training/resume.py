@@ -12,7 +12,8 @@ from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from attnx.checkpoint import CheckpointError, config_difference, model_state, read_checkpoint
+from attnx.checkpoint import CheckpointError, check_tokenizer, config_difference, model_state, read_checkpoint
+from attnx.data.tokenizer import Tokenizer
 from attnx.errors import ConfigError
 from attnx.model import architecture
 from attnx.training.checkpointing import PeriodicCheckpoint
@@ -121,9 +122,12 @@ def check_init_from(path: str, transformer: dict[str, Any]) -> None:
         )
 
 
-def load_initial_weights(task: TranslationTask, path: str) -> None:
-    """Copy a checkpoint's weights into the model about to train (its vocabulary must be the data's)."""
+def load_initial_weights(task: TranslationTask, path: str, tokenizer: Tokenizer) -> None:
+    """Copy a checkpoint's weights into the model about to train. The checkpoint must have been trained with the
+    data's SentencePiece model, `tokenizer` ([`check_tokenizer`][attnx.checkpoint.format.check_tokenizer], the
+    check of `--ckpt_path`): another model's ids would mean other pieces."""
     checkpoint = read_checkpoint(path)
+    check_tokenizer(checkpoint, path, tokenizer)
     theirs, ours = checkpoint["attnx"]["transformer"]["vocab_size"], task.config.vocab_size
     if theirs != ours:
         raise ConfigError(
