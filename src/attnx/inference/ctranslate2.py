@@ -93,9 +93,6 @@ def is_ctranslate2_model(directory: str | Path) -> bool:
     return Path(directory).is_dir() and read_metadata(directory) is not None
 
 
-# ----------------------------------------------------------------------------------------------- decoding
-
-
 CT2_SEED_MAX = 2**32 - 1
 """The largest seed `ctranslate2.set_random_seed` takes (an unsigned 32-bit integer)."""
 
