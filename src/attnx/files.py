@@ -106,7 +106,7 @@ def atomic_write(
         Path(tmp).unlink(missing_ok=True)
         cause = _write_failure_of(err)
         if cause is not None:
-            raise WriteError(_write_failure(path, cause, needed, what, then)) from err
+            raise WriteError(write_failure(path, cause, needed, what, then)) from err
         raise
 
 
@@ -159,19 +159,34 @@ def _write_failure_of(err: BaseException) -> BaseException | None:
     return None
 
 
-def _write_failure(path: Path, err: BaseException, needed: int, what: str, then: str) -> str:
-    free = shutil.disk_usage(path.parent).free
-    full = getattr(err, "errno", None) == errno.ENOSPC or (needed and free < needed)
+def write_failure(
+    path: str | Path,
+    err: BaseException,
+    needed: int = 0,
+    what: str = "file",
+    then: str = "run the command again",
+    kept: str = "the previous file is kept",
+    free_in: str | Path | None = None,
+) -> str:
+    """The one line of a failed write: `cannot write {what} {path}: {reason}; {kept}. Free disk space (or write
+    elsewhere) and {then}`, the reason, on a full disk, saying the free space of `free_in` (default: the
+    directory of `path`) and the `needed` bytes (when known)."""
+    place = Path(path).parent if free_in is None else Path(free_in)
+    try:
+        free: int | None = shutil.disk_usage(place).free
+    except OSError:
+        free = None
+    full = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (
+        needed and free is not None and free < needed
+    )
     if full:
-        reason = (
-            f"the disk is full ({_size(free)} free in {path.parent}, the {what} needs about {_size(needed)})"
-        )
+        space = "" if free is None else f"{_size(free)} free in {place}"
+        need = f"the {what} needs about {_size(needed)}" if needed else ""
+        reason = f"the disk is full ({', '.join(x for x in (space, need) if x) or 'no space left'})"
     else:
         reason = getattr(err, "strerror", None) or str(err).splitlines()[0][:200]
-    return (
-        f"cannot write {what} {path}: {reason}; the previous file is kept. Free disk space (or write elsewhere) "
-        f"and {then}"
-    )
+    name = f"{what} {path}" if what else str(path)
+    return f"cannot write {name}: {reason}; {kept}. Free disk space (or write elsewhere) and {then}"
 
 
 def _size(n: int) -> str:
