@@ -6,11 +6,13 @@ from __future__ import annotations
 import errno
 import json
 import signal
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from attnx.commands.resumable import ResumableOutput, changed_options, signals_held
+from attnx.commands.resumable import ResumableOutput, StreamOutput, changed_options, signals_held
 from attnx.commands.text_input import TextInput
 from attnx.files import WriteError
 
@@ -203,3 +205,23 @@ def test_a_sigterm_that_reaches_another_thread_still_waits_for_the_block(monkeyp
     finally:
         other.join()
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (every write fails with ENOSPC)")
+def test_a_full_disk_under_standard_output_is_one_line_naming_it_and_the_space(tmp_path, monkeypatch):
+    """`attnx translate ... > FILE` on a full disk: the file standard output goes to, and its disk's space."""
+    src = tmp_path / "in.txt"
+    src.write_text("a\nb\nc\n", encoding="utf-8")
+    for done, kept in ((0, "no line of it is there in full"), (2, "the first 2 line(s) are there in full")):
+        full = open("/dev/full", "w")  # noqa: SIM115 (closed below)
+        monkeypatch.setattr(sys, "stdout", full)
+        out = StreamOutput()
+        out.lines = done  # handed to standard output before
+        with TextInput(src) as text, pytest.raises(WriteError) as raised:
+            text.read(3)
+            out.write(b"A\nB\nC\n", {"input": text})
+        full.close()  # what was left unwritten was dropped: closing does not fail again
+        message = str(raised.value)
+        assert message.startswith("cannot write standard output /dev/full: the disk is full (")
+        assert "MiB free in /dev)" in message and "\n" not in message
+        assert message.endswith(f"; {kept}. Free disk space (or write elsewhere) and run the command again")

@@ -116,9 +116,37 @@ class StreamOutput:
     def write(self, data: bytes, inputs: Mapping[str, TextInput]) -> None:
         # Counted before the write: a signal landing between the flush and a count after it would lose the
         # chunk the reader already has; one landing in a write blocked by a stalled reader counts it early.
-        self.lines = next(iter(inputs.values())).lines
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        done, self.lines = self.lines, next(iter(inputs.values())).lines
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            raise  # the reader went away: `attnx.cli` ends quietly
+        except OSError as err:
+            raise WriteError(self.failure(err, done)) from err
+
+    @staticmethod
+    def failure(err: OSError, done: int) -> str:
+        """The line of a failed write to standard output (a full disk under `> file`), naming the file it goes
+        to where the system says; what is left unwritten is dropped, so that exiting does not try again."""
+        try:
+            fd = sys.stdout.fileno()
+            target: Path | None = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except (OSError, ValueError):
+            fd, target = -1, None
+        if fd >= 0:  # the buffer still holds the chunk: flushed at exit, it would fail again
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        if target is None or not target.is_absolute() or not target.parent.is_dir():
+            target = None  # a pipe, a socket: no file to name
+        return write_failure(
+            target or "",
+            err,
+            what="standard output",
+            kept=f"the first {done} line(s) are there in full" if done else "no line of it is there in full",
+            free_in=None if target is None else target.parent,
+        )
 
     def finish(self) -> None:
         pass
