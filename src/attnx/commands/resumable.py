@@ -7,8 +7,9 @@ holds: how many input lines are done, the SHA-256 of the partial file's bytes an
 lines came from, and the options that decide the output. Before a chunk is written the record names it (its
 size and SHA-256, `pending`); once it is flushed to disk the record counts it. So every byte of the partial
 file is accounted for: what a kill left between a chunk's write and its record is known to be that chunk, and
-anything else (text appended by hand, an edit) is a change attnx refuses. Once every line is done the partial file is renamed to `OUT` and the record removed, so
-`OUT` appears only complete (and an input named as its own output is replaced only after it was read whole).
+anything else (text appended by hand, an edit) is a change attnx refuses. Once every line is done the partial
+file is renamed to `OUT` and the record removed, so `OUT` appears only complete (and an input named as its
+own output is replaced only after it was read whole).
 
 Run again after an interruption (SIGKILL, SIGTERM, Ctrl+C, a full disk), the same command continues after
 the finished lines when the record, the partial file, the options and the start of the input all match; it
