@@ -17,7 +17,9 @@ import pytest
 from attnx.files import (
     WriteError,
     atomic_write,
+    disk_full,
     move_into_place,
+    open_for_writing,
     remove_stale_temporaries,
     scratch_directory,
     staged_directory,
@@ -226,3 +228,30 @@ def test_a_staged_directory_replaces_the_output_only_when_complete(tmp_path: Pat
     assert mode(out) == 0o755 and mode(out / "sub") == 0o755
     assert mode(out / "model.bin") == 0o644 and mode(out / "sub" / "vocab.txt") == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (every write fails with ENOSPC)")
+def test_a_file_opened_for_writing_is_named_by_its_failed_write() -> None:
+    """Several files written in turn: the one the disk filled on is the one the error names."""
+    for text, data in ((True, "x" * 10_000), (False, b"x" * 10_000)):
+        with pytest.raises(OSError) as raised, open_for_writing("/dev/full", text=text) as f:
+            f.write(data)
+        assert raised.value.errno == errno.ENOSPC and raised.value.filename == "/dev/full"
+        assert disk_full(raised.value) is raised.value
+
+
+def test_a_full_disk_is_found_in_a_chain_or_in_a_library_s_own_error() -> None:
+    class SafetensorError(Exception):
+        pass
+
+    rust = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert disk_full(rust).errno == errno.ENOSPC
+    try:
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as quota:
+            raise RuntimeError("file write failed") from quota
+    except RuntimeError as wrapped:
+        assert disk_full(wrapped).errno == errno.EDQUOT
+    assert disk_full(OSError(errno.EACCES, "Permission denied")) is None
+    assert disk_full(SafetensorError("I/O error: Permission denied (os error 13)")) is None

@@ -12,6 +12,10 @@ that the last step is one `rename`:
 * [`staged_directory`][attnx.files.staged_directory]: a whole directory, written beside the output and renamed
   onto it once complete (`attnx export`).
 
+A failed write is one line naming the file, and on a full disk the free space
+([`write_failure`][attnx.files.write_failure]); where several files are written in turn,
+[`open_for_writing`][attnx.files.open_for_writing] makes the error say which one.
+
 What lands in place has the permissions an ordinary `open()` would have given it under the process's umask,
 even where the temporary was created private to its owner (`mkstemp`, `mkdtemp`).
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import io
 import os
 import re
 import shutil
@@ -28,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, Literal, overload
 
 
 class WriteError(OSError):
@@ -106,7 +111,7 @@ def atomic_write(
         Path(tmp).unlink(missing_ok=True)
         cause = _write_failure_of(err)
         if cause is not None:
-            raise WriteError(_write_failure(path, cause, needed, what, then)) from err
+            raise WriteError(write_failure(path, cause, needed, what, then)) from err
         raise
 
 
@@ -139,6 +144,52 @@ def _directory_lock(directory: Path, kind: int, wait: float | None = None) -> It
         os.close(fd)  # releases the lock
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+"""The errors of a write that found no room: a full disk, a quota reached."""
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def disk_full(err: BaseException) -> OSError | None:
+    """The full disk behind `err` (an `OSError` of [`DISK_FULL`][attnx.files.DISK_FULL] in its chain, or a
+    library's own error quoting one, as Rust's `(os error 28)`), or None when it is something else."""
+    seen: set[int] = set()
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        if isinstance(link, OSError) and link.errno in DISK_FULL:
+            return link
+        found = _OS_ERROR.search(str(link))
+        if found and int(found[1]) in DISK_FULL:
+            return OSError(int(found[1]), os.strerror(int(found[1])))
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return None
+
+
+class NamedFile(io.FileIO):
+    """A file opened for writing whose failed writes name it (`OSError.filename`), as a failed open does: where
+    several files are written in turn, a full disk says which one it stopped."""
+
+    def write(self, data: Any) -> int | None:
+        try:
+            return super().write(data)
+        except OSError as err:
+            if err.filename is None:
+                err.filename = self.name
+            raise
+
+
+@overload
+def open_for_writing(path: str | Path, text: Literal[True]) -> io.TextIOWrapper: ...
+@overload
+def open_for_writing(path: str | Path, text: Literal[False] = False) -> io.BufferedWriter: ...
+def open_for_writing(path: str | Path, text: bool = False) -> io.TextIOWrapper | io.BufferedWriter:
+    """`open(path, "w", encoding="utf-8")` (`text`) or `open(path, "wb")`, through a
+    [`NamedFile`][attnx.files.NamedFile]."""
+    buffered = io.BufferedWriter(NamedFile(path, "w"))
+    return io.TextIOWrapper(buffered, encoding="utf-8") if text else buffered
+
+
 def _write_failure_of(err: BaseException) -> BaseException | None:
     """The failed write behind `err`, or None when `err` is not one.
 
@@ -159,19 +210,32 @@ def _write_failure_of(err: BaseException) -> BaseException | None:
     return None
 
 
-def _write_failure(path: Path, err: BaseException, needed: int, what: str, then: str) -> str:
-    free = shutil.disk_usage(path.parent).free
-    full = getattr(err, "errno", None) == errno.ENOSPC or (needed and free < needed)
+def write_failure(
+    path: str | Path,
+    err: BaseException,
+    needed: int = 0,
+    what: str = "file",
+    then: str = "run the command again",
+    kept: str = "the previous file is kept",
+    free_in: str | Path | None = None,
+) -> str:
+    """The one line of a failed write: `cannot write {what} {path}: {reason}; {kept}. Free disk space (or write
+    elsewhere) and {then}`, the reason, on a full disk, saying the free space of `free_in` (default: the
+    directory of `path`; none where `path` is "", unknown) and the `needed` bytes (when known)."""
+    place = Path(free_in) if free_in is not None else Path(path).parent if str(path) else None
+    free: int | None = None
+    if place is not None:
+        with contextlib.suppress(OSError):
+            free = shutil.disk_usage(place).free
+    full = getattr(err, "errno", None) in DISK_FULL or (needed and free is not None and free < needed)
     if full:
-        reason = (
-            f"the disk is full ({_size(free)} free in {path.parent}, the {what} needs about {_size(needed)})"
-        )
+        space = "" if free is None else f"{_size(free)} free in {place}"
+        need = f"the {what} needs about {_size(needed)}" if needed else ""
+        reason = f"the disk is full ({', '.join(x for x in (space, need) if x) or 'no space left'})"
     else:
         reason = getattr(err, "strerror", None) or str(err).splitlines()[0][:200]
-    return (
-        f"cannot write {what} {path}: {reason}; the previous file is kept. Free disk space (or write elsewhere) "
-        f"and {then}"
-    )
+    name = " ".join(x for x in (what, str(path)) if x)
+    return f"cannot write {name}: {reason}; {kept}. Free disk space (or write elsewhere) and {then}"
 
 
 def _size(n: int) -> str:

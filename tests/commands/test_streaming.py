@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from attnx.commands.resumable import ResumableOutput
 from attnx.commands.streaming import (
     LineCountMismatch,
     PairedInputs,
     Truncated,
     check_output_options,
     chunk_seed,
+    run_options,
 )
+from attnx.commands.text_input import TextInput
 from attnx.inference.config import SearchConfig
 
 
@@ -58,3 +61,39 @@ def test_options_that_would_drop_what_was_asked_are_refused():
     ]:
         with pytest.raises(ValueError, match=words):
             check_output_options(*args)
+
+
+def test_seeded_sampling_keeps_its_grouping_and_other_searches_do_not_need_to(tmp_path):
+    """Each chunk of --buffer_size lines samples from its own seed, and its batches of --max_tokens from one
+    stream: a seeded run continued with another grouping would match neither run, so it starts over, saying
+    why. A beam search decides each line alone: its record leaves the grouping out and a resume goes on."""
+    src = tmp_path / "in.txt"
+    src.write_text("a\nb\nc\n", encoding="utf-8")
+    model = str(tmp_path / "model.ckpt")
+    seeded = SearchConfig(sampling=True, seed=7)
+
+    def resume(search: SearchConfig | None, buffer_size: int) -> str | None:
+        options = run_options(model, None, search, "text", False, None, buffer_size, 1000)
+        out = ResumableOutput(tmp_path / "out.txt", options)
+        out.prepare()
+        with TextInput(src) as text:
+            message = out.start({"input": text})
+            if buffer_size == 2:  # the first run: two lines written, then stopped
+                text.read(2)
+                out.write(b"A\nB\n", {"input": text})
+            out.file.close()
+        return message
+
+    for search in (seeded, SearchConfig(beam=2), None):
+        for name in ("out.txt.attnx-partial", "out.txt.attnx-partial.json"):
+            (tmp_path / name).unlink(missing_ok=True)
+        resume(search, 2)
+        message = resume(search, 3)
+        if search is seeded:
+            assert message.startswith("starting over:") and "buffer_size 2 -> 3" in message, message
+        else:
+            assert message == (
+                f"continuing after the 2 line(s) already in {tmp_path / 'out.txt.attnx-partial'} (same input "
+                "and options)"
+            )
+    assert run_options(model, None, seeded, "text", False, None, 5, 800)["max_tokens"] == 800

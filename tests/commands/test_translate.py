@@ -597,13 +597,22 @@ def test_a_partial_output_is_continued_only_when_it_is_attnx_s_and_the_options_m
         "sha256": hashlib.sha256(first_chunk).hexdigest(),
         "inputs": {"input": {"bytes": len("".join(x + "\n" for x in SOURCES).encode()), "sha256": digest}},
     }
-    (tmp_path / "out.txt.attnx-partial.json").write_text(json.dumps(state), encoding="utf-8")
-    partial.write_bytes(first_chunk + b"half a li")  # a kill between the write and its record
+    second_chunk = b"".join(done.splitlines(keepends=True)[4:8])
+    pending = {"bytes": len(second_chunk), "sha256": hashlib.sha256(second_chunk).hexdigest()}
+    record = tmp_path / "out.txt.attnx-partial.json"
+    record.write_text(json.dumps({**state, "pending": pending}), encoding="utf-8")
+    partial.write_bytes(first_chunk + second_chunk)  # a kill between the write and its record
     capsys.readouterr()
     assert attnx_main(argv) == 0
     assert "continuing after the 4 line(s)" in capsys.readouterr().err and out.read_bytes() == done
-    # other options: the partial output is attnx's own, so it starts over, saying why
+    # text added after what the record counts (not the chunk it names) is a change: refused, kept
     out.unlink()
+    record.write_text(json.dumps({**state, "pending": pending}), encoding="utf-8")
+    partial.write_bytes(first_chunk + b"half a li")
+    assert attnx_main(argv) == 1
+    assert "was changed since attnx wrote it" in capsys.readouterr().err
+    assert partial.read_bytes() == first_chunk + b"half a li"
+    # other options: the partial output is attnx's own, so it starts over, saying why
     (tmp_path / "out.txt.attnx-partial.json").write_text(json.dumps(state), encoding="utf-8")
     partial.write_bytes(first_chunk)
     assert attnx_main([*argv, "--search.beam", "2"]) == 0

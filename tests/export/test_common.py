@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from attnx.export import ExportError, export_ctranslate2, export_huggingface
 from attnx.export.common import check_exportable, staged_output
 from attnx.export.ctranslate2 import TARGET as CT2
 from attnx.export.huggingface import TARGET as MARIAN
+from attnx.files import WriteError
 from attnx.model import TransformerConfig
 from tests.conftest import tiny_config
 
@@ -94,3 +96,33 @@ def test_staged_output(tmp_path: Path) -> None:
     assert [p.name for p in out.iterdir()] == ["a"]
     with pytest.raises(ExportError, match="already exists"):
         staged_output(out, force=False).__enter__()
+
+
+class SafetensorError(Exception):
+    """What safetensors (Rust) raises on a full disk: no OSError, the errno in its message."""
+
+
+@pytest.mark.parametrize(
+    "full",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),  # CTranslate2's writer, Path.write_bytes
+        SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+    ],
+)
+def test_a_full_disk_is_one_line_naming_the_export_and_the_space(tmp_path: Path, full: Exception) -> None:
+    out = tmp_path / "model"
+    with pytest.raises(WriteError) as raised, staged_output(out, force=False) as work:
+        (work / "a").write_text("1")
+        raise full
+    message = str(raised.value)
+    assert message.startswith(f"cannot write export {out}: the disk is full (") and "\n" not in message
+    assert f"MiB free in {tmp_path}" in message
+    assert message.endswith(
+        "nothing of it is left. Free disk space (or write elsewhere) and run the command again"
+    )
+    assert list(tmp_path.iterdir()) == []
+    out.mkdir()
+    (out / "old").write_text("0")
+    with pytest.raises(WriteError, match=f"the previous {out} is kept"), staged_output(out, force=True):
+        raise full
+    assert [p.name for p in tmp_path.iterdir()] == ["model"] and [p.name for p in out.iterdir()] == ["old"]

@@ -4,9 +4,12 @@
 
 A file output `OUT` grows as `OUT.attnx-partial`, beside a small record, `OUT.attnx-partial.json`, of what it
 holds: how many input lines are done, the SHA-256 of the partial file's bytes and of the input bytes those
-lines came from, and the options that decide the output. Each chunk is flushed to disk before the record
-says it is there. Once every line is done the partial file is renamed to `OUT` and the record removed, so
-`OUT` appears only complete (and an input named as its own output is replaced only after it was read whole).
+lines came from, and the options that decide the output. Before a chunk is written the record names it (its
+size and SHA-256, `pending`); once it is flushed to disk the record counts it. So every byte of the partial
+file is accounted for: what a kill left between a chunk's write and its record is known to be that chunk, and
+anything else (text appended by hand, an edit) is a change attnx refuses. Once every line is done the partial
+file is renamed to `OUT` and the record removed, so `OUT` appears only complete (and an input named as its
+own output is replaced only after it was read whole).
 
 Run again after an interruption (SIGKILL, SIGTERM, Ctrl+C, a full disk), the same command continues after
 the finished lines when the record, the partial file, the options and the start of the input all match; it
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from attnx.commands.text_input import TextInput
-from attnx.files import atomic_write, move_into_place
+from attnx.files import WriteError, atomic_write, move_into_place, write_failure
 
 PARTIAL = ".attnx-partial"
 """Suffix of the file a run writes before it is complete."""
@@ -85,6 +88,18 @@ def changed_options(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
     )
 
 
+def _digest(f: BinaryIO, size: int) -> hashlib._Hash | None:
+    """SHA-256 of the next `size` bytes of `f`; None when the file ends before."""
+    digest, left = hashlib.sha256(), size
+    while left > 0:
+        block = f.read(min(1 << 20, left))
+        if not block:
+            return None
+        digest.update(block)
+        left -= len(block)
+    return digest
+
+
 class StreamOutput:
     """Standard output, written and flushed chunk by chunk (no resume: a pipe cannot be continued)."""
 
@@ -102,9 +117,37 @@ class StreamOutput:
     def write(self, data: bytes, inputs: Mapping[str, TextInput]) -> None:
         # Counted before the write: a signal landing between the flush and a count after it would lose the
         # chunk the reader already has; one landing in a write blocked by a stalled reader counts it early.
-        self.lines = next(iter(inputs.values())).lines
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        done, self.lines = self.lines, next(iter(inputs.values())).lines
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            raise  # the reader went away: `attnx.cli` ends quietly
+        except OSError as err:
+            raise WriteError(self.failure(err, done)) from err
+
+    @staticmethod
+    def failure(err: OSError, done: int) -> str:
+        """The line of a failed write to standard output (a full disk under `> file`), naming the file it goes
+        to where the system says; what is left unwritten is dropped, so that exiting does not try again."""
+        try:
+            fd = sys.stdout.fileno()
+            target: Path | None = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except (OSError, ValueError):
+            fd, target = -1, None
+        if fd >= 0:  # the buffer still holds the chunk: flushed at exit, it would fail again
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        if target is None or not target.is_absolute() or not target.parent.is_dir():
+            target = None  # a pipe, a socket: no file to name
+        return write_failure(
+            target or "",
+            err,
+            what="standard output",
+            kept=f"the first {done} line(s) are there in full" if done else "no line of it is there in full",
+            free_in=None if target is None else target.parent,
+        )
 
     def finish(self) -> None:
         pass
@@ -132,6 +175,8 @@ class ResumableOutput:
         self.where = str(self.partial)
         self.options = json.loads(json.dumps(options))  # as it reads back from the record
         self.previous: dict[str, Any] | None = None
+        self.saved: dict[str, Any] = {}
+        """The record as last written: what the partial file holds, whatever chunk is being written."""
         self.file: BinaryIO | None = None
         self.hash = hashlib.sha256()
         self.size = 0
@@ -157,7 +202,9 @@ class ResumableOutput:
         return record
 
     def prepare(self) -> None:
-        """Refuse, before any work, a partial file attnx did not write or that changed since it wrote it."""
+        """Refuse, before any work, a partial file attnx did not write or that changed since it wrote it: a byte
+        edited, removed, or added past what the record counts (unless it is the chunk the record names as
+        being written when the run was stopped)."""
         record = self.read_record()
         if record is None:
             if self.partial.exists() or self.partial.is_symlink():
@@ -168,16 +215,17 @@ class ResumableOutput:
             return
         if not self.partial.exists():
             return  # the record of a run that had written nothing, or whose partial file was removed
-        size, digest = int(record["bytes"]), hashlib.sha256()
+        size = int(record["bytes"])
         with open(self.partial, "rb") as f:
-            left = size
-            while left > 0:
-                block = f.read(min(1 << 20, left))
-                if not block:
-                    break
-                digest.update(block)
-                left -= len(block)
-        if left > 0 or digest.hexdigest() != record["sha256"]:
+            digest = _digest(f, size)
+            tail = os.fstat(f.fileno()).st_size - size
+            pending = record.get("pending") or {}
+            ours = tail == 0 or (
+                tail == pending.get("bytes")
+                and (written := _digest(f, tail)) is not None
+                and written.hexdigest() == pending.get("sha256")
+            )
+        if digest is None or digest.hexdigest() != record["sha256"] or not ours:
             raise FileExistsError(
                 f"{self.partial} was changed since attnx wrote it, so it cannot be continued and is left as it "
                 f"is: remove it and {self.record}, or choose another --output"
@@ -207,13 +255,15 @@ class ResumableOutput:
         self.lines = self.resumed
         if self.resumed:
             self.size = int(previous["bytes"])  # type: ignore[index]
-            self.file = open(self.partial, "r+b")  # noqa: SIM115 (closed by finish/abandon)
-            self.file.truncate(self.size)  # what a killed run wrote after its last record
+            self.saved = {k: v for k, v in previous.items() if k != "pending"}  # type: ignore[union-attr]
+            # unbuffered: a failed write leaves no bytes in a buffer, to be written at close
+            self.file = open(self.partial, "r+b", buffering=0)  # noqa: SIM115 (closed by finish/abandon)
+            self.file.truncate(self.size)  # the chunk a killed run wrote after its last record
             self.file.seek(self.size)
         else:
             self.hash, self.size = hashlib.sha256(), 0
             self._save(inputs)  # the record first: a partial file always has one
-            self.file = open(self.partial, "wb")  # noqa: SIM115
+            self.file = open(self.partial, "wb", buffering=0)  # noqa: SIM115
         return message
 
     @staticmethod
@@ -231,37 +281,56 @@ class ResumableOutput:
     # -------------------------------------------------------------------------------------------- during
 
     def _save(self, inputs: Mapping[str, TextInput]) -> None:
+        """Record what the partial file holds now, and the input it came from."""
         from attnx import __version__
 
         first = next(iter(inputs.values()))
-        record = {
-            "written_by": WRITTEN_BY,
-            "attnx": __version__,
-            "output": str(self.output),
-            "options": self.options,
-            "lines": first.lines,
-            "bytes": self.size,
-            "sha256": self.hash.hexdigest(),
-            "inputs": {
-                name: {"bytes": text.consumed, "sha256": text.digest()} for name, text in inputs.items()
-            },
-        }
+        self._store(
+            {
+                "written_by": WRITTEN_BY,
+                "attnx": __version__,
+                "output": str(self.output),
+                "options": self.options,
+                "lines": first.lines,
+                "bytes": self.size,
+                "sha256": self.hash.hexdigest(),
+                "inputs": {
+                    name: {"bytes": text.consumed, "sha256": text.digest()} for name, text in inputs.items()
+                },
+            }
+        )
+
+    def _store(self, record: dict[str, Any]) -> None:
         data = (json.dumps(record, indent=1) + "\n").encode("utf-8")
         with atomic_write(self.record, needed=len(data), what="record of the partial output") as f:
             f.write(data)
+        self.saved = record
 
     def write(self, data: bytes, inputs: Mapping[str, TextInput]) -> None:
-        """Append a chunk's output, flush it to disk, then record it (signals wait meanwhile)."""
+        """Name the chunk in the record, append it, flush it to disk, then count it in the record (signals wait
+        meanwhile). A failed write (a full disk) takes back what it wrote of the chunk."""
         assert self.file is not None
         with signals_held():
+            pending = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            self._store({**self.saved, "pending": pending})
             try:
-                self.file.write(data)
-                self.file.flush()
+                view = memoryview(data)
+                while view:
+                    view = view[self.file.write(view) or 0 :]
                 os.fsync(self.file.fileno())
             except OSError as err:
-                raise OSError(
-                    f"cannot write {self.partial}: {err.strerror or err}; the lines done so far are kept there: "
-                    "free disk space and run the same command again to continue"
+                with contextlib.suppress(OSError):
+                    self.file.truncate(self.size)
+                    self.file.seek(self.size)
+                raise WriteError(
+                    write_failure(
+                        self.partial,
+                        err,
+                        needed=len(data),
+                        what="partial output",
+                        kept=f"the {self.lines} line(s) done so far are kept there",
+                        then="run the same command again to continue",
+                    )
                 ) from err
             self.size += len(data)
             self.hash.update(data)

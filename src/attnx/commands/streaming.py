@@ -79,10 +79,19 @@ def run_options(
     format: OutputFormat,
     token_scores: bool,
     precision: str | None = None,
+    buffer_size: int | None = None,
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """What decides a run's output besides its inputs: the models' content and every output option. A
-    model that cannot be read is left for the loader to name."""
+    model that cannot be read is left for the loader to name.
+
+    Seeded sampling also depends on how the lines are grouped: each chunk of `buffer_size` lines draws from a
+    seed of its own ([`chunk_seed`][attnx.commands.streaming.chunk_seed]), and the chunk's batches of
+    `max_tokens` from one stream in turn, so both are part of its options. A search that does not sample
+    decides each line on its own (a batch adds only padding, which the masks hide): grouping is not recorded,
+    and a run continued with another `--buffer_size` gives the same lines."""
     models = [model] if isinstance(model, str) else list(model)
+    seeded = search is not None and search.samples and search.seed is not None
     return {
         "model": [
             {"path": str(Path(m).resolve()), "sha256": content_digest(m) if Path(m).exists() else None}
@@ -93,6 +102,7 @@ def run_options(
         "format": format,
         "token_scores": token_scores,
         **({"precision": precision} if precision is not None else {}),  # records before this option match
+        **({"buffer_size": buffer_size, "max_tokens": max_tokens} if seeded else {}),
     }
 
 

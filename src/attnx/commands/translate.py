@@ -115,7 +115,9 @@ def translate(
         try:
             with PairedInputs(input, target=target, prefix=prefix) as inputs:
                 inputs.check_line_counts()
-                options = run_options(model, weights, search, format, token_scores, precision)
+                options = run_options(
+                    model, weights, search, format, token_scores, precision, buffer_size, max_tokens
+                )
                 sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
                 sink.prepare()
                 from attnx.inference.load import load

@@ -20,7 +20,7 @@ from typing import Any
 
 from attnx.checkpoint import LoadedModel, load_model, read_checkpoint
 from attnx.errors import AttnxError
-from attnx.files import staged_directory
+from attnx.files import WriteError, disk_full, staged_directory, write_failure
 from attnx.model import ComponentSpec, TransformerConfig
 
 
@@ -130,12 +130,32 @@ def staged_output(output: str | Path, force: bool) -> Iterator[Path]:
     ([`staged_directory`][attnx.files.staged_directory]).
 
     `output` must not exist, or be an empty directory, unless `force`. An interrupted export leaves no
-    half-written model behind (and, with `force`, the previous one intact).
+    half-written model behind (and, with `force`, the previous one intact); a full disk is one
+    [`WriteError`][attnx.files.WriteError] line naming the output (and the file, where the writer says) and the
+    free space, whichever library was writing (CTranslate2, safetensors).
     """
     output = Path(output)
     if output.exists() and not force and (not output.is_dir() or any(output.iterdir())):
         raise ExportError(
             f"{output} already exists; choose another output directory or replace it with --force (force=True from Python)"
         )
-    with staged_directory(output) as work:
+    with staged_directory(output) as work, _full_disk_named(output):
         yield work
+
+
+@contextlib.contextmanager
+def _full_disk_named(output: Path) -> Iterator[None]:
+    """A full disk met while the export is written, as one line; inside the staged directory's block, so the
+    free space is measured before what was written is removed."""
+    try:
+        yield
+    except Exception as err:
+        full = disk_full(err)
+        if full is None:
+            raise
+        staged = Path(full.filename) if full.filename else None
+        name = f"{output} ({staged.name})" if staged is not None else str(output)
+        kept = f"the previous {output} is kept" if output.exists() else "nothing of it is left"
+        raise WriteError(
+            write_failure(name, full, what="export", kept=kept, free_in=output.parent.resolve())
+        ) from err

@@ -18,6 +18,7 @@ from attnx.data.cleaning import identifier, languages_of, start_worker, wrong_la
 from attnx.data.errors import DataError
 from attnx.data.prepare.read import Chunk, CorpusStats, read_and_filter, select
 from attnx.data.prepare.settings import Settings
+from attnx.files import open_for_writing
 
 LINES = "train.lines"
 """Scratch file: corpus and line number of every training pair that survives cleaning (int64 each)."""
@@ -49,9 +50,9 @@ def clean_training_split(
     chunks: Iterator[Chunk] = read_and_filter(srcs, tgts, settings, corpora)
     pool = None
     with (
-        open(src_out, "w", encoding="utf-8") as fs,
-        open(tgt_out, "w", encoding="utf-8") as ft,
-        open(lines_out, "wb") as fl,
+        open_for_writing(src_out, text=True) as fs,
+        open_for_writing(tgt_out, text=True) as ft,
+        open_for_writing(lines_out) as fl,
         tqdm(desc="read and clean train", unit=" pairs", disable=None, leave=False) as bar,
     ):
         try:

@@ -5,6 +5,7 @@ that are too long or too unbalanced dropped and counted.
 from __future__ import annotations
 
 import itertools
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from attnx.data.prepare.read import CorpusStats
 from attnx.data.prepare.settings import Settings
 from attnx.data.text import read_chunks
 from attnx.data.tokenizer import Tokenizer
+from attnx.files import DISK_FULL, open_for_writing
 
 ENCODE_LINES = 20_000
 """Lines encoded at once: SentencePiece returns Python lists of ints, about 36 bytes a token, so keep it modest."""
@@ -61,6 +63,8 @@ def _write_index(lengths_raw: Path, lengths_npy: Path, offsets_npy: Path) -> int
     raw = np.memmap(lengths_raw, np.int32, mode="r") if n else np.zeros(0, np.int32)
     lengths = np.lib.format.open_memmap(lengths_npy, mode="w+", dtype=np.int32, shape=(n,))
     offsets = np.lib.format.open_memmap(offsets_npy, mode="w+", dtype=np.int64, shape=(n + 1,))
+    for path in (lengths_npy, offsets_npy):
+        _allocate(path)
     offsets[0] = total = 0
     for start in range(0, n, 1 << 22):
         block = np.asarray(raw[start : start + (1 << 22)])
@@ -71,6 +75,20 @@ def _write_index(lengths_raw: Path, lengths_npy: Path, offsets_npy: Path) -> int
     offsets.flush()
     del lengths, offsets, raw
     return total
+
+
+def _allocate(path: Path) -> None:
+    """Give the (sparse) file behind a memory map its blocks now: on a full disk, an `OSError` naming it
+    here rather than a SIGBUS when a page of the map is first written."""
+    if not hasattr(os, "posix_fallocate"):  # macOS: a full disk stays the map's problem
+        return
+    with open(path, "r+b") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+        except OSError as err:
+            if err.errno in DISK_FULL:
+                raise OSError(err.errno, err.strerror, str(path)) from None
+            # a file system that cannot allocate ahead: written as it is mapped
 
 
 def encode_split(
@@ -100,8 +118,8 @@ def encode_split(
     langs = {"src": settings.src_lang, "tgt": settings.tgt_lang}
     max_id = {side: -1 for side in langs}
     stems = {side: out / f"{name}.{lang}" for side, lang in langs.items()}
-    files = {side: open(f"{stem}.bin", "wb") for side, stem in stems.items()}  # noqa: SIM115
-    files |= {f"{side}.len": open(f"{stem}.len.raw", "wb") for side, stem in stems.items()}  # noqa: SIM115
+    files = {side: open_for_writing(f"{stem}.bin") for side, stem in stems.items()}
+    files |= {f"{side}.len": open_for_writing(f"{stem}.len.raw") for side, stem in stems.items()}
     try:
         with tqdm(desc=f"encode {name}", unit=" pairs", disable=None, leave=False) as bar:
             chunks = zip(

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from attnx.data.corpus import FORMAT_VERSION, SPM_MODEL, checksums, ids_dtype
+from attnx.data.corpus import FORMAT_VERSION, META, SPM_MODEL, checksums, ids_dtype
 from attnx.data.errors import DataError
 from attnx.data.prepare.clean import LINES, clean_training_split
 from attnx.data.prepare.encode import SplitStats, encode_split
@@ -20,6 +20,7 @@ from attnx.data.prepare.reuse import corpus_reusable, fingerprints, model_reusab
 from attnx.data.prepare.settings import TRAIN, Inputs, Settings
 from attnx.data.prepare.vocabulary import train_sentencepiece
 from attnx.data.tokenizer import Tokenizer
+from attnx.files import WriteError, disk_full, write_failure
 
 Texts = dict[str, tuple[Path, Path]]
 """Split name → (source, target) normalized text in the scratch directory."""
@@ -43,8 +44,9 @@ def prepare(
         old["reused"] = True
         return old
     replaced = False
+    full_disk = FullDisk(out, existed=out.is_dir())
     try:
-        with scratch_directory(out, owned) as work:
+        with scratch_directory(out, owned) as work, full_disk:
             start = time.perf_counter()
             texts, stats, corpora = read_splits(inputs, work, settings, workers)
             seconds = {"read": time.perf_counter() - start}
@@ -76,6 +78,7 @@ def prepare(
             meta["checksums"] = {f: sums[f] if f in sums else old["checksums"][f] for f in meta["files"]}  # type: ignore[index]
             # Ctrl-C and SIGTERM wait while the new corpus replaces the old one, meta.json last
             with uninterrupted():
+                full_disk.publishing = True
                 _publish(out, work, meta, owned, fresh=[f for f in meta["files"] if (work / f).is_file()])
                 replaced = True
     except Interrupted as stop:
@@ -83,6 +86,43 @@ def prepare(
         raise
     meta["reused"] = False
     return meta
+
+
+class FullDisk:
+    """Turns a full disk met while the corpus is built into one line, while the scratch directory still holds
+    what filled it: the file prepare was writing (named as it would land in `out`), the free space, and what
+    `out` holds once the scratch directory is gone."""
+
+    def __init__(self, out: Path, existed: bool) -> None:
+        self.out, self.existed = out, existed
+        self.publishing = False
+        """Set while the new files move into place: `meta.json` then marks the corpus incomplete."""
+
+    def __enter__(self) -> FullDisk:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: Any) -> None:
+        full = disk_full(err) if isinstance(err, Exception) else None
+        if full is None:
+            return
+        out = self.out
+        path = out / Path(full.filename).name if full.filename else out
+        if self.publishing:
+            kept = f"{out}/{META} marks the corpus there incomplete, and the next run rebuilds it"
+        elif self.existed:
+            kept = f"{out} keeps what it held before"
+        else:
+            kept = f"{out}, made for it, is removed again"
+        raise WriteError(
+            write_failure(
+                path,
+                full,
+                what="" if full.filename else "the corpus in",
+                kept=kept,
+                then="run the same command again",
+                free_in=out,
+            )
+        ) from err
 
 
 def read_splits(

@@ -22,7 +22,7 @@ from attnx.data.errors import DataError
 from attnx.data.prepare.interrupt import uninterrupted
 from attnx.data.prepare.reports import is_report
 from attnx.data.prepare.settings import TRAIN, Inputs
-from attnx.files import make_scratch_directory, move_into_place
+from attnx.files import make_scratch_directory, move_into_place, open_for_writing
 
 SCRATCH_PREFIX = ".attnx-prepare-"
 SCRATCH_MARK = "SCRATCH-OF-ATTNX-PREPARE"
@@ -88,7 +88,9 @@ def check_output(out: Path, inputs: Inputs, meta: dict[str, Any] | None) -> set[
 @contextlib.contextmanager
 def scratch_directory(out: Path, owned: set[str]) -> Iterator[Path]:
     """A new scratch directory in `out` (created if need be), marked as prepare's, removed when the block ends;
-    the scratch directories of a run killed before it could remove them go first."""
+    the scratch directories of a run killed before it could remove them go first. A block that fails leaves
+    no directory it created: `out` (and the parents made for it) are removed again when they are empty."""
+    created = [p for p in (out, *out.parents) if not p.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -97,25 +99,32 @@ def scratch_directory(out: Path, owned: set[str]) -> Iterator[Path]:
     # take it for the user's) and between creating the scratch directory and marking it as prepare's: each of
     # those ends in a state the next run understands
     work: Path | None = None
+    done = False
     try:
         with uninterrupted():
             for name in owned:
                 if name.startswith(SCRATCH_PREFIX):
                     shutil.rmtree(out / name, ignore_errors=True)
             work = make_scratch_directory(out, SCRATCH_PREFIX)
-            (work / SCRATCH_MARK).write_text(
-                "attnx prepare writes here and moves its files into place when done\n"
-            )
+            with open_for_writing(work / SCRATCH_MARK, text=True) as f:
+                f.write("attnx prepare writes here and moves its files into place when done\n")
         yield work
+        done = True
     finally:
         if work is not None:
             with uninterrupted():
                 shutil.rmtree(work, ignore_errors=True)
+        for directory in created if not done else ():
+            try:  # innermost first; one that holds anything stays, and so do its parents
+                directory.rmdir()
+            except OSError:
+                break
 
 
 def _write_meta(out: Path, work: Path, meta: dict[str, Any]) -> None:
     """Replace `out/meta.json` in one step (written in the scratch directory, then renamed)."""
-    (work / META).write_text(json.dumps(meta, indent=2) + "\n")
+    with open_for_writing(work / META, text=True) as f:
+        f.write(json.dumps(meta, indent=2) + "\n")
     move_into_place(work / META, out / META)
 
 

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from attnx.data.cleaning import SeenPairs, copies, pair_keys
 from attnx.data.prepare.settings import Settings
 from attnx.data.text import read_aligned, read_pairs
+from attnx.files import open_for_writing
 
 EXAMPLES = 3
 """Dropped pairs kept as examples per corpus and reason (meta.json and --report)."""
@@ -31,8 +32,8 @@ def normalize_split(
     """Write the normalized, aligned text of a validation or test split; return (pairs read, nothing dropped)."""
     n_read = 0
     with (
-        open(src_out, "w", encoding="utf-8") as fs,
-        open(tgt_out, "w", encoding="utf-8") as ft,
+        open_for_writing(src_out, text=True) as fs,
+        open_for_writing(tgt_out, text=True) as ft,
         tqdm(desc=f"read {name}", unit=" pairs", disable=None, leave=False) as bar,
     ):
         for src, tgt in zip(srcs, tgts, strict=True):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import shutil
 from pathlib import Path
 
 import sentencepiece as spm
@@ -11,6 +14,10 @@ from attnx.data import tokenizer
 from attnx.data.corpus import SPM_MODEL
 from attnx.data.errors import DataError
 from attnx.data.prepare.settings import Settings
+
+FULL_BELOW = 1 << 20
+"""SentencePiece reports a model it could not write whole as one it cannot parse; with less free space than
+this left where it wrote, that is the disk being full."""
 
 
 def train_sentencepiece(
@@ -39,6 +46,8 @@ def train_sentencepiece(
             **({"user_defined_symbols": settings.symbols()} if settings.symbols() else {}),
         )
     except RuntimeError as e:
+        if shutil.disk_usage(out).free < FULL_BELOW:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / SPM_MODEL)) from e
         message = str(e)
         if m := re.search(r"set it to a value <= (\d+)", message):
             raise DataError(
