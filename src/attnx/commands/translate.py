@@ -181,23 +181,32 @@ def attention(
 
 
 def score(
-    hypotheses: Path, references: Path, lang: str = "de", format: Literal["text", "json"] = "text"
+    hypotheses: Path,
+    references: Path,
+    lang: str = "de",
+    format: Literal["text", "json"] = "text",
+    sentence: bool = False,
 ) -> int:
     """Score a detokenized translation file against a reference file, line by line.
 
     Prints sacreBLEU BLEU and chrF2 with their signatures, and the paper-style tokenized BLEU (not comparable
-    to sacreBLEU). Example: attnx score --hypotheses test.hyp --references newstest2014.de
+    to sacreBLEU); with --sentence, the scores of each segment instead. Either file may be gzipped (*.gz, as
+    attnx download writes them). Example: attnx score --hypotheses test.hyp --references newstest2014.de
 
     Args:
-        hypotheses: Translations, one segment a line.
-        references: References, one segment a line, in the same order.
+        hypotheses: Translations, one segment a line (plain or gzipped), or - for standard input.
+        references: References, one segment a line, in the same order (plain or gzipped).
         lang: Target language, for the paper-style BLEU's Moses tokenizer.
         format: text (one score a line) or json.
+        sentence: One line per segment on standard output, in input order: its sentence BLEU and chrF2
+            (sacreBLEU's sentence_bleu and sentence_chrf), tab-separated, or with --format json one object a
+            line, {"line": 1, "bleu": ..., "chrf": ...}; the corpus scores go to standard error.
     """
     import dataclasses
     import json
 
     from attnx.evaluation.bleu import score as bleu
+    from attnx.evaluation.bleu import sentence_scores
 
     texts = {}
     for option, path in (("--hypotheses", hypotheses), ("--references", references)):
@@ -212,5 +221,14 @@ def score(
             "they must pair up line by line"
         )
     report = bleu(hyps, refs, lang)
-    print(json.dumps(dataclasses.asdict(report)) if format == "json" else "\n".join(report.lines()))
+    corpus = json.dumps(dataclasses.asdict(report)) if format == "json" else "\n".join(report.lines())
+    if not sentence:
+        print(corpus)
+        return 0
+    for number, scores in enumerate(sentence_scores(hyps, refs), start=1):
+        if format == "json":
+            print(json.dumps({"line": number, **dataclasses.asdict(scores)}))
+        else:
+            print(f"{scores.bleu:.2f}\t{scores.chrf:.2f}")
+    print(corpus, file=sys.stderr)
     return 0
