@@ -680,3 +680,29 @@ def test_score_sentence_prints_one_line_per_segment_and_the_corpus_on_stderr(tmp
     assert [r["line"] for r in records] == [1, 2, 3]
     assert [r["bleu"] for r in records] == pytest.approx([b for b, _ in expected])
     assert [r["chrf"] for r in records] == pytest.approx([c for _, c in expected])
+
+
+def test_device_auto_decodes_on_cuda_where_there_is_one_and_says_so(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    import torch
+
+    import attnx.inference.ctranslate2
+    from attnx.commands.translate import decoding_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    device, line = decoding_device("auto", [str(checkpoint)])
+    assert device == "cuda" and line is not None and "decoding on cuda (--device auto" in line
+    assert decoding_device("cpu", [str(checkpoint)]) == ("cpu", None)  # a device named is taken as it is
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    monkeypatch.setattr(attnx.inference.ctranslate2, "is_ctranslate2_model", lambda path: True)
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 0)
+    assert decoding_device("auto", ["model-ct2"])[0] == "cpu"  # an export: CTranslate2 built without CUDA
+    monkeypatch.undo()
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    source = tmp_path / "in.txt"
+    source.write_text("A dog runs.\n", encoding="utf-8")
+    assert attnx_main(["translate", "--model", str(checkpoint), "--input", str(source), *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "attnx translate: decoding on cpu (--device auto: no CUDA device here)" in err.splitlines()
