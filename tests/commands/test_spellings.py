@@ -118,3 +118,18 @@ def test_help_lists_the_short_spellings(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "short spellings: --beam for --search.beam" in text
     assert "--lenpen or --alpha for --search.alpha" in text and "--ckpt_path for --model" in text
+
+
+def test_decoding_lightning_commands_take_the_short_spellings_for_their_evaluation_search(capsys):
+    import contextlib
+
+    import yaml
+
+    with contextlib.suppress(SystemExit):
+        attnx_main(["test", "--config", "tiny", "--beam", "3", "--lenpen", "0.8", "--print_config"])
+    search = yaml.safe_load(capsys.readouterr().out)["evaluation"]["search"]
+    assert search["beam"] == 3 and search["alpha"] == 0.8
+    assert (
+        attnx_main(["fit", "--config", "tiny", "--beam", "3"]) == 2
+    )  # fit's validation search: no short names
+    assert "(--beam: did you mean --evaluation.search.beam?)" in capsys.readouterr().err
