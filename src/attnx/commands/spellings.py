@@ -38,7 +38,7 @@ def aliases(function: Callable[..., Any]) -> dict[str, str]:
         found["--ckpt_path"] = "--model"
     if "ckpt_path" in parameters and "model" not in parameters:
         found["--model"] = "--ckpt_path"
-    return found
+    return {alias: option for alias, option in found.items() if alias[2:] not in parameters}  # its own wins
 
 
 def lightning_aliases() -> dict[str, str]:
@@ -74,8 +74,9 @@ def alias_help(table: dict[str, str]) -> str | None:
 
 
 def several_values(function: Callable[..., Any], argv: list[str]) -> list[str]:
-    """A list option followed by several values (`--model a.ckpt b.ckpt`) takes them all, as if it were
-    given once for each (`--model+ a.ckpt --model+ b.ckpt`, jsonargparse's way to append)."""
+    """A list option followed by several values (`--model a.ckpt b.ckpt`, `--train_repeat 2 1`) takes them
+    all, as if it were given once for each (`--model+ a.ckpt --model+ b.ckpt`, jsonargparse's way to
+    append)."""
     lists = {
         f"--{name}"
         for name, kind in typing.get_type_hints(function).items()
