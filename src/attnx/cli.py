@@ -82,14 +82,17 @@ def run_function(name: str, argv: list[str]) -> int:
     from jsonargparse import ArgumentError, ArgumentParser
 
     from attnx.commands.help import configure_parsing, help_formatter
+    from attnx.commands.spellings import alias_help, aliases, several_values, with_aliases
     from attnx.commands.usage import config_file_action, repeated_options
 
     configure_parsing()
     function = command_function(name)
     doc = inspect.cleandoc(function.__doc__ or "")
+    short = aliases(function)
     parser = ArgumentParser(
         prog=f"attnx {name}",
         description=doc.split("\n\nArgs:")[0] if doc else None,
+        epilog=alias_help(short),
         default_env=True,
         env_prefix=f"ATTNX_{name.upper()}",
         exit_on_error=False,
@@ -102,6 +105,7 @@ def run_function(name: str, argv: list[str]) -> int:
             action=config_file_action(tuple(name.removeprefix("--") for name in option_names(function))),
             help="a YAML file with values for these options",
         )
+    argv = several_values(function, with_aliases(argv, short))
     argv = repeated_options(function, bare_flags(function, argv))
     positional = getattr(function, "positional_list", None)
     if positional:  # `attnx download a b --output x`: the names before the first option form one list
@@ -114,7 +118,7 @@ def run_function(name: str, argv: list[str]) -> int:
     except ArgumentError as err:
         if expected_error(err) is not None:  # a setting refused its value: `main` reports that error
             raise
-        options = ["--config", "--print_config", "--help", *option_names(function)]
+        options = ["--config", "--print_config", "--help", *option_names(function), *short]
         raise refused_command_line(err, argv, options) from err
     if config_file:
         values.pop("config", None)

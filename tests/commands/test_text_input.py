@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
+import re
 import threading
 
 import pytest
 
 from attnx.commands.text_input import TextInput
+from attnx.data.errors import DataError
 
 
 def test_a_file_fills_each_chunk_and_keeps_every_kind_of_line_end(tmp_path):
@@ -71,3 +74,34 @@ def test_a_missing_path_or_a_directory_is_one_line(tmp_path):
         TextInput(tmp_path / "nope.txt")
     with pytest.raises(IsADirectoryError, match="is a directory; give a text file"):
         TextInput(tmp_path)
+
+
+def test_a_gzip_file_reads_as_the_text_it_holds_and_resumes_by_its_text(tmp_path):
+    text_bytes = b"one\ntwo \xff\nthree\nno newline"
+    path = tmp_path / "in.de.gz"
+    path.write_bytes(gzip.compress(text_bytes))
+    with TextInput(path) as text:
+        assert text.count_lines() == 4
+        assert text.read(1) == ["one"] and text.count_lines() == 3  # from where reading stands
+        assert text.read(10) == ["two \ufffd", "three", "no newline"] and text.not_utf8 == 1
+        assert (
+            text.digest() == hashlib.sha256(text_bytes).hexdigest()
+        )  # of the text, not the compressed bytes
+        text.rewind()
+        assert text.read(10)[0] == "one"
+    with TextInput(path) as text:  # an interrupted run's finished lines are recognised by their text
+        assert text.skip(4, hashlib.sha256(b"one\n").hexdigest()) and text.lines == 1
+        assert text.read(10) == ["two \ufffd", "three", "no newline"]
+
+
+def test_a_truncated_gzip_file_is_one_line_naming_it(tmp_path):
+    lines = b"".join(hashlib.sha256(str(i).encode()).hexdigest().encode() + b"\n" for i in range(20_000))
+    packed = gzip.compress(lines)
+    path = tmp_path / "cut.gz"
+    path.write_bytes(packed[: len(packed) // 2])
+    with TextInput(path, "--references") as text, pytest.raises(DataError) as err:
+        text.read_all()
+    assert re.fullmatch(
+        r"--references .*cut\.gz cannot be read past line \d+: it is a truncated or corrupt gzip file \(.*\)",
+        str(err.value),
+    )

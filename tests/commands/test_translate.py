@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -675,3 +676,61 @@ def test_score_reads_process_substitution_and_pairs_lines(tmp_path):
     error = [line for line in fewer.stderr.splitlines() if "error" in line]
     assert fewer.returncode == 2 and len(error) == 1
     assert "--hypotheses /dev/fd/" in error[0] and "has 2 lines but --references /dev/fd/" in error[0]
+
+
+def test_score_reads_gzipped_files_as_download_writes_them(tmp_path, capsys):
+    lines = "Ein Hund rennt.\nZwei Männer sitzen.\nEine Frau.\n"
+    (tmp_path / "test.hyp").write_text(lines, encoding="utf-8")
+    (tmp_path / "test.de.gz").write_bytes(gzip.compress(lines.encode("utf-8")))
+    argv = ["score", "--hypotheses", str(tmp_path / "test.hyp"), "--references", str(tmp_path / "test.de.gz")]
+    assert attnx_main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "sacreBLEU BLEU = 100.00" in out and "segments: 3" in out and err == ""
+
+
+def test_score_sentence_prints_one_line_per_segment_and_the_corpus_on_stderr(tmp_path, capsys):
+    import sacrebleu
+
+    hyps, refs = ["Ein Hund rennt.", "Zwei Männer.", ""], ["Ein Hund rennt.", "Zwei Frauen sitzen.", "Ja."]
+    (tmp_path / "h").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    (tmp_path / "r").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    argv = ["score", "--hypotheses", str(tmp_path / "h"), "--references", str(tmp_path / "r"), "--sentence"]
+    assert attnx_main(argv) == 0
+    out, err = capsys.readouterr()
+    expected = [
+        (sacrebleu.sentence_bleu(h, [r]).score, sacrebleu.sentence_chrf(h, [r]).score)
+        for h, r in zip(hyps, refs, strict=True)
+    ]
+    assert out.splitlines() == [f"{b:.2f}\t{c:.2f}" for b, c in expected]
+    assert "sacreBLEU BLEU" in err and "segments: 3" in err
+    assert attnx_main([*argv, "--format", "json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3]
+    assert [r["bleu"] for r in records] == pytest.approx([b for b, _ in expected])
+    assert [r["chrf"] for r in records] == pytest.approx([c for _, c in expected])
+
+
+def test_device_auto_decodes_on_cuda_where_there_is_one_and_says_so(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    import torch
+
+    import attnx.inference.ctranslate2
+    from attnx.commands.translate import decoding_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    device, line = decoding_device("auto", [str(checkpoint)])
+    assert device == "cuda" and line is not None and "decoding on cuda (--device auto" in line
+    assert decoding_device("cpu", [str(checkpoint)]) == ("cpu", None)  # a device named is taken as it is
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    monkeypatch.setattr(attnx.inference.ctranslate2, "is_ctranslate2_model", lambda path: True)
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 0)
+    assert decoding_device("auto", ["model-ct2"])[0] == "cpu"  # an export: CTranslate2 built without CUDA
+    monkeypatch.undo()
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    source = tmp_path / "in.txt"
+    source.write_text("A dog runs.\n", encoding="utf-8")
+    assert attnx_main(["translate", "--model", str(checkpoint), "--input", str(source), *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "attnx translate: decoding on cpu (--device auto: no CUDA device here)" in err.splitlines()

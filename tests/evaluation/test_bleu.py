@@ -61,3 +61,19 @@ def test_paper_style_bleu_is_zero_when_an_ngram_order_has_no_match_like_multi_bl
 def test_mismatched_lengths_are_refused():
     with pytest.raises(ValueError, match="pair up"):
         score(["a"], ["a", "b"])
+
+
+def test_sentence_scores_are_sacrebleus_sentence_bleu_and_chrf():
+    import sacrebleu
+
+    from attnx.evaluation.bleu import sentence_scores
+
+    hyps, refs = (
+        ["Ein Hund rennt im Park.", "Zwei Männer."],
+        ["Ein Hund läuft im Park.", "Zwei Frauen sitzen."],
+    )
+    got, pairs = sentence_scores(hyps, refs), list(zip(hyps, refs, strict=True))
+    assert [s.bleu for s in got] == [sacrebleu.sentence_bleu(h, [r]).score for h, r in pairs]
+    assert [s.chrf for s in got] == [sacrebleu.sentence_chrf(h, [r]).score for h, r in pairs]
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        sentence_scores(hyps, refs[:1])

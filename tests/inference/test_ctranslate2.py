@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -294,7 +295,8 @@ def test_a_swapped_sentencepiece_model_is_refused_in_one_line(
     )
     shutil.copy(ct2_export / "sentencepiece.model", swapped / "sentencepiece.model")
     done = translate(swapped)
-    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1 and done.stderr == "", done.stderr
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr
+    assert re.fullmatch(r"attnx translate: decoding on (cpu|cuda) \(--device auto: .*\)\n", done.stderr)
 
 
 def test_mbr_ranks_the_engines_own_samples_and_epsilon_is_one_line(

@@ -95,3 +95,16 @@ def test_an_export_takes_the_compute_type_of_the_precision_asked(checkpoint, tmp
             load(exported, search=search, precision="bf16-mixed")
     with pytest.raises(ConfigError, match="choose one of 32-true, bf16-mixed, 16-mixed"):
         load(exported, precision="fp8")
+
+
+def test_the_averaged_checkpoint_of_a_stopped_run_says_how_to_make_it(checkpoint, tmp_path):
+    from attnx.checkpoint import CheckpointError
+
+    folder = tmp_path / "runs" / "multi30k_cpu" / "version_0" / "checkpoints"
+    folder.mkdir(parents=True)
+    for name in ("step=150.ckpt", "last.ckpt"):
+        (folder / name).write_bytes(checkpoint.read_bytes())
+    with pytest.raises(CheckpointError) as err:
+        attnx.load(folder / "averaged.ckpt")
+    message = str(err.value)
+    assert f"attnx average --dir {folder}" in message and f"or use {folder / 'last.ckpt'}" in message

@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 import torch
 
 from attnx import files
+from attnx.checkpoint.missing import missing_checkpoint
 from attnx.data.tokenizer import Tokenizer, sha256_hex
 from attnx.errors import AttnxError
 from attnx.model import Transformer, TransformerConfig, build_transformer
@@ -100,7 +101,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        raise CheckpointError(missing_checkpoint(path))
     truncated = (
         f"checkpoint {path} cannot be read: it is truncated or corrupt. Use another checkpoint (e.g. an earlier "
         "one from the same run directory)."

@@ -47,7 +47,7 @@ def prepare(
     output: Path,
     valid: str | None = None,
     test: str | list[str] | None = None,
-    vocab_size: int = Settings.vocab_size,
+    vocab_size: int | None = None,
     max_sentence_tokens: int = Settings.max_sentence_tokens,
     max_ratio: float = Settings.max_ratio,
     sample_size: int = Settings.sample_size,
@@ -61,6 +61,7 @@ def prepare(
     user_defined_symbols: list[str] | None = None,
     report: Path | None = None,
     workers: int | None = None,
+    spm_model: Path | None = None,
 ) -> int:
     """Train one joint SentencePiece BPE model on both languages and write a memory-mapped binarized corpus.
 
@@ -79,7 +80,8 @@ def prepare(
         output: Output directory: new, empty, or written by an earlier prepare (reused when inputs and settings match).
         valid: Validation set prefix (split name: valid), or NAME=PREFIX.
         test: Test set prefixes, split name 'test' unless written NAME=PREFIX: --test newstest2014=PATH.
-        vocab_size: Pieces in the joint BPE vocabulary (§5.1: about 37,000 for WMT14 en-de).
+        vocab_size: Pieces in the joint BPE vocabulary (§5.1: about 37,000 for WMT14 en-de); default
+            8000, or with --spm_model the model's own.
         max_sentence_tokens: Drop training pairs with more tokens than this on either side.
         max_ratio: Drop training pairs whose longer side has more than this many times the shorter's tokens.
         sample_size: SentencePiece trains on a random sample of this many sentences.
@@ -97,6 +99,11 @@ def prepare(
         report: Also write a Markdown report of the pairs dropped per training corpus and reason, with examples.
         workers: Threads for SentencePiece training and encoding, processes for language identification
             (default: every core).
+        spm_model: Use this SentencePiece model (the .model file of spm_train, or of another corpus) instead
+            of training one, to share a vocabulary with other runs: it is copied into the corpus unchanged and
+            meta.json records its path and SHA-256. It must have attnx's special ids (pad 0, unk 1, bos 2,
+            eos 3); --vocab_size is read from it, and the options that shape training (--sample_size,
+            --character_coverage, --seed) do not apply.
     """
     from attnx.commands.prepare import prepare_command
 
@@ -104,7 +111,7 @@ def prepare(
         Settings(
             src_lang=src_lang,
             tgt_lang=tgt_lang,
-            vocab_size=vocab_size,
+            vocab_size=Settings.vocab_size if vocab_size is None else vocab_size,
             max_sentence_tokens=max_sentence_tokens,
             max_ratio=max_ratio,
             sample_size=sample_size,
@@ -123,4 +130,6 @@ def prepare(
         test=test or [],
         workers=workers,
         report_file=report,
+        spm_model=spm_model,
+        vocab_size_given=vocab_size is not None,
     )

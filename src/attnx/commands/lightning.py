@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import Any
 
 from jsonargparse import ArgumentError
 from lightning.pytorch import Trainer
@@ -16,6 +17,7 @@ from attnx.commands.help import configure_parsing, help_formatter
 from attnx.commands.lightning_argv import checkpoint_override, resolve_configs, resume_command
 from attnx.commands.lightning_cli import DECODING_COMMANDS, AttnxCLI
 from attnx.commands.lightning_console import one_line_warnings, quiet_third_parties
+from attnx.commands.spellings import alias_help, lightning_aliases, with_aliases
 from attnx.commands.usage import option_names as keys
 from attnx.commands.usage import refused_command_line
 from attnx.data.datamodule import TranslationDataModule
@@ -40,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     original = list(argv)  # as typed, for the resume hint
     argv = resolve_configs(argv)
+    short = lightning_aliases() if subcommand in DECODING_COMMANDS else {}
     if subcommand in DECODING_COMMANDS:
-        argv = checkpoint_override(argv)
+        argv = checkpoint_override(with_aliases(argv, short))
     quiet_third_parties()
     one_line_warnings()
     configure_parsing()  # option help from the dataclasses' attribute docstrings (model.transformer.*, ...)
@@ -57,13 +60,17 @@ def main(argv: list[str] | None = None) -> int:
             args=argv,
             seed_everything_default=1,
             save_config_kwargs={"overwrite": True},
-            parser_kwargs={"prog": "attnx", **no_exit, **{name: dict(no_exit) for name in SUBCOMMANDS}},
+            parser_kwargs={
+                "prog": "attnx",
+                **no_exit,
+                **{name: subcommand_parser(name, no_exit) for name in SUBCOMMANDS},
+            },
             trainer_defaults={"enable_progress_bar": sys.stderr.isatty()},
         )
     except ArgumentError as err:
         if expected_error(err) is not None:  # a setting refused its value: `attnx` reports that error
             raise
-        raise refused_command_line(err, argv, option_names()) from err
+        raise refused_command_line(err, argv, [*option_names(), *short]) from err
     except TrainingInterrupted as err:
         return interrupted(err, original)
     except StopRequested as err:
@@ -79,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signals.restore()
     return 0
+
+
+def subcommand_parser(name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The parser settings of subcommand `name`: those of every parser, and for a decoding command the short
+    spellings of its search options at the end of its `--help`."""
+    short = alias_help(lightning_aliases()) if name in DECODING_COMMANDS else None
+    return {**settings, "epilog": short} if short else dict(settings)
 
 
 def interrupted(err: TrainingInterrupted, argv: list[str]) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import re
 import signal
 import sys
@@ -22,6 +23,7 @@ from attnx.data.prepare.interrupt import STOP_SIGNALS, Interrupted, interrupt
 from attnx.data.prepare.pipeline import prepare
 from attnx.data.prepare.reports import report, write_report
 from attnx.data.prepare.settings import TRAIN, Inputs, Settings
+from attnx.data.prepare.vocabulary import read_sentencepiece
 
 SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -34,6 +36,8 @@ def prepare_command(
     test: Sequence[str] = (),
     workers: int | None = None,
     report_file: str | Path | None = None,
+    spm_model: str | Path | None = None,
+    vocab_size_given: bool = True,
 ) -> int:
     """`attnx prepare` (see `attnx.commands.data.prepare` for the options): check, build, report."""
     if (
@@ -61,10 +65,13 @@ def prepare_command(
             raise DataError(f"split {name!r} is given twice; name extra test sets with --test NAME=PREFIX")
         prefixes[name] = [prefix]
     inputs = Inputs.from_prefixes(prefixes, settings.src_lang, settings.tgt_lang)
+    brought = None if spm_model is None else Path(spm_model)
+    if brought is not None:  # a model that cannot serve is said before any input is read
+        settings = brought_model_settings(settings, brought, vocab_size_given)
     replaced = False
     with _stop_signals():
         try:
-            meta = prepare(inputs, output, settings, workers)
+            meta = prepare(inputs, output, settings, workers, brought)
             replaced = True
             print(report(meta))
             if report_file is not None:
@@ -74,6 +81,24 @@ def prepare_command(
         except Interrupted as stop:
             raise SystemExit(_stopped(stop, output, replaced or stop.corpus_replaced, report_file)) from None
     return 0
+
+
+def brought_model_settings(settings: Settings, spm_model: Path, vocab_size_given: bool) -> Settings:
+    """`settings` for a corpus with the SentencePiece model `spm_model` (checked): the vocabulary size is the
+    model's, and an option that only shapes training one is refused rather than ignored."""
+    model = read_sentencepiece(spm_model, settings)
+    if vocab_size_given and settings.vocab_size != model.vocab_size:
+        raise DataError(
+            f"--vocab_size {settings.vocab_size} but --spm_model {spm_model} has {model.vocab_size} pieces: leave "
+            "out --vocab_size (it is read from the model)"
+        )
+    for option in ("sample_size", "character_coverage", "seed"):
+        if getattr(settings, option) != getattr(Settings, option):
+            raise DataError(
+                f"--{option} shapes the training of a SentencePiece model, and with --spm_model {spm_model} none "
+                f"is trained: leave out --{option}"
+            )
+    return dataclasses.replace(settings, vocab_size=model.vocab_size)
 
 
 def check_per_corpus(settings: Settings, corpora: int) -> None:

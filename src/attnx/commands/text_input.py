@@ -2,20 +2,31 @@
 line by line as it arrives, in bounded memory.
 
 A line ends at `\\n` (a final line without one counts; a `\\r` before the `\\n` is dropped). Bytes that are not
-UTF-8 become U+FFFD, and the reader counts the lines where that happened, so the command can say so once.
+UTF-8 become U+FFFD, and the reader counts the lines where that happened, so the command can say so once. A
+gzip-compressed file (what `attnx download` writes, `*.gz`) is read as the text it holds, as `attnx prepare`
+reads it; it is recognised by its first bytes, whatever its name.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import select
 import stat
 import sys
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+from attnx.data.errors import DataError
 
 BLOCK = 1 << 16
 """Bytes read from the input at a time."""
+
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of every gzip file (RFC 1952)."""
 
 
 class TextInput:
@@ -52,6 +63,10 @@ class TextInput:
             self.owned = True
         self.regular = stat.S_ISREG(os.fstat(self.fd).st_mode)
         self.path = Path(source) if self.owned else None
+        self.gzip: gzip.GzipFile | None = None
+        """The decompressing reader of a gzip file (None for any other input)."""
+        if self.regular and os.pread(self.fd, 2, 0) == GZIP_MAGIC:
+            self.gzip = gzip.GzipFile(fileobj=os.fdopen(os.dup(self.fd), "rb"), mode="rb")
         self.buffer = b""
         self.pos = 0
         self.ended = False
@@ -66,6 +81,10 @@ class TextInput:
         """The 1-based number of the first of them."""
 
     def close(self) -> None:
+        if self.gzip is not None:
+            self.gzip.fileobj.close()  # type: ignore[union-attr] (its own descriptor, a copy of `fd`)
+            self.gzip.close()
+            self.gzip = None
         if self.owned:
             os.close(self.fd)
             self.owned = False
@@ -90,7 +109,7 @@ class TextInput:
         return bool(ready)
 
     def _fill(self) -> None:
-        block = os.read(self.fd, BLOCK)
+        block = self._unpack(self.gzip.read1, BLOCK) if self.gzip else os.read(self.fd, BLOCK)
         if not block:
             self.ended = True
         self.buffer = self.buffer[self.pos :] + block
@@ -142,40 +161,71 @@ class TextInput:
         """Lines of a regular file from where reading stands (without moving it); None for a stream."""
         if not self.regular:
             return None
-        count, offset, last = 0, self.consumed, b"\n"
-        while True:
-            block = os.pread(self.fd, 1 << 20, offset)
-            if not block:
-                break
+        count, last = 0, b"\n"
+        for block in self._blocks(self.consumed):
             count += block.count(b"\n")
-            offset += len(block)
             last = block[-1:]
         return count + (last != b"\n")
+
+    def _blocks(self, offset: int, end: int | None = None) -> Iterator[bytes]:
+        """The bytes of a regular file (decompressed, for gzip) from `offset` to `end` (default: its end), a
+        block at a time, without moving where reading stands."""
+        if self.gzip is None:
+            while end is None or offset < end:
+                block = os.pread(self.fd, 1 << 20 if end is None else min(1 << 20, end - offset), offset)
+                if not block:
+                    return
+                offset += len(block)
+                yield block
+            return
+        # a reader of its own (opened anew: a duplicate descriptor would share the position of `self.gzip`'s)
+        with gzip.open(self.path or f"/dev/fd/{self.fd}", "rb") as text:
+            self._unpack(text.seek, offset)
+            while end is None or offset < end:
+                block = self._unpack(text.read, 1 << 20 if end is None else min(1 << 20, end - offset))
+                if not block:
+                    return
+                offset += len(block)
+                yield block
+
+    def _unpack(self, read: Callable[[int], Any], size: int) -> Any:
+        """`read(size)` of the gzip reader, its failures on a truncated or corrupt file said in one line."""
+        try:
+            return read(size)
+        except (OSError, EOFError, zlib.error) as err:
+            where = f" past line {self.lines}" if self.lines else ""
+            raise DataError(
+                f"{self.option} {self.name} cannot be read{where}: it is a truncated or corrupt gzip file ({err})"
+            ) from None
 
     def skip(self, size: int, sha256: str) -> bool:
         """Pass over the first `size` bytes if their SHA-256 is `sha256` (the lines an interrupted run
         finished); otherwise leave the input where it was and return False. Regular files only."""
-        if not self.regular or self.consumed or size > os.fstat(self.fd).st_size:
+        if not self.regular or self.consumed or (self.gzip is None and size > os.fstat(self.fd).st_size):
             return False
-        digest, offset, lines = hashlib.sha256(), 0, 0
-        while offset < size:
-            block = os.pread(self.fd, min(1 << 20, size - offset), offset)
-            if not block:
-                return False
+        digest, offset, lines, last = hashlib.sha256(), 0, 0, b"\n"
+        for block in self._blocks(0, size):
             digest.update(block)
             lines += block.count(b"\n")
             offset += len(block)
-        if digest.hexdigest() != sha256:
+            last = block[-1:]
+        if offset < size or digest.hexdigest() != sha256:
             return False
-        if size and os.pread(self.fd, 1, size - 1) != b"\n":
+        if last != b"\n":
             lines += 1  # the finished part ended with the file's last line, which has no newline
-        os.lseek(self.fd, size, os.SEEK_SET)
+        if self.gzip is not None:
+            self._unpack(self.gzip.seek, size)
+        else:
+            os.lseek(self.fd, size, os.SEEK_SET)
         self.hash, self.consumed, self.lines = digest, size, lines
         return True
 
     def rewind(self) -> None:
         """Back to the start of a regular file, as if nothing had been read."""
-        os.lseek(self.fd, 0, os.SEEK_SET)
+        if self.gzip is not None:
+            self.gzip.seek(0)
+        else:
+            os.lseek(self.fd, 0, os.SEEK_SET)
         self.buffer, self.pos, self.ended = b"", 0, False
         self.hash, self.consumed, self.lines = hashlib.sha256(), 0, 0
 

@@ -30,6 +30,25 @@ def check_device(device: str) -> None:
         )
 
 
+def decoding_device(device: str, models: list[str]) -> tuple[str, str | None]:
+    """The device `--device` names, and for `auto` the one it chose with the line that says so: CUDA where
+    this machine has it (and, for a CTranslate2 export, where CTranslate2 was built with it), else the CPU."""
+    if device != "auto":
+        return device, None
+    import torch
+
+    from attnx.inference.ctranslate2 import is_ctranslate2_model
+
+    cuda = torch.cuda.is_available()
+    if cuda and any(is_ctranslate2_model(path) for path in models):
+        import ctranslate2
+
+        cuda = ctranslate2.get_cuda_device_count() > 0
+    why = "a CUDA device is here; --device cpu decodes on the CPU" if cuda else "no CUDA device here"
+    chosen = "cuda" if cuda else "cpu"
+    return chosen, f"attnx translate: decoding on {chosen} (--device auto: {why})"
+
+
 def translate(
     model: list[str] | str,
     input: str = "-",
@@ -42,7 +61,7 @@ def translate(
     search: SearchConfig | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     buffer_size: int = 2000,
-    device: str = "cpu",
+    device: str = "auto",
     precision: Precision | None = None,
     force: bool = False,
 ) -> int:
@@ -62,8 +81,9 @@ def translate(
     Example: echo "A dog runs." | attnx translate --model base.ckpt --search.nbest 4 --format jsonl
 
     Args:
-        model: Checkpoint file (*.ckpt) or exported CTranslate2 directory; a list of checkpoints,
-            "[a.ckpt,b.ckpt]", is decoded as one ensemble.
+        model: Checkpoint file (*.ckpt) or exported CTranslate2 directory; several checkpoints are decoded
+            as one ensemble: --model a.ckpt b.ckpt, --model a.ckpt:b.ckpt (fairseq's way) or
+            --model "[a.ckpt,b.ckpt]".
         input: File, named pipe or <(process substitution) with one source segment a line, or - for
             standard input.
         output: File for the translations, or - for standard output.
@@ -81,13 +101,15 @@ def translate(
         max_tokens: Source tokens per decoding batch, padding included.
         buffer_size: Lines read, translated (sorted by length) and written at a time; a pipe's lines are
             translated as they arrive, up to this many together.
-        device: Where to decode: cpu, cuda, cuda:1, ...
+        device: Where to decode: auto (CUDA where this machine has it, else the CPU; the choice is said on
+            standard error), cpu, cuda, cuda:1, ...
         precision: A checkpoint decodes in 32-true (the default), bf16-mixed or 16-mixed (CUDA only): the
             matrix products under autocast in bf16 or fp16, softmax and scores in float32; faster where the
             device has units for them, and a translation may differ from fp32's. An export loads with the
             matching CTranslate2 compute type (default: the one it was exported with).
         force: Replace the --output file if it exists (otherwise an existing file is left and the command stops).
     """
+    from attnx.commands.spellings import ensemble_members
     from attnx.commands.streaming import (
         PairedInputs,
         Stop,
@@ -100,11 +122,13 @@ def translate(
     from attnx.commands.usage import refuse_to_replace, require_extra
     from attnx.inference.ctranslate2 import is_ctranslate2_model
 
+    model = ensemble_members(model)
     if buffer_size < 1:
         raise ConfigError(f"--buffer_size must be at least 1, got {buffer_size}")
     check_output_options(format, target, prefix, token_scores, search)
     if output != "-":
         refuse_to_replace(output, force)
+    device, chosen = decoding_device(device, model if isinstance(model, list) else [model])
     check_device(device)
     if precision is not None:
         check_precision(precision, device.split(":")[0])
@@ -130,6 +154,8 @@ def translate(
                     weights=weights,
                     precision=precision,
                 )
+                if chosen:  # once the model is on it
+                    print(chosen, file=sys.stderr, flush=True)
                 job = TranslationJob(translator, format, token_scores, buffer_size)
                 return run_translation(job, inputs, sink)
         except Stop:  # before the first line was read: nothing to keep
@@ -183,23 +209,32 @@ def attention(
 
 
 def score(
-    hypotheses: Path, references: Path, lang: str = "de", format: Literal["text", "json"] = "text"
+    hypotheses: Path,
+    references: Path,
+    lang: str = "de",
+    format: Literal["text", "json"] = "text",
+    sentence: bool = False,
 ) -> int:
     """Score a detokenized translation file against a reference file, line by line.
 
     Prints sacreBLEU BLEU and chrF2 with their signatures, and the paper-style tokenized BLEU (not comparable
-    to sacreBLEU). Example: attnx score --hypotheses test.hyp --references newstest2014.de
+    to sacreBLEU); with --sentence, the scores of each segment instead. Either file may be gzipped (*.gz, as
+    attnx download writes them). Example: attnx score --hypotheses test.hyp --references newstest2014.de
 
     Args:
-        hypotheses: Translations, one segment a line.
-        references: References, one segment a line, in the same order.
+        hypotheses: Translations, one segment a line (plain or gzipped), or - for standard input.
+        references: References, one segment a line, in the same order (plain or gzipped).
         lang: Target language, for the paper-style BLEU's Moses tokenizer.
         format: text (one score a line) or json.
+        sentence: One line per segment on standard output, in input order: its sentence BLEU and chrF2
+            (sacreBLEU's sentence_bleu and sentence_chrf), tab-separated, or with --format json one object a
+            line, {"line": 1, "bleu": ..., "chrf": ...}; the corpus scores go to standard error.
     """
     import dataclasses
     import json
 
     from attnx.evaluation.bleu import score as bleu
+    from attnx.evaluation.bleu import sentence_scores
 
     texts = {}
     for option, path in (("--hypotheses", hypotheses), ("--references", references)):
@@ -214,5 +249,14 @@ def score(
             "they must pair up line by line"
         )
     report = bleu(hyps, refs, lang)
-    print(json.dumps(dataclasses.asdict(report)) if format == "json" else "\n".join(report.lines()))
+    corpus = json.dumps(dataclasses.asdict(report)) if format == "json" else "\n".join(report.lines())
+    if not sentence:
+        print(corpus)
+        return 0
+    for number, scores in enumerate(sentence_scores(hyps, refs), start=1):
+        if format == "json":
+            print(json.dumps({"line": number, **dataclasses.asdict(scores)}))
+        else:
+            print(f"{scores.bleu:.2f}\t{scores.chrf:.2f}")
+    print(corpus, file=sys.stderr)
     return 0

@@ -49,10 +49,21 @@ def refused_command_line(err: Exception, argv: list[str], options: list[str]) ->
         message = f"unknown option {unknown[0]}"
     hints = []
     for option in unknown:
-        close = difflib.get_close_matches(option, options, n=1, cutoff=0.75)
-        if option in message and close:
-            hints.append(f"{option}: did you mean {close[0]}?")
+        meant = close_option(option, options)
+        if option in message and meant:
+            hints.append(f"{option}: did you mean {meant}?")
     return UsageError(f"{message} ({'; '.join(hints)})" if hints else message)
+
+
+def close_option(option: str, options: list[str]) -> str | None:
+    """The option (or options) of `options` a misspelt `option` most likely meant: one spelt nearly alike
+    (`--outptu` → `--output`), else the field of a settings group of that name, given without its group
+    (`--max_len_b` → `--search.max_len_b`)."""
+    close = difflib.get_close_matches(option, options, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    key = close_key(option.removeprefix("--"), [name.removeprefix("--") for name in options])
+    return None if key is None else " or ".join(f"--{name}" for name in key.split(" or "))
 
 
 def given_options(argv: list[str]) -> list[str]:

@@ -87,6 +87,31 @@ def score(hypotheses: list[str], references: list[str], lang: str = "de") -> Ble
     )
 
 
+@dataclass
+class SentenceScore:
+    """The scores of one segment against its reference."""
+
+    bleu: float
+    """sacreBLEU sentence BLEU (`sacrebleu.sentence_bleu`: n-gram orders up to the segment's length, exponential
+    smoothing)."""
+    chrf: float
+    """sacreBLEU sentence chrF2 (`sacrebleu.sentence_chrf`)."""
+
+
+def sentence_scores(hypotheses: list[str], references: list[str]) -> list[SentenceScore]:
+    """BLEU and chrF2 of each detokenized hypothesis against its one reference, as sacreBLEU's
+    `sentence_bleu` and `sentence_chrf` compute them."""
+    if len(hypotheses) != len(references):
+        raise ConfigError(
+            f"{len(hypotheses)} hypotheses but {len(references)} references; they must pair up line by line"
+        )
+    bleu, chrf = BLEU(effective_order=True), CHRF()
+    return [
+        SentenceScore(bleu.sentence_score(h, [r]).score, chrf.sentence_score(h, [r]).score)
+        for h, r in zip(hypotheses, references, strict=True)
+    ]
+
+
 def read_lines(path: str | Path) -> list[str]:
     """Segments of a text file, one a line, trailing whitespace removed (as the `sacrebleu` command reads them)."""
     with open(path, encoding="utf-8", newline="\n") as f:

@@ -18,7 +18,7 @@ from attnx.data.prepare.publish import _publish, check_output, expected_files, s
 from attnx.data.prepare.read import CorpusStats, corpus_name, normalize_split
 from attnx.data.prepare.reuse import corpus_reusable, fingerprints, model_reusable, read_meta
 from attnx.data.prepare.settings import TRAIN, Inputs, Settings
-from attnx.data.prepare.vocabulary import train_sentencepiece
+from attnx.data.prepare.vocabulary import copy_sentencepiece, read_sentencepiece, train_sentencepiece
 from attnx.data.tokenizer import Tokenizer
 from attnx.files import WriteError, disk_full, write_failure
 
@@ -27,9 +27,15 @@ Texts = dict[str, tuple[Path, Path]]
 
 
 def prepare(
-    inputs: Inputs, out: str | Path, settings: Settings, workers: int | None = None
+    inputs: Inputs,
+    out: str | Path,
+    settings: Settings,
+    workers: int | None = None,
+    spm_model: Path | None = None,
 ) -> dict[str, Any]:
-    """Build (or reuse) the prepared corpus in `out`; return its `meta.json` content.
+    """Build (or reuse) the prepared corpus in `out`; return its `meta.json` content. `spm_model`: a
+    SentencePiece model to use as it is (checked by
+    [read_sentencepiece][attnx.data.prepare.vocabulary.read_sentencepiece]) instead of training one.
 
     Raises:
         DataError: `out` holds a file prepare did not write, or one of the inputs (nothing is touched then).
@@ -39,7 +45,7 @@ def prepare(
     out, workers = Path(out), workers or os.cpu_count() or 1
     old = read_meta(out)
     owned = check_output(out, inputs, old)
-    corpus_fp, spm_fp = fingerprints(inputs, settings)
+    corpus_fp, spm_fp = fingerprints(inputs, settings, spm_model)
     if old is not None and corpus_reusable(out, old, corpus_fp):
         old["reused"] = True
         return old
@@ -51,7 +57,9 @@ def prepare(
             texts, stats, corpora = read_splits(inputs, work, settings, workers)
             seconds = {"read": time.perf_counter() - start}
 
-            if model_reusable(out, old, spm_fp):
+            if spm_model is not None:
+                tokenizer = copy_sentencepiece(spm_model, read_sentencepiece(spm_model, settings), work)
+            elif model_reusable(out, old, spm_fp):
                 tokenizer = Tokenizer.load(out / SPM_MODEL)
             else:
                 tokenizer = train_sentencepiece(list(texts[TRAIN]), work, settings, workers)
@@ -74,6 +82,8 @@ def prepare(
             }
             meta["files"] = expected_files(meta)
             meta["spm_sha256"] = tokenizer.sha256
+            if spm_model is not None:  # where the vocabulary came from
+                meta["spm_model"] = {"path": str(spm_model.resolve()), "sha256": tokenizer.sha256}
             sums = checksums(work, [f for f in meta["files"] if (work / f).is_file()])
             meta["checksums"] = {f: sums[f] if f in sums else old["checksums"][f] for f in meta["files"]}  # type: ignore[index]
             # Ctrl-C and SIGTERM wait while the new corpus replaces the old one, meta.json last

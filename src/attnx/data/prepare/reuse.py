@@ -31,15 +31,20 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def fingerprints(inputs: Inputs, settings: Settings) -> tuple[str, str]:
+def fingerprints(inputs: Inputs, settings: Settings, spm_model: Path | None = None) -> tuple[str, str]:
     """(whole corpus, SentencePiece model): digests of the input files' paths and contents and of the settings
-    that shape each."""
+    that shape each; with a brought `spm_model`, of its content instead of what would train one."""
     stats = {
         name: [[[str(p.resolve()), file_digest(p)] for p in side] for side in sides]
         for name, sides in inputs.splits.items()
     }
-    spm_fp = _digest({"format": FORMAT_VERSION, "train": stats[TRAIN], **settings.spm_part()})
-    corpus_fp = _digest({"format": FORMAT_VERSION, "inputs": stats, "settings": asdict(settings)})
+    if spm_model is not None:
+        brought = {"spm_model": file_digest(spm_model)}
+        spm_fp = _digest({"format": FORMAT_VERSION, **brought})
+    else:
+        brought = {}  # a corpus prepared before --spm_model existed keeps its fingerprint
+        spm_fp = _digest({"format": FORMAT_VERSION, "train": stats[TRAIN], **settings.spm_part()})
+    corpus_fp = _digest({"format": FORMAT_VERSION, "inputs": stats, "settings": asdict(settings), **brought})
     return corpus_fp, spm_fp
 
 

@@ -1,4 +1,5 @@
-"""Step 2: the joint SentencePiece BPE model, trained on both languages of the cleaned training text (§5.1)."""
+"""Step 2: the joint SentencePiece BPE model, trained on both languages of the cleaned training text (§5.1), or
+one brought from elsewhere (`--spm_model`: a vocabulary shared with other runs or toolkits), copied as it is."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from attnx.data import tokenizer
 from attnx.data.corpus import SPM_MODEL
 from attnx.data.errors import DataError
 from attnx.data.prepare.settings import Settings
+from attnx.errors import ConfigError
 
 FULL_BELOW = 1 << 20
 """SentencePiece reports a model it could not write whole as one it cannot parse; with less free space than
@@ -61,3 +63,52 @@ def train_sentencepiece(
                 f"{settings.character_coverage}"
             ) from None
         raise DataError(f"SentencePiece training failed: {message}") from None
+
+
+def read_sentencepiece(path: Path, settings: Settings) -> tokenizer.Tokenizer:
+    """The SentencePiece model `--spm_model` names, checked before anything is read: a SentencePiece model
+    file with attnx's special ids (pad 0, unk 1, bos 2, eos 3) in which every tag and user-defined symbol of
+    `settings` is one piece.
+
+    Raises:
+        DataError: in one line naming the file and what is wrong with it.
+    """
+    if not path.is_file():
+        raise DataError(f"--spm_model {path} does not exist")
+    proto = path.read_bytes()
+    try:
+        processor = spm.SentencePieceProcessor(model_proto=proto) if proto else None
+    except RuntimeError:
+        processor = None
+    if processor is None or processor.get_piece_size() == 0:
+        raise DataError(
+            f"--spm_model {path} is not a SentencePiece model (the .model file spm_train writes; not its .vocab)"
+        )
+    try:
+        model = tokenizer.Tokenizer(processor, path)
+    except ConfigError:
+        ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+        raise DataError(
+            f"--spm_model {path} has special ids pad/unk/bos/eos = {ids}; attnx needs (0, 1, 2, 3): train it "
+            "with spm_train --pad_id 0 --unk_id 1 --bos_id 2 --eos_id 3, or leave out --spm_model"
+        ) from None
+    split = [s for s in settings.symbols() if processor.piece_to_id(s) == processor.unk_id()]
+    if split:
+        raise DataError(
+            f"{split[0]!r} (a --train_tag or --user_defined_symbols) is not a piece of --spm_model {path}: "
+            "a brought model keeps its own pieces; leave it out, or train the model with it"
+        )
+    return model
+
+
+def copy_sentencepiece(path: Path, model: tokenizer.Tokenizer, out: Path) -> tokenizer.Tokenizer:
+    """`--spm_model`'s file copied byte for byte into `out/spm.model`, with the `spm.vocab` listing its pieces
+    and scores as spm_train writes it; return the copy."""
+    print(
+        f"SentencePiece model {path}: {model.vocab_size} pieces, SHA-256 {model.sha256[:12]}…, copied as it is "
+        "(nothing trained)"
+    )
+    shutil.copyfile(path, out / SPM_MODEL)
+    lines = (f"{model.sp.id_to_piece(i)}\t{model.sp.get_score(i):g}\n" for i in range(model.vocab_size))
+    (out / Path(SPM_MODEL).with_suffix(".vocab").name).write_text("".join(lines), encoding="utf-8")
+    return tokenizer.Tokenizer.load(out / SPM_MODEL)

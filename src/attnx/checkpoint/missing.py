@@ -1,0 +1,46 @@
+"""What to say when a checkpoint that a run should hold is not there.
+
+`attnx fit` writes `averaged.ckpt` only when a run ends (its averaging callback): a run stopped on the way has
+`last.ckpt` and its step checkpoints, but no `averaged.ckpt`. A missing file named so, or one inside a run's
+`checkpoints` folder, is answered with what that folder holds and how to get the file asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+AVERAGED = "averaged.ckpt"
+"""The file name `attnx fit` gives the average of a run's last checkpoints."""
+
+SHOWN = 4
+"""Checkpoints named in the message at most (the newest)."""
+
+
+def missing_checkpoint(path: str | Path) -> str:
+    """The one line for checkpoint `path`, which does not exist: for an `averaged.ckpt` or a file of a run's
+    `checkpoints` folder, also what the folder holds and the command that makes an averaged checkpoint."""
+    path = Path(path)
+    message = f"checkpoint {path} does not exist"
+    folder = path.parent
+    if path.name != AVERAGED and folder.name != "checkpoints":
+        return message
+    if not folder.is_dir():
+        return f"{message}, nor does the folder {folder}"
+    found = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    if not found:
+        return f"{message}; {folder} holds no checkpoint (a run writes them every few minutes of training)"
+    names = ", ".join(p.name for p in found[:SHOWN]) + (
+        f" and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
+    )
+    steps = [p for p in found if p.name not in ("last.ckpt", AVERAGED)]
+    average = f"attnx average --dir {folder} --last 5 --output {folder / AVERAGED}"
+    if path.name == AVERAGED:
+        made = "attnx fit writes averaged.ckpt when a run ends; for a run that was stopped, " + (
+            f"make it with `{average}`" if steps else "there are no step checkpoints to average"
+        )
+        last = folder / "last.ckpt"
+        use = f", or use {last}" if last.is_file() else ""
+        return f"{message}; {folder} holds {names}: {made}{use}"
+    return f"{message}; {folder} holds {names}: use one of those" + (
+        f", or average the newest with `{average}`" if steps else ""
+    )

@@ -1,0 +1,113 @@
+"""The other spellings a command line may use, rewritten to attnx's own before it is parsed: the short decoding
+options a fairseq or Marian user types (`--beam 5` for `--search.beam 5`), the checkpoint under the name
+another command gives it (`--ckpt_path` where a command says `--model`, and the other way round), and an
+ensemble written `--model a.ckpt b.ckpt` or, as fairseq writes it, `--path a.ckpt:b.ckpt`.
+
+Each command's `--help` lists the short spellings it takes ([alias_help][attnx.commands.spellings.alias_help]).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import typing
+from collections.abc import Callable
+from typing import Any
+
+SEARCH_ALIASES: dict[str, str] = {
+    "--beam": "search.beam",
+    "--nbest": "search.nbest",
+    "--lenpen": "search.alpha",
+    "--alpha": "search.alpha",
+    "--sampling": "search.sampling",
+}
+"""Short spelling → the field of a command's `search` settings it stands for (`--lenpen` is fairseq's name for
+the length penalty's exponent, `--alpha` the GNMT paper's)."""
+
+FLAGS = ("--sampling",)
+"""Short spellings of a boolean: given alone, they mean true."""
+
+
+def aliases(function: Callable[..., Any]) -> dict[str, str]:
+    """The short spellings command `function` takes, each with the option it stands for: the decoding options
+    where it has `search` settings, and `--ckpt_path` for its `--model` (or `--model` for its `--ckpt_path`)
+    where the checkpoint is the one model it reads."""
+    parameters = inspect.signature(function).parameters
+    found = {alias: f"--{field}" for alias, field in SEARCH_ALIASES.items()} if "search" in parameters else {}
+    if "model" in parameters and "ckpt_path" not in parameters:
+        found["--ckpt_path"] = "--model"
+    if "ckpt_path" in parameters and "model" not in parameters:
+        found["--model"] = "--ckpt_path"
+    return {alias: option for alias, option in found.items() if alias[2:] not in parameters}  # its own wins
+
+
+def lightning_aliases() -> dict[str, str]:
+    """The short decoding spellings of `attnx validate | test | predict`, whose search settings are
+    `--evaluation.search.*`."""
+    return {alias: f"--evaluation.{field}" for alias, field in SEARCH_ALIASES.items()}
+
+
+def with_aliases(argv: list[str], table: dict[str, str]) -> list[str]:
+    """`argv` with each short spelling of `table` replaced by the option it stands for (`--beam 5` and
+    `--beam=5` → `--search.beam 5`; a bare `--sampling` → `--search.sampling=true`)."""
+    out = []
+    for i, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if name not in table:
+            out.append(arg)
+            continue
+        following = argv[i + 1] if i + 1 < len(argv) else "--"
+        bare = not sep and following.lower() not in ("true", "false")
+        out.append(f"{table[name]}=true" if name in FLAGS and bare else f"{table[name]}{sep}{value}")
+    return out
+
+
+def alias_help(table: dict[str, str]) -> str | None:
+    """One paragraph for the end of `--help`: each short spelling and the option it stands for."""
+    if not table:
+        return None
+    meant: dict[str, list[str]] = {}
+    for alias, option in table.items():
+        meant.setdefault(option, []).append(alias)
+    pairs = [f"{' or '.join(names)} for {option}" for option, names in meant.items()]
+    return "short spellings: " + ", ".join(pairs) + "."
+
+
+def several_values(function: Callable[..., Any], argv: list[str]) -> list[str]:
+    """A list option followed by several values (`--model a.ckpt b.ckpt`, `--train_repeat 2 1`) takes them
+    all, as if it were given once for each (`--model+ a.ckpt --model+ b.ckpt`, jsonargparse's way to
+    append)."""
+    lists = {
+        f"--{name}"
+        for name, kind in typing.get_type_hints(function).items()
+        if any(typing.get_origin(t) is list for t in (kind, *typing.get_args(kind)))
+    }
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        end = i + 1
+        while end < len(argv) and not argv[end].startswith("--"):
+            end += 1
+        if arg in lists and end - i > 2:  # the option and two values or more
+            out += [part for value in argv[i + 1 : end] for part in (f"{arg}+", value)]
+            i = end
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def ensemble_members(model: list[str] | str) -> list[str] | str:
+    """fairseq's `a.ckpt:b.ckpt` as the ensemble `[a.ckpt, b.ckpt]`, also inside a list; a path that exists
+    as it is stays one model, a ':' in its name and all."""
+    names = [model] if isinstance(model, str) else model
+    members = []
+    for name in names:
+        if ":" in name and not os.path.exists(name):
+            members += [part for part in name.split(":") if part]
+        else:
+            members.append(name)
+    if isinstance(model, str) and len(members) == 1:
+        return members[0]
+    return members

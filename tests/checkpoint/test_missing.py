@@ -1,0 +1,48 @@
+"""A missing checkpoint of a run is answered with what the run holds and how to make the one asked for."""
+
+from __future__ import annotations
+
+import os
+
+from attnx.checkpoint.missing import missing_checkpoint
+
+
+def folder_with(tmp_path, *names):
+    folder = tmp_path / "runs" / "base" / "version_0" / "checkpoints"
+    folder.mkdir(parents=True)
+    for age, name in enumerate(reversed(names)):  # the first name is the newest
+        (folder / name).touch()
+        os.utime(folder / name, (1_000 + age, 1_000 + age))
+    return folder
+
+
+def test_a_missing_averaged_checkpoint_names_attnx_average_and_last_ckpt(tmp_path):
+    folder = folder_with(
+        tmp_path, "last.ckpt", "step=179.ckpt", "step=150.ckpt", "step=120.ckpt", "step=90.ckpt"
+    )
+    message = missing_checkpoint(folder / "averaged.ckpt")
+    assert message == (
+        f"checkpoint {folder / 'averaged.ckpt'} does not exist; {folder} holds last.ckpt, step=179.ckpt, "
+        "step=150.ckpt, step=120.ckpt and 1 more: attnx fit writes averaged.ckpt when a run ends; for a run "
+        f"that was stopped, make it with `attnx average --dir {folder} --last 5 --output "
+        f"{folder / 'averaged.ckpt'}`, or use {folder / 'last.ckpt'}"
+    )
+
+
+def test_a_missing_step_checkpoint_names_the_others_and_a_folder_without_any_says_so(tmp_path):
+    folder = folder_with(tmp_path, "step=20.ckpt")
+    assert missing_checkpoint(folder / "step=10.ckpt").startswith(
+        f"checkpoint {folder / 'step=10.ckpt'} does not exist; {folder} holds step=20.ckpt: use one of those, "
+        "or average the newest with `attnx average"
+    )
+    (folder / "step=20.ckpt").unlink()
+    assert "holds no checkpoint" in missing_checkpoint(folder / "averaged.ckpt")
+    assert missing_checkpoint(tmp_path / "nowhere" / "averaged.ckpt").endswith(
+        f"nor does the folder {tmp_path / 'nowhere'}"
+    )
+
+
+def test_any_other_missing_file_is_the_plain_line(tmp_path):
+    assert (
+        missing_checkpoint(tmp_path / "model.ckpt") == f"checkpoint {tmp_path / 'model.ckpt'} does not exist"
+    )
