@@ -19,6 +19,11 @@ def test_every_prepare_setting_is_an_option_with_the_settings_default() -> None:
     for field in dataclasses.fields(Settings):
         assert field.name in options, f"Settings.{field.name} has no --{field.name} option"
         default = options[field.name].default
+        if (
+            field.name == "vocab_size"
+        ):  # not given: the brought --spm_model's size, or Settings' when training
+            assert default is None, f"--vocab_size defaults to {default!r}, not None"
+            continue
         if field.default is not dataclasses.MISSING and field.default != ():
             assert default == field.default, (
                 f"--{field.name} defaults to {default!r}, Settings to {field.default!r}"
@@ -43,6 +48,20 @@ def test_prepare_options_reach_the_settings(tmp_path: Path, monkeypatch: pytest.
     assert settings.drop_wrong_language is False and settings.drop_duplicates is True
     assert seen["train"] == ["real", "synthetic"] and seen["output"] == tmp_path / "out"
     assert seen["test"] == "news=raw/news" and seen["valid"] is None  # one prefix or a list, as given
+
+    argv = [
+        "prepare",
+        "--src_lang",
+        "en",
+        "--tgt_lang",
+        "de",
+        "--train",
+        "raw/x",
+        "--output",
+        str(tmp_path / "o"),
+    ]
+    assert attnx(argv) == 0
+    assert seen["settings"].vocab_size == Settings.vocab_size  # no --vocab_size and no --spm_model: Settings'
 
 
 def test_download_names_its_corpora_without_an_option_and_counts_what_it_wrote(
