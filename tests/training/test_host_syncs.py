@@ -28,6 +28,7 @@ from attnx.cli import main as attnx
 from attnx.components.loss import LabelSmoothedLoss
 from attnx.training.module import TranslationTask
 from tests.training.conftest import fit_args
+from tests.training.test_capture import engine_and_model, pairs
 
 aten = torch.ops.aten
 READ_BACKS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default}
@@ -137,6 +138,31 @@ def test_the_counter_sees_each_kind_of_read_back(monkeypatch: pytest.MonkeyPatch
         x.nonzero()
         x.index_select(0, torch.tensor([0, 2]))  # not a read-back
     assert sum(sites.values()) == 3
+
+
+def test_what_a_captured_graph_holds_reads_nothing_back() -> None:
+    """The step engine's warm-up, capture and replay of a batch, loss scaling included: no read-back (on a GPU
+    a capture would fail at one, and a replay could not make it); `attnx fit`'s captured steps are counted
+    like the eager ones in tests/training/test_captured_steps.py."""
+
+    class Scaler:
+        scale_tensor = torch.tensor(4.0)
+
+        def is_enabled(self) -> bool:
+            return True
+
+        def scale(self, loss: torch.Tensor) -> torch.Tensor:
+            return loss * self.scale_tensor
+
+    engine, _, backend = engine_and_model(scaler=Scaler(), divisor=2)
+    sites: collections.Counter[str] = collections.Counter()
+    first, second = pairs(3, 5, 6, seed=1), pairs(2, 4, 4, seed=2)  # built on the host, as loaders do
+    with ReadBacks(sites):
+        engine.prepare([(3, 6, 7)])
+        sums = engine.run(first)
+        engine.run(second)  # captured on first sight, then replayed
+    assert sums is not None and engine.stats.replays == 2 and backend.calls.count("capture") == 2
+    assert not sites, dict(sites)
 
 
 def test_a_training_step_reads_back_once_per_optimizer_step_on_cpu(

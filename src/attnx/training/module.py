@@ -163,7 +163,7 @@ class TranslationTask(pl.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         self._reseed(batch_idx)
-        sums = self._replayed(batch)
+        sums = self._replayed(batch, batch_idx)
         if sums is None:
             computed: LossSums = self.loss(self.model, batch)
             loss = computed.loss / batch.n_tgt_tokens
@@ -175,11 +175,16 @@ class TranslationTask(pl.LightningModule):
         self._step_losses.append((batch_idx, batch.n_tgt_tokens, sums))
         return loss
 
-    def _replayed(self, batch: Batch) -> Tensor | None:
+    def _replayed(self, batch: Batch, batch_idx: int) -> Tensor | None:
         """The batch's loss and NLL sums from its captured graph, its gradients added; None: run it eagerly."""
         self._grads_done = False
         if self.step_engine is None or not self.training:
             return None
+        if batch_idx % self.trainer.accumulate_grad_batches == 0:
+            # Lightning zeroes a step's gradients after its first training_step, before that batch's backward
+            # (its rule: batch_idx % accumulate == 0); a replay's backward runs inside the training step
+            for optimizer in self.trainer.optimizers:
+                optimizer.zero_grad(set_to_none=False)
         sums = self.step_engine.run(batch, syncing=syncs_gradients(self.trainer.strategy.model))
         self._grads_done = sums is not None
         return sums
@@ -192,8 +197,10 @@ class TranslationTask(pl.LightningModule):
         super().backward(loss, *args, **kwargs)
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
-        """Zero the gradients; in place while steps are captured (the graphs add into those very tensors)."""
-        optimizer.zero_grad(set_to_none=self.step_engine is None)
+        """Zero the gradients; in place while steps are captured (the graphs add into those very tensors), and
+        not after a replayed batch, which zeroed them before its graph added its own."""
+        if not self._grads_done:
+            optimizer.zero_grad(set_to_none=self.step_engine is None)
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         if batch_idx % self.trainer.accumulate_grad_batches == 0:
