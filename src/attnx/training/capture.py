@@ -8,9 +8,10 @@ is the one place that captures; the layers are plain PyTorch that runs the same 
 
 - **Shape key** ([`ShapeKey`][attnx.training.capture.ShapeKey]): the batch's padded shape and everything else
   the graph bakes in: training mode, the autocast dtype, the accumulation divisor, loss scaling.
-- **One graph per key**, captured the first time the key appears (after warm-up iterations on the capture
-  stream, with the gradients and the random state put back afterwards, so that the batch itself is then
-  replayed like every later one), all graphs in **one shared memory pool**: no graph keeps a tensor of the
+- **One graph per key**, captured before it is needed (`prepare`: `attnx fit` passes every shape of the
+  training batches' plan before the first step) or the first time the key appears, after warm-up iterations
+  on the capture stream with the gradients and the random state put back afterwards, so that the batch itself
+  then replays like every later one. All graphs share **one memory pool**: no graph keeps a tensor of the
   pool alive between replays (inputs are static buffers outside it, the gradients are the parameters' own
   `.grad`, the loss sums are copied into a buffer outside it), so each graph's scratch memory is the next one's.
 - **Eager fallback**: a key beyond [`MAX_GRAPHS`][attnx.training.capture.MAX_GRAPHS] graphs, and a batch
@@ -60,7 +61,6 @@ WARMUP = 2
 """Eager iterations on the capture stream before a shape is captured: they load its kernels and let cuBLAS
 and the autograd engine set up their per-stream state, none of which may happen during a capture."""
 
-FIRST_TIME = "first time"
 OVER_CAP = "over the cap"
 SYNCING = "all-reducing gradients"
 OFF = "capture off"
