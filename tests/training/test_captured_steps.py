@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 
 from attnx.cli import main as attnx
 from attnx.training import captured_steps
@@ -54,12 +54,17 @@ def test_on_a_gpu_capture_is_on_by_default_where_batches_come_in_shape_buckets()
     )
 
 
-def test_under_ddp_capture_needs_gradient_accumulation_and_says_which_batches_replay() -> None:
+def test_under_ddp_capture_needs_gradient_accumulation_and_other_strategies_train_eagerly() -> None:
     ddp = DDPStrategy(parallel_devices=[torch.device("cuda", 0)])
     on, line = capture_plan(None, trainer(ddp, accumulate=1), MODULE)
     assert not on and "off under DDP without gradient accumulation" in line
     on, line = capture_plan(None, trainer(ddp, accumulate=4), MODULE)
     assert on and "under DDP 3 of every 4 batches replay" in line
+    fsdp = FSDPStrategy(parallel_devices=[torch.device("cuda", 0)])
+    on, line = capture_plan(True, trainer(fsdp, accumulate=4), MODULE)
+    assert (
+        not on and line == "captured steps: off (strategy FSDPStrategy: single-device and DDP runs capture)"
+    )
 
 
 def test_the_plans_shapes_come_most_frequent_first() -> None:

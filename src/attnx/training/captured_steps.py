@@ -22,7 +22,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 
 from attnx.training.capture import MAX_GRAPHS, CaptureBackend, CudaGraphs, StepEngine, size_text
 
@@ -53,7 +53,10 @@ def capture_plan(
     if enabled is False:
         return False, f"captured steps: off ({OPTION} false)"
     strategy = trainer.strategy
-    if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
+    # DeepSpeed is a DDPStrategy to Lightning, but reduces gradients in its own backward, which a replay skips
+    if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or isinstance(
+        strategy, DeepSpeedStrategy
+    ):
         return False, (
             f"captured steps: off (strategy {type(strategy).__name__}: single-device and DDP runs capture)"
         )
