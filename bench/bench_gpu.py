@@ -3,7 +3,8 @@ MFU and memory of the paper's models in each precision, padding of token-budget 
 
     python bench/bench_gpu.py [--data data/news] [--model base|big|both|tiny] [--precision bf16-mixed ...]
         [--max_tokens 3125 12500] [--tokens_per_step 25000] [--steps 5] [--warmup 2] [--compile]
-        [--lightning] [--profile] [--decode_sentences 500] [--checkpoint CKPT] [--json OUT]
+        [--lightning] [--capture graphs compile] [--profile] [--decode_sentences 500] [--checkpoint CKPT]
+        [--json OUT]
 
 It runs on CUDA when a GPU is present, else on the CPU at tiny sizes (a 2+2-layer d_model 64 model, 256-token
 batches, two steps) so that it finishes in about a minute: a check that the script works, not a measurement
@@ -20,7 +21,13 @@ optimizer step accumulates ``--tokens_per_step / max_tokens`` batches, so every 
 25k + 25k tokens per step on one GPU (3,125 × 8 or 12,500 × 2). The step is ``TranslationTask.training_step``'s
 without Lightning: :func:`attnx.components.loss.translation_loss` (label smoothing 0.1) under autocast, the
 NaN check, backward, fused AdamW (``GradScaler`` loss scaling for fp16). ``--lightning`` adds a row per
-configuration that runs the real ``TranslationTask`` in a ``lightning.Trainer`` on the same data. Reported:
+configuration that runs the real ``TranslationTask`` in a ``lightning.Trainer`` on the same data.
+``--capture graphs`` adds the same loop with each batch shape's forward and backward replayed from a CUDA graph
+(attnx's ``StepEngine``, what ``attnx fit`` runs; with ``--lightning`` also a Lightning row with captured
+steps), ``--capture compile`` the loop with the loss ``torch.compile``'d in ``mode="reduce-overhead"`` (CUDA
+graphs through CUDAGraph Trees, shapes marked dynamic after the second one): every shape of the timed batches is
+captured or compiled before the timed steps, its time reported apart. On a CPU ``graphs`` replays by calling
+the step again (a check of the script). Reported:
 
 * tokens/s: real (non-padding) source + target tokens per second, and target tokens only (fairseq's ``wps``);
 * MFU: model FLOPs (forward + backward of every matmul, attention included, per real token:
@@ -231,6 +238,7 @@ class TrainResult:
     warmup_seconds: float = math.nan
     losses: list[float] = field(default_factory=list)
     graphs_compiled_while_timed: int | None = None
+    capture_seconds: float | None = None  # --capture: capturing or compiling every shape, before timing
     error: str | None = None
 
     def rates(self, peak: float) -> dict[str, float]:
@@ -330,9 +338,16 @@ def train_plain(
 
 
 def train_lightning(
-    config: TransformerConfig, data: Path, result: TrainResult, device: torch.device, warmup: int, steps: int
+    config: TransformerConfig,
+    data: Path,
+    result: TrainResult,
+    device: torch.device,
+    warmup: int,
+    steps: int,
+    captured: bool = False,
 ) -> TrainResult:
-    """The real ``TranslationTask`` in a ``lightning.Trainer`` (no logger, checkpoints or validation)."""
+    """The real ``TranslationTask`` in a ``lightning.Trainer`` (no logger, checkpoints or validation); with
+    ``captured``, its steps captured as ``attnx fit`` captures them (``CapturedSteps``)."""
     import lightning.pytorch as pl
 
     from attnx.training.module import TranslationTask
@@ -366,6 +381,10 @@ def train_lightning(
         max_steps=warmup + steps,
         accumulate_grad_batches=result.accumulate,
     )
+    if captured:
+        from attnx.training.captured_steps import CapturedSteps
+
+        trainer.callbacks.append(CapturedSteps(True))
     dm = TranslationDataModule(str(data), max_tokens=result.max_tokens, seed=1)
     trainer.fit(task, datamodule=dm)
     first = warmup * result.accumulate - 1  # the last warm-up batch ends where timing starts
@@ -377,6 +396,140 @@ def train_lightning(
         result.target_tokens += target
         result.padded_tokens += padded
         result.flops += flops
+    if device.type == "cuda":
+        result.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
+    return result
+
+
+CAPTURED = {"graphs": "captured (CUDA graphs)", "compile": "compiled (reduce-overhead)"}
+"""``--capture`` choices and their rows' variant."""
+
+
+class CallAgain:
+    """A CPU stand-in for CUDA graphs (smoke runs): a capture keeps the function, a replay calls it again."""
+
+    def warm_up(self, fn, times: int) -> None:
+        for _ in range(times):
+            fn()
+
+    def capture(self, fn):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(replay=fn), 0
+
+    def rng_state(self) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        torch.set_rng_state(state)
+
+
+def every_position(batch: Batch) -> Batch:
+    """``batch`` with all ``B·T`` target positions passed to the loss (padding counted out by its target): its
+    shapes then depend on its padded lengths alone, as a graph needs."""
+    return Batch(
+        src=batch.src,
+        tgt_in=batch.tgt_in,
+        tgt_out=batch.tgt_out,
+        src_mask=batch.src_mask,
+        tgt_mask=batch.tgt_mask,
+        n_src_tokens=batch.n_src_tokens,
+        n_tgt_tokens=batch.n_tgt_tokens,
+        tgt_positions=torch.arange(batch.tgt_out.numel(), device=batch.tgt_out.device),
+    )
+
+
+def per_token_loss(model: Transformer, src, tgt_in, tgt_out, src_mask, tgt_mask, positions):
+    """The loss per counted target token and the (loss, NLL) sums, from tensors alone (what is compiled)."""
+    batch = Batch(src, tgt_in, tgt_out, src_mask, tgt_mask, 0, 0, None, positions)
+    sums = translation_loss(model, batch, LABEL_SMOOTHING)
+    return sums.loss / sums.tokens, torch.stack([sums.loss, sums.nll]).detach()
+
+
+def train_captured(
+    config: TransformerConfig,
+    batches: list[Batch],
+    result: TrainResult,
+    device: torch.device,
+    warmup: int,
+    how: str,
+) -> TrainResult:
+    """``train_plain``'s loop with each micro-batch's forward and backward captured (``how``: ``graphs``,
+    attnx's ``StepEngine``; ``compile``, ``torch.compile(mode="reduce-overhead")``), every shape of ``batches``
+    captured or compiled first (``result.capture_seconds``)."""
+    from attnx.components.loss import LabelSmoothedLoss
+    from attnx.training.capture import CudaGraphs, StepEngine
+
+    torch.manual_seed(0)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    model = build_transformer(config).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    scaler = torch.amp.GradScaler(device.type) if result.precision == "fp16-mixed" else None
+    acc = result.accumulate
+    firsts = {(b.src.shape[0], b.src.shape[1], b.tgt_in.shape[1]): b for b in reversed(batches)}
+    start = time.perf_counter()
+    if how == "graphs":
+        backend = CudaGraphs(device) if device.type == "cuda" else CallAgain()
+        engine = StepEngine(model, LabelSmoothedLoss(LABEL_SMOOTHING), backend, divisor=acc, scaler=scaler)
+        with autocast(device, result.precision):
+            engine.prepare(sorted(firsts))
+
+        def micro(batch: Batch) -> torch.Tensor:
+            return engine.run(batch)
+
+    else:
+        step = torch.compile(per_token_loss, mode="reduce-overhead")
+
+        def micro(batch: Batch) -> torch.Tensor:
+            torch.compiler.cudagraph_mark_step_begin()
+            b = every_position(batch)
+            loss, sums = step(model, b.src, b.tgt_in, b.tgt_out, b.src_mask, b.tgt_mask, b.tgt_positions)
+            loss = loss / acc
+            (scaler.scale(loss) if scaler else loss).backward()
+            return sums.clone()
+
+        for batch in firsts.values():  # compile and record every shape before timing
+            with autocast(device, result.precision):
+                micro(batch.to(device))
+    optimizer.zero_grad(set_to_none=False)
+    sync(device)
+    result.capture_seconds = time.perf_counter() - start
+    graphs = compiled_graphs()
+    steps = len(batches) // acc
+    start = time.perf_counter()
+    for step_index in range(steps):
+        if step_index == warmup:
+            sync(device)
+            result.warmup_seconds = time.perf_counter() - start
+            graphs = compiled_graphs()
+            start = time.perf_counter()
+        total = 0.0
+        for batch in batches[step_index * acc : (step_index + 1) * acc]:
+            batch = batch.to(device)
+            with autocast(device, result.precision):
+                sums = micro(batch)
+            total += sums[0] / batch.n_tgt_tokens
+            if step_index >= warmup:
+                result.tokens += batch.n_src_tokens + batch.n_tgt_tokens
+                result.target_tokens += batch.n_tgt_tokens
+                result.padded_tokens += batch.src.numel() + batch.tgt_out.numel()
+                result.flops += batch_flops(config, batch)
+        if not torch.isfinite(total):  # TranslationTask's check: one sync per optimizer step
+            raise FloatingPointError(f"loss {float(total) / acc} at step {step_index}")
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=False)  # the graphs add into these very tensors
+        result.losses.append(float(total) / acc)
+    sync(device)
+    result.seconds = time.perf_counter() - start
+    result.steps = steps - warmup
+    if how == "compile":
+        result.graphs_compiled_while_timed = compiled_graphs() - graphs
     if device.type == "cuda":
         result.peak_memory_gib = torch.cuda.max_memory_allocated(device) / 2**30
     return result
@@ -524,6 +677,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--lightning", action="store_true", help="also time TranslationTask in lightning.Trainer"
     )
     parser.add_argument(
+        "--capture",
+        nargs="*",
+        choices=list(CAPTURED),
+        default=[],
+        help="also time the step captured: graphs (CUDA graphs, attnx fit's StepEngine), compile "
+        "(torch.compile mode=reduce-overhead)",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="print the top kernels of the first configuration"
     )
     parser.add_argument(
@@ -639,7 +800,10 @@ def main(argv: list[str] | None = None) -> int:
     print(flush=True)
 
     configs = model_configs(args.model, args.vocab_size)
-    variants = ["plain"] + ["compiled"] * args.compile + ["lightning"] * args.lightning
+    variants = ["plain"] + ["compiled"] * args.compile + [CAPTURED[how] for how in args.capture]
+    variants += ["lightning"] * args.lightning + ["lightning, captured"] * (
+        args.lightning and "graphs" in args.capture
+    )
     rows, records = [], []
     header = ["device", "model", "precision", "max_tokens × acc", "variant", "tokens/s (src+tgt)",
               "tgt tokens/s", "ms/step", "MFU", "peak mem GiB", "padding", "loss first → last"]  # fmt: skip
@@ -659,8 +823,19 @@ def main(argv: list[str] | None = None) -> int:
                 for variant in variants:
                     result = TrainResult(name, precision, max_tokens, acc, variant)
                     try:
-                        if variant == "lightning":
-                            train_lightning(config, args.data, result, device, args.warmup, args.steps)
+                        captured = {v: how for how, v in CAPTURED.items()}
+                        if variant.startswith("lightning"):
+                            train_lightning(
+                                config,
+                                args.data,
+                                result,
+                                device,
+                                args.warmup,
+                                args.steps,
+                                variant != "lightning",
+                            )
+                        elif variant in captured:
+                            train_captured(config, batches, result, device, args.warmup, captured[variant])
                         else:
                             train_plain(config, batches, result, device, args.warmup, variant == "compiled")
                     except torch.OutOfMemoryError as e:
@@ -691,6 +866,8 @@ def main(argv: list[str] | None = None) -> int:
                                      losses])  # fmt: skip
                     if result.graphs_compiled_while_timed:
                         rows[-1][4] += f" ({result.graphs_compiled_while_timed} graphs compiled while timed)"
+                    if result.capture_seconds is not None:
+                        rows[-1][4] += f" ({result.capture_seconds:.1f} s capturing its shapes first)"
                     print(markdown_row(rows[-1]), flush=True)
         del batches
     results["training"] = records

@@ -8,6 +8,9 @@
 #   5. the decoding toolbox on the GPU (beam, n-best, greedy, sampling, forced scoring) with base's checkpoint,
 #      in fp32 and under bf16 autocast;
 #   6. bench_gpu.py in fp16-mixed, then in bf16-mixed at 3,125 x 8 and 12,500 x 2 (as measured before).
+# Captured steps (steps capture_small, capture_large; run them alone with ATTNX_GPU_STEPS="capture_small
+# capture_large"): eager vs CUDA graphs vs torch.compile(reduce-overhead) for base and big at 3,125 x 8 and
+# 12,500 x 2, and the Lightning module with captured steps against the bench loop.
 # What was measured once and settled is left to bench_gpu.py's own options: --cudnn_attention (2.3x slower),
 # --nan_check batch (no difference), --lightning.
 #
@@ -89,7 +92,7 @@ smoke=${ATTNX_GPU_SMOKE:-0}
 if [[ $smoke == 1 ]]; then
   tests=(tests/data/test_batch.py)
   bench=(--precision bf16-mixed --steps 1 --warmup 1 --decode_sentences 4)
-  short=(--steps 1 --warmup 1) big=tiny both=tiny large=512
+  short=(--steps 1 --warmup 1) big=tiny both=tiny large=512 small=256 capture=(graphs)
   fit_steps=2 big_fit_steps=1
   fit_tokens=(--data.max_tokens 256 --trainer.accelerator cpu --trainer.precision 32-true
     --trainer.num_sanity_val_steps 0)
@@ -97,7 +100,7 @@ if [[ $smoke == 1 ]]; then
 else
   tests=(-m gpu)
   bench=(--precision bf16-mixed)  # the configs' precision
-  short=() big=big both=both large=12500
+  short=() big=big both=both large=12500 small=3125 capture=(graphs compile)
   fit_steps=200 big_fit_steps=100 fit_tokens=()
   decode=(--sentences 1000 --repeats 3 --max_tokens 8000 --batch_sizes 64 256 --sweep_sentences 1000) device=cuda
 fi
@@ -108,6 +111,13 @@ one_gpu=(--data.data_dir data/news --trainer.devices 1 --trainer.strategy auto
 newest_run() { ls -td runs/"$1"/version_* 2>/dev/null | head -n 1; }
 
 step tests 150 $python -m pytest -p no:cacheprovider -n 0 -q -rfEs "${tests[@]}"
+for budget in "$small" "$large"; do
+  name=capture_small
+  [[ $budget == "$large" ]] && name=capture_large
+  step "$name" 200 $python bench/bench_gpu.py --data data/news --model "$both" --precision bf16-mixed \
+    --max_tokens "$budget" --capture "${capture[@]}" --lightning --decode_sentences 0 "${short[@]}" \
+    --json "$results/$name.json"
+done
 step compile 160 $python bench/bench_gpu.py --data data/news --model "$both" --precision bf16-mixed \
   --max_tokens "$large" --compile --decode_sentences 0 "${short[@]}" --json "$results/compile.json"
 step profile_big 80 $python bench/bench_gpu.py --data data/news --model "$big" --precision bf16-mixed \

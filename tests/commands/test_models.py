@@ -84,6 +84,7 @@ def test_describe_estimates_memory_and_time_on_a_device(capsys) -> None:
     assert memory.startswith("  estimated memory per device: ") and memory.endswith("fits in 80 GiB")
     for part in ("weights 817 MiB", "gradients 817 MiB", "Adam 1.60 GiB", "activations"):
         assert part in memory  # 214.2M parameters: 4 + 4 + 8 bytes each
+    assert "captured steps' graph pool" in memory  # one GPU with accumulation: fit captures its steps
     assert "at 35% MFU of 989 TFLOP/s (bf16-mixed peak of H100: NVIDIA H100 SXM5 data sheet" in time
     assert time.endswith("for 300,000 steps (max_steps)")
     # one GPU takes the 8 GPUs' batches in turn: fewer, larger ones, validating as often (5000 x 8 / 4 batches)
@@ -92,7 +93,9 @@ def test_describe_estimates_memory_and_time_on_a_device(capsys) -> None:
         "--trainer.val_check_interval 10000 trains the same 25,000 tokens per side a step in an estimated "
     )
     assert main(["describe", "--config", "big", "--device", "a100", "--precision", "32-true"]) == 0
-    assert "of 19.5 TFLOP/s (32-true peak of A100" in capsys.readouterr().out
+    described = capsys.readouterr().out
+    assert "of 19.5 TFLOP/s (32-true peak of A100" in described
+    assert "graph pool" not in described  # 8 GPUs under DDP without accumulation: nothing is captured
     assert main(["describe", "--preset", "base"]) == 0
     assert "add --device h100|h200|a100|cpu for an estimate" in capsys.readouterr().out
 

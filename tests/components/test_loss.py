@@ -97,6 +97,24 @@ def test_fused_projection_equals_logits_then_loss(chunk_rows, epsilon) -> None:
         )
 
 
+@pytest.mark.parametrize("chunk_rows", [5, None])
+def test_fused_projection_counts_out_rows_whose_target_is_ignored(chunk_rows) -> None:
+    """A captured step passes every position, padding included: with `ignore_index` the padded rows add
+    nothing to the sums, the token count or either gradient (a padded row's feature gets none)."""
+    features = torch.randn(23, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(13, 8, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 13, (23,))
+    target[[2, 3, 11, 22]] = 0  # padding
+    fused = projected_label_smoothed_nll(features, weight, target, 0.1, chunk_rows, ignore_index=0)
+    reference = label_smoothed_nll(F.linear(features, weight), target, 0.1, ignore_index=0)
+    torch.testing.assert_close(fused.loss, reference.loss)
+    torch.testing.assert_close(fused.nll, reference.nll)
+    assert fused.tokens.item() == 19
+    grads = torch.autograd.grad(fused.loss, (features, weight))
+    torch.testing.assert_close(grads, torch.autograd.grad(reference.loss, (features, weight)))
+    assert not grads[0][[2, 3, 11, 22]].any()
+
+
 def test_fused_projection_under_bf16_autocast() -> None:
     features = torch.randn(40, 16, requires_grad=True)
     weight = torch.randn(50, 16, requires_grad=True)

@@ -13,6 +13,7 @@ import torch
 
 from attnx.model.builders import training_flops_per_token
 from attnx.training import estimate
+from attnx.training.capture import pool_bytes
 from attnx.training.estimate import (
     CPU_MFU,
     DEFAULT_MFU,
@@ -145,6 +146,18 @@ def test_time_and_memory_follow_from_the_peak_the_mfu_and_the_run_length() -> No
     assert (
         time.startswith("estimated time: ") and "at 50% MFU" in time and "for 100 steps (max_steps)" in time
     )
+
+
+def test_captured_steps_hold_a_batch_s_memory_once_more_in_their_pool() -> None:
+    config = tiny_config(vocab_size=1000)
+    peak = (2e12, "a data sheet", "GPU X", 80.0)
+    args = (config, 1_000_000, 1000, "bf16-mixed", "h100", 4, 100, None, 0.5, 20.0, 30.0, peak, 0.0)
+    eager, captured = estimate_run(*args), estimate_run(*args, captured=True)
+    activations = activation_bytes(config, 1000, 1000, "bf16-mixed", "cuda", 20.0, 30.0)
+    assert eager.captured_bytes == 0 and captured.captured_bytes == pool_bytes(activations)
+    assert captured.memory_bytes == eager.memory_bytes + pool_bytes(activations)
+    assert "graph pool" not in eager.lines()[0]
+    assert f"captured steps' graph pool {pool_bytes(activations) / 2**20:,.0f} MiB)" in captured.lines()[0]
 
 
 def test_a_cpu_step_runs_at_the_measured_fp32_mfu_and_bf16_speeds_up_its_matrix_products_alone(

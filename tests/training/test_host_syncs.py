@@ -28,6 +28,7 @@ from attnx.cli import main as attnx
 from attnx.components.loss import LabelSmoothedLoss
 from attnx.training.module import TranslationTask
 from tests.training.conftest import fit_args
+from tests.training.test_capture import engine_and_model, pairs
 
 aten = torch.ops.aten
 READ_BACKS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default}
@@ -139,6 +140,31 @@ def test_the_counter_sees_each_kind_of_read_back(monkeypatch: pytest.MonkeyPatch
     assert sum(sites.values()) == 3
 
 
+def test_what_a_captured_graph_holds_reads_nothing_back() -> None:
+    """The step engine's warm-up, capture and replay of a batch, loss scaling included: no read-back (on a GPU
+    a capture would fail at one, and a replay could not make it); `attnx fit`'s captured steps are counted
+    like the eager ones in tests/training/test_captured_steps.py."""
+
+    class Scaler:
+        scale_tensor = torch.tensor(4.0)
+
+        def is_enabled(self) -> bool:
+            return True
+
+        def scale(self, loss: torch.Tensor) -> torch.Tensor:
+            return loss * self.scale_tensor
+
+    engine, _, backend = engine_and_model(scaler=Scaler(), divisor=2)
+    sites: collections.Counter[str] = collections.Counter()
+    first, second = pairs(3, 5, 6, seed=1), pairs(2, 4, 4, seed=2)  # built on the host, as loaders do
+    with ReadBacks(sites):
+        engine.prepare([(3, 6, 7)])
+        sums = engine.run(first)
+        engine.run(second)  # captured on first sight, then replayed
+    assert sums is not None and engine.stats.replays == 2 and backend.calls.count("capture") == 2
+    assert not sites, dict(sites)
+
+
 def test_a_training_step_reads_back_once_per_optimizer_step_on_cpu(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,12 +235,15 @@ def test_the_nan_check_still_names_the_batch(corpus: Path, tmp_path: Path, capsy
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cuda_graphs", ["false", "true"])
 def test_on_cuda_no_line_waits_for_the_gpu_at_every_batch(
-    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, cuda_graphs: str
 ) -> None:
     """PyTorch's own check (`torch.cuda.set_sync_debug_mode("warn")`, a warning at the Python line of each
     operation that waits) and every `torch.cuda.synchronize`, from the start of training to its end: no line
-    may wait at every batch (12 batches here), only once a step (3 steps)."""
+    may wait at every batch (12 batches here), only once a step (3 steps). Eager steps and captured ones (the
+    captures themselves, which wait once per shape before the first step, are not counted: counting starts
+    at the module's `on_train_start`, after CapturedSteps' own)."""
     waits: collections.Counter[str] = collections.Counter()
     synchronize = torch.cuda.synchronize
 
@@ -232,11 +261,18 @@ def test_on_cuda_no_line_waits_for_the_gpu_at_every_batch(
 
         monkeypatch.setattr(TranslationTask, hook, wrapper)
 
-    monkeypatch.setattr(torch.cuda, "synchronize", counted_synchronize)
     debug("on_train_start", "warn")
     debug("on_train_end", "default")  # Lightning then moves the weights back to the CPU: waits, once
+    start = TranslationTask.on_train_start
+
+    def counting_from_here(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(torch.cuda, "synchronize", counted_synchronize)
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(TranslationTask, "on_train_start", counting_from_here)
     monkeypatch.chdir(tmp_path)
     gpu = ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--trainer.precision", "bf16-mixed"]
+    gpu += ["--cuda_graphs", cuda_graphs, "--data.shape_buckets", "8"]
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -249,3 +285,5 @@ def test_on_cuda_no_line_waits_for_the_gpu_at_every_batch(
     assert waits, "no wait seen at all: the NaN check waits once a step, so the check itself is broken"
     per_batch = {site: n for site, n in waits.items() if n > STEPS + 1}
     assert not per_batch, f"waits for the GPU at every batch: {per_batch}"
+    if cuda_graphs == "true":
+        assert f"{STEPS * ACCUMULATE:,} batches replayed" in capsys.readouterr().out

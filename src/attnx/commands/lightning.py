@@ -127,6 +127,7 @@ def option_names() -> list[str]:
         "--init_from",
         "--seed_everything",
         "--torch_threads",
+        "--cuda_graphs",
         "--optimizer",
         "--lr_scheduler",
     ]

@@ -34,6 +34,7 @@ from attnx.commands.devices import check_devices
 from attnx.commands.lightning_console import with_progress_bar
 from attnx.commands.usage import config_file_action
 from attnx.errors import ConfigError
+from attnx.training.captured_steps import CapturedSteps, capture_plan
 from attnx.training.checkpointing import AtomicCheckpointIO
 from attnx.training.estimate import fit_estimate_lines
 from attnx.training.evaluation import TranslationEvaluator
@@ -74,6 +75,17 @@ class AttnxCLI(LightningCLI):
             default=None,
             help="CPU threads for PyTorch's kernels (torch.set_num_threads); None keeps PyTorch's default "
             "(one per core). On a CPU shared with other jobs, fewer threads than cores avoids stalls.",
+        )
+        parser.add_argument(
+            "--cuda_graphs",
+            type=bool | None,
+            default=None,
+            help="fit: capture each training batch shape's forward and backward once as a CUDA graph and replay "
+            "it (one launch instead of hundreds: the GPU no longer waits for the host at small batches). None "
+            "(default): on a CUDA device where batches come in shape buckets (data.shape_buckets); true: on a "
+            "CUDA device whatever the buckets; false: never. The first lines of fit say how many shapes were "
+            "captured, their memory and the time it took. Under DDP only the batches that do not all-reduce "
+            "(all but the last of each accumulation window) replay. On a CPU it does nothing.",
         )
         parser.add_argument(
             "--init_from",
@@ -163,13 +175,16 @@ class AttnxCLI(LightningCLI):
                 callbacks = (init.get("trainer") or {}).get("callbacks") or []
                 callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
             callbacks.append(RunFolder(self.run_config, self.resumed, self.continued))
+            callbacks.append(CapturedSteps(self.config["fit"].get("cuda_graphs")))
         if callbacks is not None:
             kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(plugins=plugins, **kwargs)
 
     def before_fit(self) -> None:
         if rank_zero_only.rank == 0:  # the plan before the hardware: memory and time, estimated
-            for line in fit_estimate_lines(self.trainer, self.model, self.datamodule):
+            enabled = self.config["fit"].get("cuda_graphs")
+            captured, _ = capture_plan(enabled, self.trainer, self.model, self.datamodule)
+            for line in fit_estimate_lines(self.trainer, self.model, self.datamodule, captured=captured):
                 print(line, flush=True)
         for callback in self.trainer.callbacks:
             if isinstance(callback, RunFolder):

@@ -121,6 +121,7 @@ FIT_SECTIONS = (
     "lr_scheduler",
     "ckpt_path",
     "torch_threads",
+    "cuda_graphs",
 )
 """The top-level keys of a fit config other than `model`: a file of only these (an override of the training
 length, say) leaves the model of the files before it."""
@@ -352,6 +353,7 @@ def run_estimate(
         mfu=mfu,
         src_len=seq_len,
         tgt_len=seq_len,
+        captured=captures(values, device, devices, accumulate),
     )
     batch = f"{accumulate} batch{'es' * (accumulate > 1)} of {max_tokens:,} tokens per side a step"
     where = f" on each of {devices} devices" if devices > 1 else " on 1 device"
@@ -365,6 +367,19 @@ def run_estimate(
     return [f"estimate ({device}, {precision}, {batch}{where}; estimates, not measurements):"] + [
         f"  {line}" for line in lines
     ]
+
+
+def captures(values: Any, device: str, devices: int, accumulate: int) -> bool:
+    """Whether `attnx fit` would capture this config's steps on `device` (attnx.training.captured_steps): a
+    GPU, `cuda_graphs` not false, shape buckets (or `cuda_graphs: true`), and not DDP without accumulation."""
+    enabled = values.get("cuda_graphs") if isinstance(values, dict) else None
+    buckets = _section(values, "data").get("shape_buckets")
+    return (
+        device != "cpu"
+        and enabled is not False
+        and (buckets != 0 or enabled is True)
+        and not (devices > 1 and accumulate == 1)
+    )
 
 
 def max_time_seconds(value: Any) -> float | None:

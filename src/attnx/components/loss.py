@@ -88,7 +88,12 @@ def _check(epsilon: float) -> None:
 
 
 def projected_label_smoothed_nll(
-    features: Tensor, weight: Tensor, target: Tensor, epsilon: float, chunk_rows: int | None = None
+    features: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    epsilon: float,
+    chunk_rows: int | None = None,
+    ignore_index: int | None = None,
 ) -> LossSums:
     """[`label_smoothed_nll`][attnx.components.loss.label_smoothed_nll] of `logits = features @ weight.T`, without materializing the logits.
 
@@ -101,14 +106,21 @@ def projected_label_smoothed_nll(
     `q`), and the backward pass only scales them. On the 8k-vocabulary model this takes the projection and
     loss from 364 to 213 ms per step on one core (`bench/bench_train.py`). Under autocast the matrix
     products run in the autocast dtype and the softmax in float32, as they would without fusion.
+
+    With `ignore_index`, rows whose target is `ignore_index` count nothing (loss, NLL, tokens, gradients):
+    a batch of a fixed shape can then pass all its positions, padding included, and its shape no longer
+    depends on how many of them are counted (what a captured step needs: [attnx.training.capture][]).
     """
     _check(epsilon)
     if chunk_rows is None:
         chunk_rows = len(features) if features.device.type == "cuda" else cpu_chunk_rows(weight.shape[0])
+    keep = None if ignore_index is None else target != ignore_index  # (N,), computed on the device
     if torch.is_grad_enabled() and (features.requires_grad or weight.requires_grad):
-        loss, nll = _ProjectedLoss.apply(features, weight, target, epsilon, chunk_rows)
+        loss, nll = _ProjectedLoss.apply(features, weight, target, epsilon, chunk_rows, keep)
     else:
-        loss, nll, _, _ = _chunked(features, weight, target, epsilon, chunk_rows, with_grads=False)
+        loss, nll, _, _ = _chunked(features, weight, target, epsilon, chunk_rows, False, keep)
+    if keep is not None:
+        return LossSums(loss=loss, nll=nll, tokens=keep.sum())
     # torch.full, not torch.tensor: a fill on the device, where a copy from the host would wait for the GPU
     return LossSums(loss=loss, nll=nll, tokens=torch.full((), len(target), device=features.device))
 
@@ -134,9 +146,16 @@ def cpu_chunk_rows(vocab_size: int) -> int:
 
 
 def _chunked(
-    features: Tensor, weight: Tensor, target: Tensor, epsilon: float, rows: int, with_grads: bool
+    features: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    epsilon: float,
+    rows: int,
+    with_grads: bool,
+    keep: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """Loss and NLL sums and, `with_grads`, their (loss) gradients for features and weight."""
+    """Loss and NLL sums and, `with_grads`, their (loss) gradients for features and weight; rows where
+    `keep` `(N,)` is False count nothing (weighted on the `D`-wide side, never on the `V`-wide one)."""
     device = features.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else features.dtype
     exact = torch.promote_types(dtype, torch.float32)  # softmax and sums: float32 at least
@@ -151,8 +170,14 @@ def _chunked(
             x = features[start : start + rows].to(dtype)  # (c, D)
             y = target[start : start + rows].unsqueeze(1)  # (c, 1)
             lprobs = torch.log_softmax((x @ w.T).to(exact), dim=-1)  # (c, V)
-            chunk_nll = -lprobs.gather(1, y).sum()
-            loss += (1.0 - epsilon) * chunk_nll - (epsilon / vocab) * lprobs.sum()
+            if keep is None:
+                chunk_nll = -lprobs.gather(1, y).sum()
+                uniform = lprobs.sum()
+            else:
+                counted = keep[start : start + rows].to(exact)  # (c,)
+                chunk_nll = -(lprobs.gather(1, y).squeeze(1) * counted).sum()
+                uniform = (lprobs.sum(dim=1) * counted).sum()
+            loss += (1.0 - epsilon) * chunk_nll - (epsilon / vocab) * uniform
             nll += chunk_nll
             if not with_grads:
                 continue
@@ -160,7 +185,11 @@ def _chunked(
             grad = lprobs.exp_().sub_(epsilon / vocab)
             grad.scatter_add_(1, y, grad.new_full(y.shape, epsilon - 1.0))
             grad = grad.to(dtype)
-            grad_features[start : start + rows] = grad @ w
+            if keep is not None:  # uncounted rows: no gradient, for features (rows) or weight (x rows)
+                x = x * keep[start : start + rows].unsqueeze(1).to(dtype)
+                grad_features[start : start + rows] = (grad @ w) * keep[start : start + rows].unsqueeze(1)
+            else:
+                grad_features[start : start + rows] = grad @ w
             if grad_weight.dtype == dtype:
                 grad_weight.addmm_(grad.T, x)
             else:
@@ -172,8 +201,10 @@ class _ProjectedLoss(torch.autograd.Function):
     """The fused projection + loss of [`projected_label_smoothed_nll`][attnx.components.loss.projected_label_smoothed_nll]; gradients computed forward."""
 
     @staticmethod
-    def forward(ctx, features: Tensor, weight: Tensor, target: Tensor, epsilon: float, rows: int):
-        loss, nll, grad_features, grad_weight = _chunked(features, weight, target, epsilon, rows, True)
+    def forward(
+        ctx, features: Tensor, weight: Tensor, target: Tensor, epsilon: float, rows: int, keep: Tensor | None
+    ):
+        loss, nll, grad_features, grad_weight = _chunked(features, weight, target, epsilon, rows, True, keep)
         ctx.save_for_backward(grad_features, grad_weight)
         ctx.mark_non_differentiable(nll)
         return loss, nll
@@ -181,7 +212,7 @@ class _ProjectedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
         grad_features, grad_weight = ctx.saved_tensors
-        return grad_features * grad_loss, grad_weight * grad_loss, None, None, None
+        return grad_features * grad_loss, grad_weight * grad_loss, None, None, None, None
 
 
 def translation_loss(model: TranslationModel, batch: Batch, epsilon: float) -> LossSums:
@@ -212,12 +243,15 @@ class LabelSmoothedLoss:
         memory = model.encode(batch.src, batch.src_mask)  # (B, S, D)
         features = model.decode_features(batch.tgt_in, memory, batch.src_mask)  # (B, T, D)
         counted = batch.tgt_positions  # index_select, not features[tgt_mask]: no wait for the GPU
+        # all B·T positions passed (a captured step's fixed shape): those whose target is padding count nothing
+        every = len(counted) == batch.tgt_out.numel()
         return projected_label_smoothed_nll(
             features.flatten(0, 1).index_select(0, counted),
             model.output_weight,
             batch.tgt_out.flatten().index_select(0, counted),
             self.epsilon,
             self.chunk_rows,
+            ignore_index=model.pad_id if every else None,
         )
 
 

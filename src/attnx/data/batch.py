@@ -28,7 +28,10 @@ class Batch:
     n_src_tokens: int  # real (non-pad) source tokens
     n_tgt_tokens: int  # real target tokens (= positions the loss counts)
     index: Tensor | None = None  # (B,) position of each pair in its split, to restore corpus order
-    tgt_positions: Tensor | None = None  # (n_tgt_tokens,) long: where tgt_mask is True in (B*T) order
+    # (N,) long: the (B*T)-order positions the loss scores; by default where tgt_mask is True (N = n_tgt_tokens).
+    # A captured step passes all B*T positions (a shape that does not depend on the data): positions
+    # whose tgt_out is PAD_ID then count nothing.
+    tgt_positions: Tensor | None = None
 
     def __post_init__(self) -> None:
         # found here, on the host where batches are built: selecting the counted positions with the boolean

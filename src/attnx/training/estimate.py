@@ -26,6 +26,7 @@ import torch
 from attnx.errors import ConfigError
 from attnx.model import TransformerConfig
 from attnx.model.builders import training_flops_per_token
+from attnx.training.capture import pool_bytes
 from attnx.training.throughput import GPU_PEAKS, cpu_peak_flops, gpu_peak, precision_dtype
 
 DEFAULT_MFU = 0.35
@@ -118,6 +119,7 @@ class RunEstimate:
     compute_seconds: float = 0.0  # a step's FLOPs at the MFU
     host_seconds: float = 0.0  # a step's batches times the host's floor (GPUs; 0 on CPU)
     batches: int = 1  # a step's batches
+    captured_bytes: int = 0  # the captured steps' graph pool (attnx.training.capture), where they capture
 
     @property
     def weight_bytes(self) -> int:
@@ -133,14 +135,16 @@ class RunEstimate:
 
     @property
     def memory_bytes(self) -> int:
-        return self.weight_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
+        state = self.weight_bytes + self.gradient_bytes + self.optimizer_bytes
+        return state + self.activation_bytes + self.captured_bytes
 
     def lines(self) -> list[str]:
         """The estimate in a few lines, each saying it is one."""
         memory = (
             f"estimated memory per device: {_size(self.memory_bytes)} (weights {_size(self.weight_bytes)}, "
             f"gradients {_size(self.gradient_bytes)}, Adam {_size(self.optimizer_bytes)}, activations "
-            f"{_size(self.activation_bytes)})"
+            f"{_size(self.activation_bytes)}"
+            + (f", captured steps' graph pool {_size(self.captured_bytes)})" if self.captured_bytes else ")")
         )
         if self.device_memory_gib:
             fits = "fits" if self.memory_bytes / 2**30 < 0.9 * self.device_memory_gib else "does NOT fit"
@@ -191,13 +195,12 @@ def larger_batches(
     accumulate, memory_gib = estimate.batches, estimate.device_memory_gib
     if accumulate < 2 or not memory_gib:
         return None
-    state = estimate.memory_bytes - estimate.activation_bytes  # weights, gradients, Adam: whatever the batch
+    state = estimate.weight_bytes + estimate.gradient_bytes + estimate.optimizer_bytes  # whatever the batch
     fitting = []
     for k in (k for k in range(2, accumulate + 1) if accumulate % k == 0):
         tokens = max_tokens * k
-        memory = state + activation_bytes(
-            config, tokens, tokens, estimate.precision, "cuda", src_len, tgt_len
-        )
+        activations = activation_bytes(config, tokens, tokens, estimate.precision, "cuda", src_len, tgt_len)
+        memory = state + activations + (pool_bytes(activations) if estimate.captured_bytes else 0)
         if memory / 2**30 > HEADROOM * memory_gib:
             break
         fitting.append((k, memory))
@@ -275,6 +278,7 @@ def estimate_run(
     tgt_len: float = 25.0,
     peak: tuple[float, str, str, float | None] | None = None,
     host_seconds_per_batch: float | None = None,
+    captured: bool = False,
 ) -> RunEstimate:
     """Memory and time of training `config` (`parameters` of them) in batches of `max_tokens` per side and
     device, `accumulate` batches a step, on `device` (`cpu`, `h100`, `h200`, `a100`, or a name from
@@ -286,6 +290,8 @@ def estimate_run(
     less than its batches' host time (`host_seconds_per_batch`, default
     [`GPU_HOST_SECONDS_PER_LAYER`][attnx.training.estimate.GPU_HOST_SECONDS_PER_LAYER] per layer; none on CPU).
     The run ends at `max_steps` or after `max_time_seconds`, whichever comes first (neither given: no run time).
+    `captured`: the steps are captured as CUDA graphs, whose pool holds a batch's memory once more
+    ([`pool_bytes`][attnx.training.capture.pool_bytes]).
     """
     if mfu is not None and not 0 < mfu <= 1:
         raise ConfigError(f"mfu must be in (0, 1], got {mfu}")
@@ -327,11 +333,12 @@ def estimate_run(
         compute_seconds=compute,
         host_seconds=host,
         batches=accumulate,
+        captured_bytes=pool_bytes(activations) if captured else 0,
     )
 
 
 def fit_estimate_lines(
-    trainer: pl.Trainer, module: Any, datamodule: Any, mfu: float | None = None
+    trainer: pl.Trainer, module: Any, datamodule: Any, mfu: float | None = None, captured: bool = False
 ) -> list[str]:
     """What `attnx fit` prints before training: the estimate for the device it runs on, and how long the
     sanity check that Lightning runs before the first step will take (it shows nothing until it ends)."""
@@ -365,6 +372,7 @@ def fit_estimate_lines(
         src_len=src_len,
         tgt_len=tgt_len,
         peak=peak,
+        captured=captured,
     )
     lines = estimate.lines()
     if device.type == "cuda":

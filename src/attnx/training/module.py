@@ -25,6 +25,8 @@ from attnx.inference.config import SearchConfig
 from attnx.inference.eager import EagerTranslator
 from attnx.model import ComponentSpec, TransformerConfig, architecture, build_transformer
 from attnx.registry import Kind
+from attnx.training.capture import StepEngine
+from attnx.training.captured_steps import syncs_gradients
 from attnx.training.host_syncs import log_host
 from attnx.training.schedule import lr_lambda
 
@@ -115,6 +117,9 @@ class TranslationTask(pl.LightningModule):
         self._tokenizer: Tokenizer | None = None
         self._sums: Tensor | None = None
         self._step_losses: list[tuple[int, int, Tensor]] = []  # (batch_idx, target tokens, loss and NLL sums)
+        self.step_engine: StepEngine | None = None
+        """Replays training batches from CUDA graphs where set (by `attnx fit`'s CapturedSteps)."""
+        self._grads_done = False  # this batch's gradients were added by a replayed graph
 
     # ----------------------------------------------------------------------------------------- data access
 
@@ -158,11 +163,44 @@ class TranslationTask(pl.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         self._reseed(batch_idx)
-        sums: LossSums = self.loss(self.model, batch)
-        loss = sums.loss / batch.n_tgt_tokens
+        sums = self._replayed(batch, batch_idx)
+        if sums is None:
+            computed: LossSums = self.loss(self.model, batch)
+            loss = computed.loss / batch.n_tgt_tokens
+            sums = torch.stack([computed.loss, computed.nll]).detach()
+        else:
+            # for Lightning's bookkeeping only: the replayed graph has added the gradients already
+            loss = sums[0] / batch.n_tgt_tokens
         # logged once a step from the host (on_before_optimizer_step), never here: see attnx.training.host_syncs
-        self._step_losses.append((batch_idx, batch.n_tgt_tokens, torch.stack([sums.loss, sums.nll]).detach()))
+        self._step_losses.append((batch_idx, batch.n_tgt_tokens, sums))
         return loss
+
+    def _replayed(self, batch: Batch, batch_idx: int) -> Tensor | None:
+        """The batch's loss and NLL sums from its captured graph, its gradients added; None: run it eagerly."""
+        self._grads_done = False
+        if self.step_engine is None or not self.training:
+            return None
+        if batch_idx % self.trainer.accumulate_grad_batches == 0:
+            # Lightning zeroes a step's gradients after its first training_step, before that batch's backward
+            # (its rule: batch_idx % accumulate == 0); a replay's backward runs inside the training step
+            for optimizer in self.trainer.optimizers:
+                optimizer.zero_grad(set_to_none=False)
+        sums = self.step_engine.run(batch, syncing=syncs_gradients(self.trainer.strategy.model))
+        self._grads_done = sums is not None
+        return sums
+
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """Lightning's backward, except after a replayed batch: its graph has added the gradients."""
+        if self._grads_done:
+            self._grads_done = False
+            return
+        super().backward(loss, *args, **kwargs)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        """Zero the gradients; in place while steps are captured (the graphs add into those very tensors), and
+        not after a replayed batch, which zeroed them before its graph added its own."""
+        if not self._grads_done:
+            optimizer.zero_grad(set_to_none=self.step_engine is None)
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         if batch_idx % self.trainer.accumulate_grad_batches == 0:

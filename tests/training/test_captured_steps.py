@@ -1,0 +1,217 @@
+"""`--cuda_graphs` inside `attnx fit`: when a run captures and the line that says so, the plan's shapes, DDP's
+sync flag, and a whole fit replaying its batches (on a CPU, through the replaying backend of test_capture)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
+
+from attnx.cli import main as attnx
+from attnx.training import captured_steps
+from attnx.training.capture import MAX_GRAPHS
+from attnx.training.captured_steps import capture_plan, planned_shapes, syncs_gradients
+from tests.training.conftest import fit_args, train_losses
+from tests.training.test_capture import FakeGraphs
+from tests.training.test_host_syncs import count_read_backs
+
+
+def trainer(strategy, accumulate: int = 1, buckets: int | None = 8) -> SimpleNamespace:
+    datamodule = None if buckets is None else SimpleNamespace(resolved_shape_buckets=lambda: buckets)
+    return SimpleNamespace(strategy=strategy, accumulate_grad_batches=accumulate, datamodule=datamodule)
+
+
+MODULE = SimpleNamespace(automatic_optimization=True)
+CPU = SingleDeviceStrategy(device=torch.device("cpu"))
+GPU = SingleDeviceStrategy(device=torch.device("cuda", 0))
+
+
+def test_on_a_cpu_capture_is_off_and_said_only_when_asked_for() -> None:
+    assert capture_plan(None, trainer(CPU), MODULE) == (False, "")
+    assert capture_plan(False, trainer(CPU), MODULE) == (False, "")
+    assert capture_plan(True, trainer(CPU), MODULE) == (
+        False,
+        "--cuda_graphs: CUDA graphs need a CUDA device; this run trains on cpu, eagerly",
+    )
+
+
+def test_on_a_gpu_capture_is_on_by_default_where_batches_come_in_shape_buckets() -> None:
+    on, line = capture_plan(None, trainer(GPU), MODULE)
+    assert on and line.startswith("captured steps: on,") and "--cuda_graphs false" in line
+    assert capture_plan(False, trainer(GPU), MODULE) == (False, "captured steps: off (--cuda_graphs false)")
+    on, line = capture_plan(None, trainer(GPU, buckets=0), MODULE)
+    assert not on and "data.shape_buckets 0" in line and f"up to {MAX_GRAPHS} shapes" in line
+    assert capture_plan(True, trainer(GPU, buckets=0), MODULE)[0]  # asked for: captured anyway
+    manual = SimpleNamespace(automatic_optimization=False)
+    assert capture_plan(None, trainer(GPU), manual) == (
+        False,
+        "captured steps: off (the module optimizes manually)",
+    )
+
+
+def test_under_ddp_capture_needs_gradient_accumulation_and_other_strategies_train_eagerly() -> None:
+    ddp = DDPStrategy(parallel_devices=[torch.device("cuda", 0)])
+    on, line = capture_plan(None, trainer(ddp, accumulate=1), MODULE)
+    assert not on and "off under DDP without gradient accumulation" in line
+    on, line = capture_plan(None, trainer(ddp, accumulate=4), MODULE)
+    assert on and "under DDP 3 of every 4 batches replay" in line
+    fsdp = FSDPStrategy(parallel_devices=[torch.device("cuda", 0)])
+    on, line = capture_plan(True, trainer(fsdp, accumulate=4), MODULE)
+    assert (
+        not on and line == "captured steps: off (strategy FSDPStrategy: single-device and DDP runs capture)"
+    )
+
+
+def test_the_plans_shapes_come_most_frequent_first() -> None:
+    shapes = np.array([[4, 8, 8], [2, 16, 16], [4, 8, 8], [8, 8, 16], [2, 16, 16], [4, 8, 8]])
+    datamodule = SimpleNamespace(train_sampler=SimpleNamespace(shapes=shapes))
+    assert planned_shapes(datamodule) == [(4, 8, 8), (2, 16, 16), (8, 8, 16)]
+    assert planned_shapes(SimpleNamespace()) == []
+
+
+def test_ddp_outside_no_sync_all_reduces_and_inside_does_not(tmp_path: Path) -> None:
+    """The flag the training step reads to run the batch whose backward all-reduces eagerly (gloo, one process)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = DistributedDataParallel(torch.nn.Linear(2, 2))
+        assert syncs_gradients(model)
+        with model.no_sync():
+            assert not syncs_gradients(model)
+        assert not syncs_gradients(torch.nn.Linear(2, 2))
+    finally:
+        dist.destroy_process_group()
+
+
+STEPS, ACCUMULATE = 3, 2
+RUN = [
+    "--trainer.max_steps",
+    str(STEPS),
+    "--trainer.accumulate_grad_batches",
+    str(ACCUMULATE),
+    "--data.shape_buckets",
+    "8",
+    "--trainer.limit_val_batches",
+    "0",
+    "--evaluation.bleu_samples",
+    "0",
+    "--trainer.enable_checkpointing",
+    "false",
+    "--trainer.callbacks",
+    "null",
+]
+
+
+def test_a_fit_that_replays_its_batches_logs_the_eager_fits_losses(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Dropout on, two batches a step: the eager fit (`--cuda_graphs true` on a CPU: one line, then eager) and
+    the fit whose steps are captured before the first one and replayed (the replaying backend stands in for
+    CUDA graphs) log the same losses; the captured fit reads back from the device only for the NaN check once
+    a step (tests/training/test_host_syncs.py), says how many shapes, their memory and time, and at the end
+    that every batch replayed."""
+    for name in ("eager", "captured"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path / "eager")
+    assert attnx(fit_args(corpus, *RUN, "--cuda_graphs", "true")) == 0
+    out = capsys.readouterr().out
+    assert out.count("--cuda_graphs: CUDA graphs need a CUDA device; this run trains on cpu, eagerly") == 1
+    assert "captured steps" not in out
+
+    monkeypatch.setattr(captured_steps, "BACKENDS", {"cpu": FakeGraphs})
+    monkeypatch.chdir(tmp_path / "captured")
+    sites = count_read_backs(monkeypatch)
+    assert attnx(fit_args(corpus, *RUN)) == 0
+    assert list(sites.values()) == [STEPS], sites  # the NaN check, once a step: the replays read nothing
+    out = capsys.readouterr().out
+    assert "captured steps: on, each batch shape captured once as a CUDA graph" in out
+    first = re.search(
+        r"captured steps: (\d+) shapes of the training batches captured before the first step", out
+    )
+    assert first and int(first.group(1)) > 1, out
+    shapes = int(first.group(1))
+    assert f"{3 * shapes} MiB of graph memory" in out  # FakeGraphs reports 3 MiB a capture
+    assert f"captured steps: {shapes} shapes captured in" in out
+    assert f"{STEPS * ACCUMULATE:,} batches replayed" in out and "eager:" not in out, out
+
+    eager = train_losses(tmp_path / "eager" / "runs" / "tiny" / "version_0")
+    captured = train_losses(tmp_path / "captured" / "runs" / "tiny" / "version_0")
+    assert len(eager) == STEPS and eager.keys() == captured.keys()
+    for step, loss in eager.items():
+        assert captured[step] == pytest.approx(loss, rel=1e-5), (eager, captured)
+
+
+# ------------------------------------------------------------------------------------------------------ GPU
+
+GPU_RUN = ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--data.shape_buckets", "8"]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@cuda
+def test_on_cuda_a_resumed_captured_run_continues_bit_identically(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bf16-mixed, dropout 0.3, two batches a step: a captured run stopped after step 6 and resumed logs the
+    very losses of the uninterrupted captured run (every batch of the plan's shapes replays in both)."""
+    from tests.training.test_resume import fit
+
+    gpu = [*GPU_RUN, "--trainer.precision", "bf16-mixed", "--trainer.accumulate_grad_batches", "2"]
+    whole = fit(corpus, tmp_path, "whole", "--trainer.max_steps", "10", *gpu)
+    assert "captured steps: on" in capsys.readouterr().out
+    first = fit(corpus, tmp_path, "first", "--trainer.max_steps", "6", *gpu)
+    ckpt = first / "checkpoints" / "last.ckpt"
+    rest = fit(corpus, tmp_path, "rest", "--trainer.max_steps", "10", "--ckpt_path", str(ckpt), *gpu)
+    expected, before, after = train_losses(whole), train_losses(first), train_losses(rest)
+    assert sorted(after) == list(range(6, 10)) and len(set(expected.values())) == 10
+    assert {**before, **after} == expected
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_on_cuda_a_captured_fit_logs_the_eager_fits_losses_within_half_precision(
+    corpus: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    precision: str,
+) -> None:
+    """16-mixed's loss scaling included (the graph reads the scaler's scale at each replay)."""
+    losses = {}
+    for name, enabled in (("eager", "false"), ("captured", "true")):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        args = [*RUN, *GPU_RUN, "--trainer.precision", precision, "--model.transformer.dropout", "0.0"]
+        assert attnx(fit_args(corpus, *args, "--cuda_graphs", enabled)) == 0
+        losses[name] = train_losses(tmp_path / name / "runs" / "tiny" / "version_0")
+    out = capsys.readouterr().out
+    assert "captured steps: off (--cuda_graphs false)" in out
+    assert f"{STEPS * ACCUMULATE:,} batches replayed" in out and "eager:" not in out, out
+    assert losses["eager"].keys() == losses["captured"].keys()
+    for step, loss in losses["eager"].items():
+        assert losses["captured"][step] == pytest.approx(loss, rel=2e-2), step
+
+
+@pytest.mark.gpu
+@cuda
+def test_on_cuda_a_ddp_run_on_one_gpu_replays_all_but_the_batch_that_all_reduces(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    ddp = ["--trainer.strategy", "ddp", "--trainer.precision", "bf16-mixed"]
+    assert attnx(fit_args(corpus, *RUN, *GPU_RUN, *ddp)) == 0
+    out = capsys.readouterr().out
+    assert f"under DDP {ACCUMULATE - 1} of every {ACCUMULATE} batches replay" in out
+    replayed = STEPS * (ACCUMULATE - 1)
+    assert f"{replayed:,} batches replayed, eager: {STEPS:,} all-reducing gradients" in out, out
+    losses = train_losses(tmp_path / "runs" / "tiny" / "version_0")
+    assert len(losses) == STEPS and all(np.isfinite(list(losses.values())))
