@@ -235,7 +235,6 @@ def test_misspelt_field_of_an_optional_settings_group_suggests_the_field(capsys)
             ["--search.sampling", "true", "--search.seed", str(2**80)],
             "search.seed must be from 0 to 2**64 - 1",
         ),
-        (["--search.sampling", "true", "--search.beam", "8"], "search.beam (8) is not used by sampling"),
     ],
 )
 def test_a_refused_search_setting_is_its_own_one_line(options: list[str], message: str, capsys) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 
 from attnx.inference.config import PAPER_SEARCH, SearchConfig, changed_search
+from attnx.inference.translator import fitted_search
 
 
 @pytest.mark.parametrize(
@@ -35,12 +37,6 @@ from attnx.inference.config import PAPER_SEARCH, SearchConfig, changed_search
         ({"max_positions": 0}, "search.max_positions must be at least 1"),
         ({"sampling": True, "seed": 2**80}, "search.seed must be from 0 to 2**64 - 1 = 18446744073709551615"),
         ({"sampling": True, "seed": -1}, "search.seed must be from 0 to 2**64 - 1"),
-        (
-            {"sampling": True, "beam": 8},
-            "search.beam (8) is not used by sampling, which draws search.nbest samples",
-        ),
-        ({"sampling": True, "beam": 8}, "for 8 samples give --search.nbest 8"),
-        ({"mbr": 8, "beam": 2}, "search.beam (2) is not used by MBR over sampled candidates"),
         # types, as the Python API or a serve request can give them (jsonargparse checks the command line's)
         ({"beam": 2.5}, "search.beam must be an integer, got 2.5 (a number)"),
         ({"nbest": "4"}, "search.nbest must be an integer, got '4' (a string)"),
@@ -109,3 +105,18 @@ def test_changes_that_sample_leave_the_beam_behind_unless_they_name_one():
     )
     with pytest.raises(ValueError, match=r"search.beam \(2\) is not used by sampling"):
         changed_search(beam2, sampling=True, beam=2)
+    with pytest.raises(ValueError, match=r"search.beam \(2\) is not used by MBR over sampled candidates"):
+        changed_search(SearchConfig(), mbr=8, beam=2)
+
+
+def test_a_beam_beside_sampling_is_said_in_one_line_and_the_search_samples(caplog):
+    """A config's beam (for beam search) beside `sampling` given on the command line: sampling uses no beam;
+    the translator says so once and samples, rather than refusing the config file's own beam."""
+    with caplog.at_level(logging.WARNING, logger="attnx"):
+        assert fitted_search(SearchConfig(sampling=True, beam=8), 64).beam == 8
+        fitted_search(SearchConfig(sampling=True), 64)  # the default beam: nothing to say
+    (record,) = caplog.records
+    assert record.getMessage().startswith("search.beam (8) is not used by sampling, which draws search.nbest")
+    assert "for 8 samples give --search.nbest 8" in record.getMessage()
+    assert SearchConfig(mbr=8, beam=2).unused_beam().startswith("search.beam (2) is not used by MBR")
+    assert SearchConfig(mbr=2, beam=2, mbr_candidates="nbest").unused_beam() is None

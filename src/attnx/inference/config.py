@@ -186,7 +186,6 @@ class SearchConfig:
                 self.seed is None or within(self.seed, SEED_RANGE),
                 f"search.seed must be from 0 to 2**64 - 1 = {SEED_RANGE[1]} (torch's generator), got {self.seed}",
             ),
-            (not self.samples or self.beam == DEFAULT_BEAM, self._unused_beam()),
         ]
         for ok, message in checks:
             if not ok:
@@ -210,7 +209,11 @@ class SearchConfig:
                     "(or leave them out for beam search)"
                 )
 
-    def _unused_beam(self) -> str:
+    def unused_beam(self) -> str | None:
+        """What to say of a beam other than the default beside a search that samples (it uses none), or None.
+        A translator says it in one line and samples; a change that names both is refused (`changed_search`)."""
+        if not self.samples or self.beam == DEFAULT_BEAM:
+            return None
         if self.sampling:
             return (
                 f"search.beam ({self.beam}) is not used by sampling, which draws search.nbest samples per input "
@@ -282,12 +285,15 @@ class SearchConfig:
 def changed_search(search: SearchConfig, **changes: Any) -> SearchConfig:
     """`search` with some settings changed (checked as any settings are), what `with_search` gives every
     engine: changes that make the search sample without naming a beam leave `search`'s beam behind, since
-    sampling uses none (and a beam named beside it is refused)."""
+    sampling uses none; a beam other than the default named beside it is refused."""
     merged = {**dataclasses.asdict(search), **changes}
     samples = merged["sampling"] or (merged["mbr"] > 0 and merged["mbr_candidates"] != "nbest")
     if samples is True and "beam" not in changes:
         changes = {**changes, "beam": DEFAULT_BEAM}
-    return dataclasses.replace(search, **changes)
+    changed = dataclasses.replace(search, **changes)
+    if "beam" in changes and (unused := changed.unused_beam()) is not None:
+        raise ConfigError(unused)
+    return changed
 
 
 PAPER_SEARCH = SearchConfig()

@@ -86,8 +86,11 @@ def truncate_ids(ids: Sequence[Sequence[int]], max_positions: int, what: str = "
 
 def fitted_search(search: SearchConfig, max_positions: int) -> SearchConfig:
     """`search` capped to a model of `max_positions` target positions (the settings are checked by
-    `SearchConfig`), or a usage error when its MBR table would not fit this machine's memory."""
+    `SearchConfig`; a beam beside sampling is said in one line), or a usage error when its MBR table would not
+    fit this machine's memory."""
     check_memory(search)
+    if (unused := search.unused_beam()) is not None:
+        log.warning("%s (sampling goes on without it)", unused)
     if search.max_positions is None or search.max_positions > max_positions:
         search = dataclasses.replace(search, max_positions=max_positions)
     return search
