@@ -105,7 +105,8 @@ def test_leftovers_of_killed_writes_are_removed_and_nothing_else(tmp_path: Path)
     for name in theirs:
         (tmp_path / name).write_text("the user's")
     left = killed_write(tmp_path / "last.ckpt")
-    assert remove_stale_temporaries(tmp_path) == [left]
+    assert remove_stale_temporaries(tmp_path, of="out.txt.attnx-partial.json") == [] and left.exists()
+    assert remove_stale_temporaries(tmp_path, of="last.ckpt") == [left]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(theirs)
 
 

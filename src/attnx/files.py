@@ -242,9 +242,9 @@ def _size(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def remove_stale_temporaries(directory: str | Path) -> list[Path]:
+def remove_stale_temporaries(directory: str | Path, of: str | None = None) -> list[Path]:
     """Remove the temporary files that writes through [`atomic_write`][attnx.files.atomic_write] left when
-    their process was killed; returns them.
+    their process was killed (only those of the file named `of`, where given); returns them.
 
     Only files named as `atomic_write` names them are considered, and only those no process holds a lock on
     (a live writer keeps its lock until it renames the file). Writers create and lock their file under a shared
@@ -259,7 +259,13 @@ def remove_stale_temporaries(directory: str | Path) -> list[Path]:
         return removed
     with _directory_lock(directory, fcntl.LOCK_EX, wait=CLEANER_WAIT) as no_writer_between_create_and_lock:
         for path in sorted(directory.iterdir()):
-            if not _TEMPORARY.match(path.name) or not path.is_file() or path.is_symlink():
+            match = _TEMPORARY.match(path.name)
+            if (
+                not match
+                or (of is not None and match["target"] != of)
+                or not path.is_file()
+                or path.is_symlink()
+            ):
                 continue
             try:
                 fd = os.open(path, os.O_RDWR)

@@ -225,3 +225,15 @@ def test_a_full_disk_under_standard_output_is_one_line_naming_it_and_the_space(t
         assert message.startswith("cannot write standard output /dev/full: the disk is full (")
         assert "MiB free in /dev)" in message and "\n" not in message
         assert message.endswith(f"; {kept}. Free disk space (or write elsewhere) and run the command again")
+
+
+def test_a_temporary_of_the_record_left_by_a_killed_run_is_removed_when_the_run_goes_on(tmp_path):
+    """SIGKILL while the record was being replaced leaves its temporary file; the next run removes it (and only
+    it: another file's temporary stays)."""
+    out, _ = write_run(tmp_path, 3)
+    record_left = tmp_path / ".out.txt.attnx-partial.json.abcd1234.attnx.tmp"
+    other = tmp_path / ".notes.txt.abcd1234.attnx.tmp"
+    for path in (record_left, other):
+        path.write_text("{}")
+    ResumableOutput(tmp_path / "out.txt", OPTIONS).prepare()
+    assert not record_left.exists() and other.exists()

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from attnx.commands.text_input import TextInput
-from attnx.files import WriteError, atomic_write, move_into_place, write_failure
+from attnx.files import WriteError, atomic_write, move_into_place, remove_stale_temporaries, write_failure
 
 PARTIAL = ".attnx-partial"
 """Suffix of the file a run writes before it is complete."""
@@ -204,7 +204,8 @@ class ResumableOutput:
     def prepare(self) -> None:
         """Refuse, before any work, a partial file attnx did not write or that changed since it wrote it: a byte
         edited, removed, or added past what the record counts (unless it is the chunk the record names as
-        being written when the run was stopped)."""
+        being written when the run was stopped). A temporary of the record that a killed run left is removed."""
+        remove_stale_temporaries(self.record.parent, of=self.record.name)
         record = self.read_record()
         if record is None:
             if self.partial.exists() or self.partial.is_symlink():
