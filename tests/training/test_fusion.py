@@ -15,7 +15,6 @@ from attnx.model.layers import PostNorm, PreNorm
 from attnx.training.fusion import fuse_pointwise
 from tests.conftest import tiny_config
 
-
 RELU_DROPOUT = ComponentSpec("relu", {"dropout": 0.2})
 
 
