@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything docs/gpu.md measures on one GPU, in one command, in order of importance (its "Still to measure"):
 #   1. the GPU tests (pytest -m gpu);
-#   2. torch.compile'd layers against eager for base and big at 12,500 x 2 tokens a step;
+#   2. torch.compile'd layers and fused pointwise kernels against eager for base and big at 12,500 x 2 tokens
+#      a step; then attnx against HF MarianMTModel and torch.nn.Transformer on the same batches (big, bf16,
+#      3,125 x 8 and 12,500 x 2, 2 warm-up + 6 timed steps, two rounds in alternating order);
 #   3. the profile of the big model's training step;
 #   4. the main job at the configs' one-GPU setting (12,500 x 2): attnx fit configs/big.yaml for 100 steps,
 #      configs/base.yaml for 200 steps, attnx test on newstest2014;
@@ -89,7 +91,7 @@ smoke=${ATTNX_GPU_SMOKE:-0}
 if [[ $smoke == 1 ]]; then
   tests=(tests/data/test_batch.py)
   bench=(--precision bf16-mixed --steps 1 --warmup 1 --decode_sentences 4)
-  short=(--steps 1 --warmup 1) big=tiny both=tiny large=512
+  short=(--steps 1 --warmup 1) big=tiny both=tiny large=512 paper=256
   fit_steps=2 big_fit_steps=1
   fit_tokens=(--data.max_tokens 256 --trainer.accelerator cpu --trainer.precision 32-true
     --trainer.num_sanity_val_steps 0)
@@ -97,7 +99,7 @@ if [[ $smoke == 1 ]]; then
 else
   tests=(-m gpu)
   bench=(--precision bf16-mixed)  # the configs' precision
-  short=() big=big both=both large=12500
+  short=() big=big both=both large=12500 paper=3125
   fit_steps=200 big_fit_steps=100 fit_tokens=()
   decode=(--sentences 1000 --repeats 3 --max_tokens 8000 --batch_sizes 64 256 --sweep_sentences 1000) device=cuda
 fi
@@ -109,7 +111,10 @@ newest_run() { ls -td runs/"$1"/version_* 2>/dev/null | head -n 1; }
 
 step tests 150 $python -m pytest -p no:cacheprovider -n 0 -q -rfEs "${tests[@]}"
 step compile 160 $python bench/bench_gpu.py --data data/news --model "$both" --precision bf16-mixed \
-  --max_tokens "$large" --compile --decode_sentences 0 "${short[@]}" --json "$results/compile.json"
+  --max_tokens "$large" --compile --fused --decode_sentences 0 "${short[@]}" --json "$results/compile.json"
+step peers 150 $python bench/bench_gpu.py --data data/news --model "$big" --precision bf16-mixed \
+  --max_tokens "$paper" "$large" --peers --decode_sentences 0 --steps 6 --warmup 2 "${short[@]}" \
+  --json "$results/peers.json"
 step profile_big 80 $python bench/bench_gpu.py --data data/news --model "$big" --precision bf16-mixed \
   --max_tokens "$large" --steps 3 --decode_sentences 0 --profile "${short[@]}" --json "$results/profile_big.json"
 # the configs' faster setting on one GPU (their headers): 12,500 x 2 tokens a step, the same 25,000
