@@ -377,3 +377,27 @@ def test_cpu_training_under_bf16_autocast_keeps_the_softmax_in_fp32():
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 6))
     assert weights[2, :, :, 1:].abs().max() == 0
     torch.testing.assert_close(fused.float(), expected, rtol=0.05, atol=0.05)
+
+
+def test_under_autocast_each_input_is_cast_once_not_once_per_projection():
+    """bf16 autocast casts a linear layer's fp32 input for every product: with W^Q, W^K and W^V stacked, a
+    self-attention input is cast once (it was three times) and an encoder-decoder memory once (twice)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Casts(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: list[tuple[int, ...]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].dtype == torch.float32:
+                self.shapes.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    attn = MultiHeadAttention(32, 4).eval()
+    x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), Casts() as casts:
+        attn(x, x)
+        attn(x, memory)
+    activations = [shape for shape in casts.shapes if shape[0] == 2]
+    assert activations == [(2, 5, 32), (2, 5, 32), (2, 7, 32)]
