@@ -87,3 +87,25 @@ def test_fused_kernels_on_cuda_compute_what_plain_layers_do_in_bf16() -> None:
         fused(src, tgt, src_mask).float().sum().backward()
     assert 0.4 < dropped.item() < 0.6
     assert all(torch.isfinite(p.grad).all() for p in fused.parameters() if p.grad is not None)
+
+
+def test_the_fit_callback_fuses_on_cuda_only_and_says_so(capsys) -> None:
+    from types import SimpleNamespace
+
+    from attnx.training.fusion import FusedKernels
+    from attnx.training.module import TranslationTask
+
+    def trainer(device: str) -> SimpleNamespace:
+        return SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
+
+    task = TranslationTask(tiny_config())
+    callback = FusedKernels()
+    callback.setup(trainer("cpu"), task, "fit")
+    assert callback.fused == 0 and not any("merge" in vars(m) for m in task.model.modules())
+    assert capsys.readouterr().out == "fused kernels: off on cpu (CUDA only); the layers run as they are\n"
+    callback.setup(trainer("cuda"), task, "validate")  # not training: nothing to fuse
+    assert callback.fused == 0 and capsys.readouterr().out == ""
+    callback.setup(trainer("cuda"), task, "fit")  # compiled lazily: nothing runs on a GPU here
+    assert callback.fused == 2 * 3 + 2 * 4
+    assert sum("merge" in vars(m) or "hidden" in vars(m) for m in task.model.modules()) == callback.fused
+    assert capsys.readouterr().out.startswith("fused kernels: the pointwise tails of 14 residual connections")
