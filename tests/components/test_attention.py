@@ -401,3 +401,38 @@ def test_under_autocast_each_input_is_cast_once_not_once_per_projection():
         attn(x, memory)
     activations = [shape for shape in casts.shapes if shape[0] == 2]
     assert activations == [(2, 5, 32), (2, 5, 32), (2, 7, 32)]
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_stacked_projection_gradients_equal_those_of_three_separate_projections(cross):
+    """float64: the gradient of the stacked W^Q; W^K; W^V is the three separate projections' gradients stacked
+    (self-attention in one product, encoder-decoder attention in two)."""
+    attn = MultiHeadAttention(32, 4).double().train()
+    x = torch.randn(2, 5, 32, dtype=torch.float64, requires_grad=True)
+    memory = torch.randn(2, 6, 32, dtype=torch.float64, requires_grad=True) if cross else x
+    key_mask = torch.tensor([[True] * memory.shape[1], [True] * 3 + [False] * (memory.shape[1] - 3)])
+    weights = torch.linspace(-1, 1, 32, dtype=torch.float64)
+    (attn(x, memory, key_mask=key_mask, causal=not cross) * weights).sum().backward()
+
+    separate = {  # leaf tensors: the earlier layout's parameters, as the reference reads them
+        f"m.{name}.{kind}": tensor.detach().clone().requires_grad_()
+        for name, (weight, bias) in zip(("q_proj", "k_proj", "v_proj"), attn.projections(), strict=True)
+        for kind, tensor in (("weight", weight), ("bias", bias))
+    } | {f"m.out_proj.{k}": v.detach() for k, v in attn.out_proj.state_dict().items()}
+    xr, mr = x.detach().requires_grad_(), memory.detach().clone().requires_grad_()
+    total = 0
+    for b in range(2):
+        allowed = (
+            key_mask[b].expand(5, -1)
+            if cross
+            else torch.tril(torch.ones(5, 5, dtype=torch.bool)) & key_mask[b]
+        )
+        kv = mr[b] if cross else xr[b]
+        total = total + (reference_attention(xr[b], kv, separate, "m", 4, allowed) * weights).sum()
+    total.backward()
+    for kind in ("weight", "bias"):
+        stacked = torch.cat([separate[f"m.{name}.{kind}"].grad for name in ("q_proj", "k_proj", "v_proj")])
+        torch.testing.assert_close(getattr(attn.in_proj, kind).grad, stacked, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-10, atol=1e-10)
+    if cross:
+        torch.testing.assert_close(memory.grad, mr.grad, rtol=1e-10, atol=1e-10)
