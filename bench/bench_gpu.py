@@ -2,8 +2,8 @@
 MFU and memory of the paper's models in each precision, padding of token-budget batches, decoding speed.
 
     python bench/bench_gpu.py [--data data/news] [--model base|big|both|tiny] [--precision bf16-mixed ...]
-        [--max_tokens 3125 12500] [--tokens_per_step 25000] [--steps 5] [--warmup 2] [--compile]
-        [--lightning] [--capture graphs compile] [--profile] [--decode_sentences 500] [--checkpoint CKPT]
+        [--max_tokens 3125 12500] [--tokens_per_step 25000] [--steps 5] [--warmup 2] [--compile] [--fused]
+        [--lightning] [--capture graphs compile] [--peers] [--profile] [--decode_sentences 500] [--checkpoint CKPT]
         [--json OUT]
 
 It runs on CUDA when a GPU is present, else on the CPU at tiny sizes (a 2+2-layer d_model 64 model, 256-token
@@ -21,7 +21,10 @@ optimizer step accumulates ``--tokens_per_step / max_tokens`` batches, so every 
 25k + 25k tokens per step on one GPU (3,125 × 8 or 12,500 × 2). The step is ``TranslationTask.training_step``'s
 without Lightning: :func:`attnx.components.loss.translation_loss` (label smoothing 0.1) under autocast, the
 NaN check, backward, fused AdamW (``GradScaler`` loss scaling for fp16). ``--lightning`` adds a row per
-configuration that runs the real ``TranslationTask`` in a ``lightning.Trainer`` on the same data.
+configuration that runs the real ``TranslationTask`` in a ``lightning.Trainer`` on the same data; ``--fused``
+one with the residual merges and FFN hidden layers compiled into fused kernels (``fuse_pointwise``); ``--peers``
+a table of attnx beside Hugging Face's ``MarianMTModel`` and ``torch.nn.Transformer`` with the same dimensions,
+trained on the same batches in alternating rounds (``bench/peers.py``).
 ``--capture graphs`` adds the same loop with each batch shape's forward and backward replayed from a CUDA graph
 (attnx's ``StepEngine``, what ``attnx fit`` runs; with ``--lightning`` also a Lightning row with captured
 steps), ``--capture compile`` the loop with the loss ``torch.compile``'d in ``mode="reduce-overhead"`` (CUDA
@@ -65,6 +68,7 @@ import numpy as np
 import torch
 from harness import REPO, batch_flops, data_root, machine_line, markdown_row, markdown_table, training_trainer
 from harness import machine as host
+from peers import run_peers
 
 from attnx.components import attention
 from attnx.components.loss import translation_loss
@@ -262,6 +266,17 @@ def compile_layers(model: Transformer) -> None:
     """torch.compile each encoder and decoder layer in place (the loss stays eager: it is its own kernel)."""
     for layer in [*model.encoder_layers, *model.decoder_layers]:
         layer.compile(dynamic=True)  # every batch has other lengths: one graph for all
+
+
+def fused_model(config: TransformerConfig, device: torch.device) -> Transformer:
+    """A new model whose residual merges and FFN hidden layers run as compiled kernels (``fuse_pointwise``;
+    compiled during the warm-up steps)."""
+    from attnx.training.fusion import fuse_pointwise
+
+    torch.manual_seed(0)
+    model = build_transformer(config).to(device)
+    fuse_pointwise(model)
+    return model
 
 
 def compiled_graphs() -> int:
@@ -673,8 +688,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--warmup", type=int, default=None, help="untimed optimizer steps first (default 2; CPU 1)"
     )
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd layers")
+    parser.add_argument("--fused", action="store_true",
+                        help="also time fused pointwise kernels (attnx.training.fusion.fuse_pointwise)")  # fmt: skip
     parser.add_argument(
         "--lightning", action="store_true", help="also time TranslationTask in lightning.Trainer"
+    )
+    parser.add_argument("--peers", action="store_true",
+                        help="also train HF MarianMTModel and torch.nn.Transformer on the same batches (bench/peers.py)")  # fmt: skip
+    parser.add_argument(
+        "--peer_rounds", type=int, default=2, help="--peers: rounds, order reversed each round"
     )
     parser.add_argument(
         "--capture",
@@ -800,7 +822,8 @@ def main(argv: list[str] | None = None) -> int:
     print(flush=True)
 
     configs = model_configs(args.model, args.vocab_size)
-    variants = ["plain"] + ["compiled"] * args.compile + [CAPTURED[how] for how in args.capture]
+    variants = ["plain"] + ["fused"] * args.fused + ["compiled"] * args.compile
+    variants += [CAPTURED[how] for how in args.capture]
     variants += ["lightning"] * args.lightning + ["lightning, captured"] * (
         args.lightning and "graphs" in args.capture
     )
@@ -837,7 +860,10 @@ def main(argv: list[str] | None = None) -> int:
                         elif variant in captured:
                             train_captured(config, batches, result, device, args.warmup, captured[variant])
                         else:
-                            train_plain(config, batches, result, device, args.warmup, variant == "compiled")
+                            model = fused_model(config, device) if variant == "fused" else None
+                            train_plain(
+                                config, batches, result, device, args.warmup, variant == "compiled", model
+                            )
                     except torch.OutOfMemoryError as e:
                         result.error = f"out of memory: {str(e).splitlines()[0]}"
                     except Exception as e:  # a precision or kernel the device lacks: report it, go on
@@ -872,6 +898,10 @@ def main(argv: list[str] | None = None) -> int:
         del batches
     results["training"] = records
     print(f"\n{markdown_table(header, rows)}\n", flush=True)
+    if args.peers:
+        results["peers"] = run_peers(args, configs, PRECISIONS, lambda budget, n: training_batches(
+            args.data, budget, n, pin=on_gpu), lambda budget: accumulation(args, budget, on_gpu), device, peak,
+            info, where)  # fmt: skip
 
     decoding = []
     if args.decode_sentences > 0:

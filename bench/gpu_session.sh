@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything docs/gpu.md measures on one GPU, in one command, in order of importance (its "Still to measure"):
 #   1. the GPU tests (pytest -m gpu);
-#   2. torch.compile'd layers against eager for base and big at 12,500 x 2 tokens a step;
+#   2. torch.compile'd layers and fused pointwise kernels against eager for base and big at 12,500 x 2 tokens
+#      a step; then attnx against HF MarianMTModel and torch.nn.Transformer on the same batches (big, bf16,
+#      3,125 x 8 and 12,500 x 2, 2 warm-up + 6 timed steps, two rounds in alternating order);
 #   3. the profile of the big model's training step;
 #   4. the main job at the configs' one-GPU setting (12,500 x 2): attnx fit configs/big.yaml for 100 steps,
 #      configs/base.yaml for 200 steps, attnx test on newstest2014;
@@ -119,7 +121,10 @@ for budget in "$small" "$large"; do
     --json "$results/$name.json"
 done
 step compile 160 $python bench/bench_gpu.py --data data/news --model "$both" --precision bf16-mixed \
-  --max_tokens "$large" --compile --decode_sentences 0 "${short[@]}" --json "$results/compile.json"
+  --max_tokens "$large" --compile --fused --decode_sentences 0 "${short[@]}" --json "$results/compile.json"
+step peers 150 $python bench/bench_gpu.py --data data/news --model "$big" --precision bf16-mixed \
+  --max_tokens "$small" "$large" --peers --decode_sentences 0 --steps 6 --warmup 2 "${short[@]}" \
+  --json "$results/peers.json"
 step profile_big 80 $python bench/bench_gpu.py --data data/news --model "$big" --precision bf16-mixed \
   --max_tokens "$large" --steps 3 --decode_sentences 0 --profile "${short[@]}" --json "$results/profile_big.json"
 # the configs' faster setting on one GPU (their headers): 12,500 x 2 tokens a step, the same 25,000

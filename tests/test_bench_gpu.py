@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -136,3 +137,41 @@ def test_the_captured_loop_trains_as_the_plain_one(corpus: Path) -> None:  # noq
     assert runs["graphs"].losses == pytest.approx(runs["plain"].losses, rel=1e-5)
     assert runs["graphs"].capture_seconds > 0 and runs["plain"].capture_seconds is None
     assert runs["graphs"].tokens == runs["plain"].tokens > 0
+
+
+@pytest.mark.slow
+def test_peers_train_on_the_same_batches_in_alternating_rounds(corpus: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
+    """--peers: attnx, Hugging Face's MarianMTModel and torch.nn.Transformer, each fed the same batches of
+    attnx's loader, with the same model dimensions, rounds in alternating order, every rate counted from
+    the batches themselves and printed under the device line."""
+    out = tmp_path / "peers.json"
+    argv = ["--data", str(corpus), *TOY, "--precision", "fp32", "--decode_sentences", "0", "--peers"]
+    assert bench.main([*argv, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads(out.read_text())
+    peers = results["peers"]
+    assert [(p["round"], p["system"]) for p in peers] == [
+        (1, "attnx"),
+        (1, "Marian"),
+        (1, "nn.Transformer"),
+        (2, "nn.Transformer"),
+        (2, "Marian"),
+        (2, "attnx"),
+    ]
+    timed = bench.training_batches(corpus, 256, 4, pin=False)[2:]
+    config = bench.model_configs("tiny", 300)["tiny"]
+    for peer in peers:
+        assert peer["error"] is None and peer["steps"] == 1 and peer["machine"] == results["machine"]
+        assert peer["target_tokens"] == sum(b.n_tgt_tokens for b in timed)
+        assert peer["tokens"] == sum(b.n_src_tokens + b.n_tgt_tokens for b in timed)
+        assert peer["flops"] == pytest.approx(sum(bench.batch_flops(config, b) for b in timed))
+        assert peer["tokens_per_s"] > peer["target_tokens_per_s"] > 0 and peer["mfu"] > 0
+        assert all(math.isfinite(loss) and loss > 0 for loss in peer["losses"])
+    sizes = {p["system"]: p["parameters"] for p in peers}  # one model, three implementations
+    embeddings, positions = 300 * 64, 1024 * 64  # Marian counts its fixed sinusoids as parameters
+    assert sizes["Marian"] - 2 * positions == sizes["attnx"]  # encoder and decoder tables
+    assert sizes["nn.Transformer"] - 2 * 2 * 64 == sizes["attnx"]  # its two final LayerNorms
+    assert embeddings < sizes["attnx"]
+    assert "÷ attnx" in printed and printed.count("# bench_gpu") == 1
+    table = printed.split("## attnx and its peers")[1]
+    assert f"device: {results['machine']['device_name']}" in table

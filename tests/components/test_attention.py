@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attnx.components import attention
-from attnx.components.attention import MultiHeadAttention, attention_kernel
+from attnx.components.attention import MultiHeadAttention, attention_backends
 from attnx.model.cache import AttentionCache
 from tests.model.reference import attention as reference_attention
 
@@ -48,8 +48,8 @@ def test_weights_path_equals_fused_path_and_rows_sum_to_one():
 def test_scaled_by_sqrt_dk():
     """One head, identity projections: the output is softmax(q k^T / sqrt(d_k)) v exactly."""
     attn = MultiHeadAttention(4, 1, bias=False).double()
-    for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
-        proj.weight.data = torch.eye(4, dtype=torch.float64)
+    attn.in_proj.weight.data = torch.eye(4, dtype=torch.float64).repeat(3, 1)
+    attn.out_proj.weight.data = torch.eye(4, dtype=torch.float64)
     q, k = torch.randn(1, 2, 4, dtype=torch.float64), torch.randn(1, 3, 4, dtype=torch.float64)
     expected = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(4), -1) @ k
     torch.testing.assert_close(attn(q, k), expected)
@@ -79,9 +79,7 @@ def test_heads_must_divide_d_model():
 def test_key_and_value_sizes_can_differ_from_d_model_over_heads():
     """Table 3 (B): d_k reduced with h and d_model fixed; the output keeps d_model."""
     attn = MultiHeadAttention(32, 4, d_k=3, d_v=5)
-    assert (
-        attn.q_proj.out_features == 12 and attn.v_proj.out_features == 20 and attn.out_proj.in_features == 20
-    )
+    assert attn.sizes == (12, 12, 20) and attn.in_proj.out_features == 44 and attn.out_proj.in_features == 20
     x = torch.randn(2, 4, 32)
     assert attn(x, x, causal=True).shape == (2, 4, 32)
     assert attn(x, x, need_weights=True)[1].shape == (2, 4, 4, 4)
@@ -140,71 +138,76 @@ def test_chunk_over_the_cache_equals_the_full_causal_pass():
 
 
 class CudaLike:
-    """A stand-in for a CUDA tensor (the kernel is replaced): only ``is_cuda`` is read."""
+    """A stand-in for a CUDA tensor: only ``is_cuda`` is read."""
 
     is_cuda = True
 
 
-def test_cudnn_attention_is_left_out_for_the_call_only(monkeypatch):
-    """cuDNN's attention cost 2.3 ms of host time a call on an H200: a CUDA call runs with PyTorch's
-    cuDNN switch off, then the switch is as it was, after an error too; CPU calls and ``CUDNN_ATTENTION``
-    leave it alone."""
-    seen: list[bool] = []
-
-    def kernel(q, k, v, **options):
-        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
-        if options.get("fail"):
-            raise RuntimeError("kernel failed")
-        return q
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", kernel)
-    assert torch.backends.cuda.cudnn_sdp_enabled()
-    q = CudaLike()
-    assert attention_kernel(q, q, q, attn_mask=None) is q
-    with pytest.raises(RuntimeError, match="kernel failed"):
-        attention_kernel(q, q, q, fail=True)
-    x = torch.zeros(1)
-    attention_kernel(x, x, x)  # CPU
-    monkeypatch.setattr(attention, "CUDNN_ATTENTION", True)
-    attention_kernel(q, q, q)
-    assert seen == [False, False, True, True]
-    assert torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(False)  # switched off by the user: stays off, nothing to restore
-    try:
-        monkeypatch.setattr(attention, "CUDNN_ATTENTION", False)
-        attention_kernel(q, q, q)
-        assert seen[-1] is False and not torch.backends.cuda.cudnn_sdp_enabled()
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(True)
-
-
-def test_compiled_attention_leaves_cudnn_out_through_a_context_the_compiler_follows(monkeypatch):
-    """Where torch.compile traces the layer, the choice is an `sdpa_kernel` context over the kernels still
-    enabled (an `sdpa_kernel` of the caller's included); the flags are as they were afterwards."""
+def test_cudnn_attention_is_left_out_while_the_context_lasts():
+    """cuDNN's attention cost 2.3 ms of host time a call on an H200: over CUDA tensors the context turns
+    PyTorch's cuDNN switch off, then the switch is as it was, after an error too; CPU tensors and
+    ``CUDNN_ATTENTION`` leave it alone, and a switch the user turned off stays off."""
+    flags = torch.backends.cuda
+    assert flags.cudnn_sdp_enabled()
+    with attention_backends(CudaLike()):
+        assert not flags.cudnn_sdp_enabled() and flags.flash_sdp_enabled() and flags.math_sdp_enabled()
+    with pytest.raises(RuntimeError, match="kernel failed"), attention_backends(CudaLike()):
+        raise RuntimeError("kernel failed")
+    assert flags.cudnn_sdp_enabled()
+    with attention_backends(torch.zeros(1)):
+        assert flags.cudnn_sdp_enabled()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "CUDNN_ATTENTION", True)
+        with attention_backends(CudaLike()):
+            assert flags.cudnn_sdp_enabled()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    seen: list[tuple[bool, bool, bool, bool]] = []
-    flags = torch.backends.cuda
-
-    def kernel(q, k, v, **options):
-        seen.append(
-            (
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        with attention_backends(CudaLike()):  # the caller's choice holds, less cuDNN's
+            assert (
                 flags.cudnn_sdp_enabled(),
                 flags.flash_sdp_enabled(),
                 flags.mem_efficient_sdp_enabled(),
-                flags.math_sdp_enabled(),
+            ) == (
+                False,
+                False,
+                True,
             )
-        )
-        return q
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", kernel)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    x = torch.zeros(1)
-    attention_kernel(x, x, x)
-    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
-        attention_kernel(x, x, x)
-    assert seen == [(False, True, True, True), (False, False, True, False)]
+        assert flags.cudnn_sdp_enabled()
     assert flags.cudnn_sdp_enabled() and flags.flash_sdp_enabled() and flags.math_sdp_enabled()
+
+
+def test_the_kernel_choice_is_made_once_a_pass_not_once_an_attention_call(monkeypatch):
+    """A forward pass enters the kernel choice once per stack, however many layers and attention calls it
+    has; an attention call itself sets no flag (it did twice a call on CUDA)."""
+    from attnx.model import TransformerConfig, build_transformer
+
+    entered: list[list] = []  # the kernels each choice allowed
+    cudnn_during_calls: list[bool] = []
+    real_choice, real_kernel = attention.sdpa_kernel, F.scaled_dot_product_attention
+
+    def choice(backends):
+        entered.append(backends)
+        return real_choice(backends)
+
+    def kernel(*args, **kwargs):
+        cudnn_during_calls.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real_kernel(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa_kernel", choice)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", kernel)
+    monkeypatch.setattr(attention, "excludes_cudnn", lambda x: True)  # a CUDA run, as far as the choice goes
+    for layers in (1, 3):
+        config = TransformerConfig(
+            vocab_size=20, d_model=16, n_heads=2, d_ff=32, encoder_layers=layers, decoder_layers=layers
+        )
+        model = build_transformer(config).eval()
+        src, tgt = torch.randint(4, 20, (2, 5)), torch.randint(4, 20, (2, 4))
+        entered.clear(), cudnn_during_calls.clear()
+        model(src, tgt, src > 0)
+        assert len(entered) == 2  # encoder, decoder
+        assert cudnn_during_calls == [False] * 3 * layers
+    assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
 def test_a_compiled_attention_layer_is_one_graph_and_computes_what_eager_does():
@@ -262,7 +265,7 @@ def test_training_attention_runs_on_fused_kernels_in_bf16(d_model, n_heads, batc
     src, src_mask = padded_batch(batch, length + 3, d_model)
     tgt = torch.randn(batch, length, d_model, device="cuda", requires_grad=True)
     noise = torch.where(src_mask.unsqueeze(-1), 0.0, 10 * torch.randn_like(src) + 5)
-    with torch.autocast("cuda", dtype=torch.bfloat16), fused_only():
+    with torch.autocast("cuda", dtype=torch.bfloat16), fused_only(), attention_backends(src):
         outs = [
             attn(src, src, key_mask=src_mask),
             attn(tgt, tgt, causal=True),
@@ -292,12 +295,19 @@ def test_padded_training_attention_runs_no_cudnn_kernel(compiled):
     attn = MultiHeadAttention(512, 8).cuda().train()
     if compiled:
         attn = torch.compile(attn, dynamic=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):  # compiled before the profile
-            src, src_mask = padded_batch(100, 34, 512)
+        src, src_mask = padded_batch(100, 34, 512)
+        with (
+            torch.autocast("cuda", dtype=torch.bfloat16),
+            attention_backends(src),
+        ):  # compiled before the profile
             attn(src, src, key_mask=src_mask).float().sum().backward()
             attn(src, src, causal=True).float().sum().backward()
     src, src_mask = padded_batch(100, 34, 512)
-    with torch.autocast("cuda", dtype=torch.bfloat16), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with (
+        torch.autocast("cuda", dtype=torch.bfloat16),
+        attention_backends(src),
+        profile(activities=[ProfilerActivity.CUDA]) as prof,
+    ):
         attn(src, src, key_mask=src_mask).float().sum().backward()
         attn(src, src, causal=True).float().sum().backward()
         torch.cuda.synchronize()
@@ -367,3 +377,62 @@ def test_cpu_training_under_bf16_autocast_keeps_the_softmax_in_fp32():
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 6))
     assert weights[2, :, :, 1:].abs().max() == 0
     torch.testing.assert_close(fused.float(), expected, rtol=0.05, atol=0.05)
+
+
+def test_under_autocast_each_input_is_cast_once_not_once_per_projection():
+    """bf16 autocast casts a linear layer's fp32 input for every product: with W^Q, W^K and W^V stacked, a
+    self-attention input is cast once (it was three times) and an encoder-decoder memory once (twice)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Casts(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: list[tuple[int, ...]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].dtype == torch.float32:
+                self.shapes.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    attn = MultiHeadAttention(32, 4).eval()
+    x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), Casts() as casts:
+        attn(x, x)
+        attn(x, memory)
+    activations = [shape for shape in casts.shapes if shape[0] == 2]
+    assert activations == [(2, 5, 32), (2, 5, 32), (2, 7, 32)]
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_stacked_projection_gradients_equal_those_of_three_separate_projections(cross):
+    """float64: the gradient of the stacked W^Q; W^K; W^V is the three separate projections' gradients stacked
+    (self-attention in one product, encoder-decoder attention in two)."""
+    attn = MultiHeadAttention(32, 4).double().train()
+    x = torch.randn(2, 5, 32, dtype=torch.float64, requires_grad=True)
+    memory = torch.randn(2, 6, 32, dtype=torch.float64, requires_grad=True) if cross else x
+    key_mask = torch.tensor([[True] * memory.shape[1], [True] * 3 + [False] * (memory.shape[1] - 3)])
+    weights = torch.linspace(-1, 1, 32, dtype=torch.float64)
+    (attn(x, memory, key_mask=key_mask, causal=not cross) * weights).sum().backward()
+
+    separate = {  # leaf tensors: the earlier layout's parameters, as the reference reads them
+        f"m.{name}.{kind}": tensor.detach().clone().requires_grad_()
+        for name, (weight, bias) in zip(("q_proj", "k_proj", "v_proj"), attn.projections(), strict=True)
+        for kind, tensor in (("weight", weight), ("bias", bias))
+    } | {f"m.out_proj.{k}": v.detach() for k, v in attn.out_proj.state_dict().items()}
+    xr, mr = x.detach().requires_grad_(), memory.detach().clone().requires_grad_()
+    total = 0
+    for b in range(2):
+        allowed = (
+            key_mask[b].expand(5, -1)
+            if cross
+            else torch.tril(torch.ones(5, 5, dtype=torch.bool)) & key_mask[b]
+        )
+        kv = mr[b] if cross else xr[b]
+        total = total + (reference_attention(xr[b], kv, separate, "m", 4, allowed) * weights).sum()
+    total.backward()
+    for kind in ("weight", "bias"):
+        stacked = torch.cat([separate[f"m.{name}.{kind}"].grad for name in ("q_proj", "k_proj", "v_proj")])
+        torch.testing.assert_close(getattr(attn.in_proj, kind).grad, stacked, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-10, atol=1e-10)
+    if cross:
+        torch.testing.assert_close(memory.grad, mr.grad, rtol=1e-10, atol=1e-10)

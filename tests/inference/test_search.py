@@ -16,6 +16,7 @@ from attnx.inference.config import SearchConfig
 from attnx.inference.lengths import length_penalty, max_output_lengths
 from attnx.inference.search import beam_search, generate, greedy_search, translate_batch
 from attnx.model import build_transformer
+from attnx.model.cache import AttentionCache
 from tests.conftest import tiny_config
 from tests.inference.toys import (
     MarkovModel,
@@ -33,17 +34,21 @@ from tests.inference.toys import (
 def test_encoder_keys_and_values_are_computed_once_per_sentence_not_per_beam_or_step():
     model = make_model()
     src, src_mask = sources(6, 4)
-    calls: list[int] = []
-    hooks = [
-        layer.cross_attn.k_proj.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
-        for layer in model.decoder_layers
-    ]
-    try:
+    calls: list[int] = []  # rows of each projection of encoder keys and values
+    keys_values = AttentionCache.keys_values
+
+    def record(cache: AttentionCache, project):
+        def counted():
+            k, v = project()
+            calls.append(k.shape[0])
+            return k, v
+
+        return keys_values(cache, counted if cache.static else project)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AttentionCache, "keys_values", record)
         recorder = StepRecorder(model)
         beam_search(model, src, src_mask, SearchConfig(beam=4, max_len_a=0, max_len_b=6))
-    finally:
-        for hook in hooks:
-            hook.remove()
     assert len(recorder.rows) > 1
     assert calls == [2] * len(model.decoder_layers)  # one call per layer, batch of 2 sentences, not 8 rows
 

@@ -25,7 +25,14 @@ def linear(x: Tensor, p: dict[str, Tensor], name: str) -> Tensor:
 def attention(
     query: Tensor, keys: Tensor, p: dict[str, Tensor], name: str, heads: int, allowed: Tensor
 ) -> Tensor:
-    """``allowed``: (T, S) bool for one sentence. Heads computed one at a time."""
+    """``allowed``: (T, S) bool for one sentence. Heads computed one at a time. The weights are read in
+    either layout: ``q_proj``, ``k_proj``, ``v_proj`` apart, or stacked in that order as ``in_proj``."""
+    if f"{name}.in_proj.weight" in p:
+        weight, bias = p[f"{name}.in_proj.weight"], p[f"{name}.in_proj.bias"]
+        d_q = d_k = (weight.shape[0] - p[f"{name}.out_proj.weight"].shape[1]) // 2
+        rows = {"q_proj": slice(0, d_q), "k_proj": slice(d_q, d_q + d_k), "v_proj": slice(d_q + d_k, None)}
+        p = p | {f"{name}.{k}.weight": weight[r] for k, r in rows.items()}
+        p = p | {f"{name}.{k}.bias": bias[r] for k, r in rows.items()}
     q = linear(query, p, f"{name}.q_proj")
     k = linear(keys, p, f"{name}.k_proj")
     v = linear(keys, p, f"{name}.v_proj")

@@ -177,3 +177,32 @@ def test_embeddings_scaled_by_sqrt_d_model():
     expected = model.src_positional(x)
     got = model._embed(tokens, model.src_embedding, model.src_positional)
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
+    reason="the flash kernel in bf16 needs a CUDA device of compute capability 8.0 or newer",
+)
+def test_a_cuda_training_step_and_decoding_run_no_cudnn_attention_and_leave_the_switch_on():
+    """The Transformer chooses the attention kernels once a pass: no attention call sets a flag, and still no
+    cuDNN attention kernel runs, in training (padded sources) or in incremental decoding."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = build_transformer(tiny_config(d_model=256, n_heads=4, d_ff=512)).cuda()
+    src = torch.randint(4, 50, (32, 40), device="cuda")
+    src_mask = torch.arange(40, device="cuda") < torch.randint(1, 41, (32, 1), device="cuda")
+    tgt = torch.randint(4, 50, (32, 30), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(src, tgt, src_mask).float().sum().backward()  # kernels loaded before the profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            model(src, tgt, src_mask).float().sum().backward()
+            with torch.no_grad():
+                state = model.start_decoding(model.encode(src, src_mask), src_mask)
+                for _ in range(3):
+                    model.decode_step(tgt[:, 0], state)
+            torch.cuda.synchronize()
+    names = [event.key for event in prof.key_averages()]
+    assert not [name for name in names if "cudnn" in name.lower() and "sdpa" in name.lower()], names
+    assert [name for name in names if "flash" in name.lower() or "fmha" in name.lower()], names
+    assert torch.backends.cuda.cudnn_sdp_enabled()

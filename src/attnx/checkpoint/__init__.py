@@ -2,8 +2,9 @@
 
 [`attnx.checkpoint.format`][attnx.checkpoint.format] defines the file (a Lightning checkpoint that also
 carries the model config and the SentencePiece model) and reads, rebuilds and writes it;
-[`attnx.checkpoint.average`][attnx.checkpoint.average] averages checkpoints (§6.1). Both are imported from
-here: `from attnx.checkpoint import load_model, average_checkpoints`.
+[`attnx.checkpoint.average`][attnx.checkpoint.average] averages checkpoints (§6.1);
+[`attnx.checkpoint.legacy`][attnx.checkpoint.legacy] brings checkpoints of an earlier layout to today's. All are
+imported from here: `from attnx.checkpoint import load_model, average_checkpoints`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from attnx.checkpoint.format import (
     tensor_bytes,
     tokenizer_sha256,
 )
+from attnx.checkpoint.legacy import upgrade_checkpoint
 from attnx.files import TEMPORARY_SUFFIX, remove_stale_temporaries
 
 __all__ = [
@@ -52,4 +54,5 @@ __all__ = [
     "save_model",
     "tensor_bytes",
     "tokenizer_sha256",
+    "upgrade_checkpoint",
 ]

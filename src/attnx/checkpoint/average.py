@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from attnx.checkpoint.format import CheckpointError, config_difference, read_checkpoint, tokenizer_sha256
+from attnx.checkpoint.legacy import upgrade_checkpoint
 from attnx.model import architecture
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
@@ -30,6 +31,8 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     All inputs must describe the same model (`checkpoint["attnx"]["transformer"]`) and hold the same weight
     names and shapes; otherwise [`CheckpointError`][attnx.checkpoint.format.CheckpointError] names the first file that differs. Floating-point
     weights are summed in float64 and stored in their own dtype; other tensors are taken from the last file.
+    Checkpoints of an earlier attention layout are read in today's
+    ([`upgrade_checkpoint`][attnx.checkpoint.legacy.upgrade_checkpoint]), so both average together.
     Everything else (metadata, hyperparameters, step) is the last file's, minus the training state
     ([`TRAINING_STATE`][attnx.checkpoint.average.TRAINING_STATE]); `averaged_from` lists the inputs.
     """
@@ -40,6 +43,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     first_path, reference, last = paths[0], None, None
     for path in paths:
         checkpoint = read_checkpoint(path)
+        upgrade_checkpoint(checkpoint)  # a run resumed across a change of layout saved both
         state = checkpoint["state_dict"]
         if reference is None:
             reference = checkpoint

@@ -27,27 +27,25 @@ NOT_CUDNN = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBack
 """The kernels `F.scaled_dot_product_attention` may take when cuDNN's is left out, in PyTorch's order."""
 
 
-def attention_kernel(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
-    """`F.scaled_dot_product_attention`, with cuDNN's kernel left out on CUDA unless `CUDNN_ATTENTION`.
+def excludes_cudnn(x: Tensor) -> bool:
+    """Whether attention over `x` must leave cuDNN's kernel out: on CUDA, unless `CUDNN_ATTENTION`."""
+    return x.is_cuda and not CUDNN_ATTENTION
 
-    The switch is PyTorch's own (`torch.backends.cuda.enable_cudnn_sdp`), turned off for this call only and
-    put back after it, so every other choice (an `sdpa_kernel` context around the caller) still holds. Where
-    `torch.compile` traces the layer, the same choice is an `sdpa_kernel` context over the kernels still
-    enabled, which the compiler follows (a flag set by hand would not reach the compiled graph).
+
+def attention_backends(x: Tensor) -> contextlib.AbstractContextManager:
+    """The kernels attention may take while a whole forward pass runs over `x`: an `sdpa_kernel` context
+    over the kernels PyTorch's flags allow (an `sdpa_kernel` of the caller's included), cuDNN's left out
+    where [`excludes_cudnn`][attnx.components.attention.excludes_cudnn]; a null context elsewhere.
+
+    The model enters it once per pass (encoder, decoder, one decoding step), not once per attention call:
+    the flags are set twice a pass whatever the number of layers, and the attention path itself does no host
+    work for the choice. The compiler follows an `sdpa_kernel` context, a flag set by hand it would not.
+    The backward kernels are those the forward chose, so the context need not cover `backward()`.
     """
-    if CUDNN_ATTENTION:
-        return F.scaled_dot_product_attention(q, k, v, **options)
-    if torch.compiler.is_compiling():  # (reading cuDNN's flag here would split the graph)
-        allowed = [backend for backend in NOT_CUDNN if backend_enabled(backend)]
-        with sdpa_kernel(allowed) if allowed else contextlib.nullcontext():
-            return F.scaled_dot_product_attention(q, k, v, **options)
-    if q.is_cuda and torch.backends.cuda.cudnn_sdp_enabled():
-        torch.backends.cuda.enable_cudnn_sdp(False)
-        try:
-            return F.scaled_dot_product_attention(q, k, v, **options)
-        finally:
-            torch.backends.cuda.enable_cudnn_sdp(True)
-    return F.scaled_dot_product_attention(q, k, v, **options)
+    if not excludes_cudnn(x):
+        return contextlib.nullcontext()
+    allowed = [backend for backend in NOT_CUDNN if backend_enabled(backend)]
+    return sdpa_kernel(allowed) if allowed else contextlib.nullcontext()
 
 
 @torch.compiler.assume_constant_result  # read while tracing, as the compiler reads the flags for its kernel
@@ -59,6 +57,20 @@ def backend_enabled(backend: SDPBackend) -> bool:
         SDPBackend.EFFICIENT_ATTENTION: flags.mem_efficient_sdp_enabled,
         SDPBackend.MATH: flags.math_sdp_enabled,
     }[backend]()
+
+
+SEPARATE_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+"""The projections earlier attnx kept as three `nn.Linear`s, in the order their rows stack in `in_proj`."""
+
+
+def fuse_separate_projections(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """Load-time hook: a state dict of the earlier layout (`q_proj`, `k_proj`, `v_proj`, each a weight and a
+    bias) gets them stacked along the output dimension as `in_proj`, the one projection this layout holds.
+    Weights are not changed, only stacked: the model computes what it computed before."""
+    for suffix in ("weight", "bias"):
+        names = [f"{prefix}{name}.{suffix}" for name in SEPARATE_PROJECTIONS]
+        if all(name in state_dict for name in names):
+            state_dict[f"{prefix}in_proj.{suffix}"] = torch.cat([state_dict.pop(name) for name in names])
 
 
 class MultiHeadAttention(nn.Module):
@@ -80,6 +92,12 @@ class MultiHeadAttention(nn.Module):
     broadcast `(B, 1, 1, S)` mask, which the memory-efficient kernel takes without expanding it (cuDNN's is
     left out on CUDA: `CUDNN_ATTENTION`).
     `key_mask=None` means no padding, so a caller that knows a batch is unpadded lets every kernel run.
+
+    W^Q, W^K and W^V are one stacked `in_proj` (`(W^Q; W^K; W^V)`): self-attention (`query is key_value`)
+    projects its input once, in one matrix product (one kernel, the input cast once under autocast, not three
+    times); encoder-decoder attention projects the queries with W^Q and the memory with W^K and W^V stacked,
+    two products. Checkpoints of the earlier layout, three separate projections, load unchanged
+    ([`fuse_separate_projections`][attnx.components.attention.fuse_separate_projections]).
     """
 
     def __init__(
@@ -102,14 +120,22 @@ class MultiHeadAttention(nn.Module):
         self.d_k = d_k or d_model // n_heads  # Table 3 (B) varies d_k alone
         self.d_v = d_v or d_model // n_heads
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_heads * self.d_v, bias=bias)
+        self.sizes = (n_heads * self.d_k, n_heads * self.d_k, n_heads * self.d_v)  # rows of W^Q, W^K, W^V
+        self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=bias)  # (W^Q; W^K; W^V) stacked
         self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
-        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
-            nn.init.xavier_uniform_(proj.weight)
+        # each of W^Q, W^K, W^V, W^O initialized as its own matrix, in that order (as when they were four)
+        for weight in (*self.in_proj.weight.data.split(self.sizes), self.out_proj.weight.data):
+            nn.init.xavier_uniform_(weight)
+        for proj in (self.in_proj, self.out_proj):
             if bias:
                 nn.init.zeros_(proj.bias)
+        self.register_load_state_dict_pre_hook(fuse_separate_projections)
+
+    def projections(self) -> list[tuple[Tensor, Tensor | None]]:
+        """`(weight, bias)` of W^Q, W^K and W^V, views into `in_proj` (what exporters write one by one)."""
+        weights = self.in_proj.weight.split(self.sizes)
+        biases = self.in_proj.bias.split(self.sizes) if self.in_proj.bias is not None else (None,) * 3
+        return list(zip(weights, biases, strict=True))
 
     def _heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -126,10 +152,22 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         b, t, _ = query.shape
-        q = self._heads(self.q_proj(query))  # (B, H, T, d_k)
-        k, v, offset = cached_keys_values(
-            cache, lambda: (self._heads(self.k_proj(key_value)), self._heads(self.v_proj(key_value)))
-        )  # (B, H, S, d_k), (B, H, S, d_v)
+        if query is key_value:  # self-attention: Q, K and V in one matrix product
+            q, k, v = self.in_proj(query).split(self.sizes, dim=-1)  # (B, T, H*d_k), ..., (B, T, H*d_v)
+            kv = (self._heads(k), self._heads(v))
+            k, v, offset = cached_keys_values(cache, lambda: kv)
+        else:  # encoder-decoder attention: Q from the queries, K and V in one product from the memory
+            rows = (self.sizes[0], self.sizes[1] + self.sizes[2])
+            w_q, w_kv = self.in_proj.weight.split(rows)
+            b_q, b_kv = (None, None) if self.in_proj.bias is None else self.in_proj.bias.split(rows)
+            q = F.linear(query, w_q, b_q)
+
+            def project() -> tuple[Tensor, Tensor]:
+                k, v = F.linear(key_value, w_kv, b_kv).split(self.sizes[1:], dim=-1)
+                return self._heads(k), self._heads(v)
+
+            k, v, offset = cached_keys_values(cache, project)  # (B, H, S, d_k), (B, H, S, d_v)
+        q = self._heads(q)  # (B, H, T, d_k)
         s = k.shape[2]
         dropout = self.dropout if self.training else 0.0
         weights = None
@@ -149,12 +187,12 @@ class MultiHeadAttention(nn.Module):
             # when the first query cannot see the last one.
             causal = causal and offset < s - 1
             if causal and key_mask is None and offset == 0 and t == s:
-                out = attention_kernel(q, k, v, dropout_p=dropout, is_causal=True)
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
             else:
                 mask = attention_mask(
                     key_mask, causal, t, s, offset, query.device
                 )  # (B|1, 1, T|1, S) or None
-                out = attention_kernel(q, k, v, attn_mask=mask, dropout_p=dropout)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
         out = self.out_proj(out.transpose(1, 2).reshape(b, t, -1))  # (B, T, D)
         return (out, weights) if need_weights else out
 

@@ -12,6 +12,9 @@ class ReluFeedForward(nn.Module):
     """§3.3 `FFN(x) = max(0, x W1 + b1) W2 + b2`, applied to each position separately.
 
     `dropout` acts on the hidden ReLU activations; the paper uses none there (0.0).
+    [`hidden`][attnx.components.feedforward.ReluFeedForward.hidden] is the first layer with its bias, ReLU and
+    dropout, a method of its own: where it is compiled
+    ([`fuse_pointwise`][attnx.training.fusion.fuse_pointwise]) what follows the matrix product is one kernel.
     """
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
@@ -24,8 +27,11 @@ class ReluFeedForward(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = F.relu(self.w1(x))  # (B, T, d_ff)
-        return self.w2(F.dropout(hidden, self.dropout, self.training))  # (B, T, D)
+        return self.w2(self.hidden(x))  # (B, T, D)
+
+    def hidden(self, x: Tensor) -> Tensor:
+        """`Dropout(max(0, x W1 + b1))`, `(B, T, d_ff)`."""
+        return F.dropout(F.relu(self.w1(x)), self.dropout, self.training)
 
 
 @hookimpl

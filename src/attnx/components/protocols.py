@@ -24,7 +24,11 @@ class KeyValueCache(Protocol):
 
 
 class Attention(Protocol):
-    """`cls(d_model: int, n_heads: int, **args)`."""
+    """`cls(d_model: int, n_heads: int, **args)`.
+
+    The model calls it inside [`attention_backends`][attnx.components.attention.attention_backends], entered
+    once per pass: a component that runs `F.scaled_dot_product_attention` gets the same kernel choice as the
+    built-in one, and sets no backend flag itself."""
 
     def __call__(
         self,

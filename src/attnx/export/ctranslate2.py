@@ -74,11 +74,13 @@ def _array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to(torch.float32).cpu().numpy().copy()
 
 
-def _linear(spec: Any, layers: Sequence[nn.Linear]) -> None:
-    """`spec` gets the given projections stacked along the output dimension (CTranslate2's fused q/k/v)."""
-    spec.weight = np.concatenate([_array(layer.weight) for layer in layers])
-    if layers[0].bias is not None:
-        spec.bias = np.concatenate([_array(layer.bias) for layer in layers])
+def _linear(spec: Any, layers: Sequence[nn.Linear | tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+    """`spec` gets the given projections (layers, or `(weight, bias)` pairs) stacked along the output
+    dimension (CTranslate2's fused q/k/v)."""
+    pairs = [(layer.weight, layer.bias) if isinstance(layer, nn.Linear) else layer for layer in layers]
+    spec.weight = np.concatenate([_array(weight) for weight, _ in pairs])
+    if pairs[0][1] is not None:
+        spec.bias = np.concatenate([_array(bias) for _, bias in pairs])
 
 
 def _norm(spec: Any, norm: nn.LayerNorm) -> None:
@@ -119,7 +121,7 @@ def transformer_spec(model: Transformer, config: TransformerConfig, tokenizer: T
 
     for layer_spec, layer in zip(encoder.layer, model.encoder_layers, strict=True):
         attn = layer.self_attn
-        _linear(layer_spec.self_attention.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+        _linear(layer_spec.self_attention.linear[0], attn.projections())
         _linear(layer_spec.self_attention.linear[1], [attn.out_proj])
         _norm(layer_spec.self_attention.layer_norm, layer.attn_residual.norm)
         _linear(layer_spec.ffn.linear_0, [layer.ffn.w1])
@@ -127,11 +129,12 @@ def transformer_spec(model: Transformer, config: TransformerConfig, tokenizer: T
         _norm(layer_spec.ffn.layer_norm, layer.ffn_residual.norm)
     for layer_spec, layer in zip(decoder.layer, model.decoder_layers, strict=True):
         attn, cross = layer.self_attn, layer.cross_attn
-        _linear(layer_spec.self_attention.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+        _linear(layer_spec.self_attention.linear[0], attn.projections())
         _linear(layer_spec.self_attention.linear[1], [attn.out_proj])
         _norm(layer_spec.self_attention.layer_norm, layer.self_residual.norm)
-        _linear(layer_spec.attention.linear[0], [cross.q_proj])
-        _linear(layer_spec.attention.linear[1], [cross.k_proj, cross.v_proj])
+        q, k, v = cross.projections()
+        _linear(layer_spec.attention.linear[0], [q])
+        _linear(layer_spec.attention.linear[1], [k, v])
         _linear(layer_spec.attention.linear[2], [cross.out_proj])
         _norm(layer_spec.attention.layer_norm, layer.cross_residual.norm)
         _linear(layer_spec.ffn.linear_0, [layer.ffn.w1])

@@ -111,18 +111,22 @@ def generation_config(config: TransformerConfig) -> Any:
 
 
 @torch.no_grad()
-def _copy_linear(dst: nn.Linear, src: nn.Linear, perm: Tensor, reads: bool, writes: bool) -> None:
-    """`dst` = `src` with input columns (`reads`) and/or output rows (`writes`) in Marian's basis."""
-    weight = src.weight.detach().float()
+def _copy_linear(
+    dst: nn.Linear, src: nn.Linear | tuple[Tensor, Tensor | None], perm: Tensor, reads: bool, writes: bool
+) -> None:
+    """`dst` = `src` (a layer or its `(weight, bias)`) with input columns (`reads`) and/or output rows
+    (`writes`) in Marian's basis."""
+    weight, bias = (src.weight, src.bias) if isinstance(src, nn.Linear) else src
+    weight = weight.detach().float()
     if reads:
         weight = weight[:, perm]
     if writes:
         weight = weight[perm]
     dst.weight.copy_(weight)
-    if src.bias is None:
+    if bias is None:
         dst.bias.zero_()  # Marian's projections always have a bias
     else:
-        dst.bias.copy_(src.bias.detach().float()[perm] if writes else src.bias.detach().float())
+        dst.bias.copy_(bias.detach().float()[perm] if writes else bias.detach().float())
 
 
 @torch.no_grad()
@@ -132,8 +136,8 @@ def _copy_norm(dst: nn.LayerNorm, src: nn.LayerNorm, perm: Tensor) -> None:
 
 
 def _copy_attention(dst: nn.Module, src: nn.Module, perm: Tensor) -> None:
-    for name in ("q_proj", "k_proj", "v_proj"):
-        _copy_linear(getattr(dst, name), getattr(src, name), perm, reads=True, writes=False)
+    for name, projection in zip(("q_proj", "k_proj", "v_proj"), src.projections(), strict=True):
+        _copy_linear(getattr(dst, name), projection, perm, reads=True, writes=False)
     _copy_linear(dst.out_proj, src.out_proj, perm, reads=False, writes=True)
 
 

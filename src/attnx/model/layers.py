@@ -11,7 +11,12 @@ from attnx.model.cache import AttentionCache
 
 
 class PostNorm(nn.Module):
-    """The paper's residual connection: `LayerNorm(x + Dropout(Sublayer(x)))`."""
+    """The paper's residual connection: `LayerNorm(x + Dropout(Sublayer(x)))`.
+
+    What follows the sub-layer is [`merge`][attnx.model.layers.PostNorm.merge], a method of its own: pointwise
+    work that one compiled kernel does where [`fuse_pointwise`][attnx.training.fusion.fuse_pointwise] compiles
+    it, and plain PyTorch otherwise.
+    """
 
     def __init__(self, norm: nn.Module, dropout: float) -> None:
         super().__init__()
@@ -19,11 +24,19 @@ class PostNorm(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        return self.norm(x + F.dropout(sublayer(x), self.dropout, self.training))
+        return self.merge(x, sublayer(x))
+
+    def merge(self, x: Tensor, y: Tensor) -> Tensor:
+        """`LayerNorm(x + Dropout(y))`: the residual `x` `(B, T, D)` and the sub-layer's output `y`."""
+        return self.norm(x + F.dropout(y, self.dropout, self.training))
 
 
 class PreNorm(nn.Module):
-    """The pre-norm variant `x + Dropout(Sublayer(LayerNorm(x)))`; the stack then ends in one more norm."""
+    """The pre-norm variant `x + Dropout(Sublayer(LayerNorm(x)))`; the stack then ends in one more norm.
+
+    [`merge`][attnx.model.layers.PreNorm.merge] is the pointwise work after the sub-layer, as in
+    [`PostNorm`][attnx.model.layers.PostNorm].
+    """
 
     def __init__(self, norm: nn.Module, dropout: float) -> None:
         super().__init__()
@@ -31,7 +44,11 @@ class PreNorm(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        return x + F.dropout(sublayer(self.norm(x)), self.dropout, self.training)
+        return self.merge(x, sublayer(self.norm(x)))
+
+    def merge(self, x: Tensor, y: Tensor) -> Tensor:
+        """`x + Dropout(y)`: the residual `x` `(B, T, D)` and the sub-layer's output `y`."""
+        return x + F.dropout(y, self.dropout, self.training)
 
 
 RESIDUALS: dict[str, type[nn.Module]] = {"post": PostNorm, "pre": PreNorm}

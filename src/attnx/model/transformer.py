@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnx.components.attention import attention_backends
 from attnx.model.cache import AttentionCache
 
 
@@ -48,6 +49,10 @@ class Transformer(nn.Module):
     class only wires them: embeddings × √d_model (§3.4) plus positions (§3.5), dropout, N encoder layers, N
     decoder layers, and the pre-softmax projection, whose weight is the embedding matrix when
     `output_weight` is None (§3.4).
+
+    Each pass over the layers (encoding, teacher-forced decoding, one decoding step) runs inside
+    [`attention_backends`][attnx.components.attention.attention_backends]: the attention kernels are chosen
+    once a pass, for every attention component alike, never inside an attention call.
     """
 
     POSITIONAL_ACTS_ON = ("embeddings",)
@@ -105,8 +110,9 @@ class Transformer(nn.Module):
     def encode(self, src: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
         """`src` `(B, S)` token ids, `src_mask` `(B, S)` True at real tokens -> memory `(B, S, D)`."""
         x = self._embed(src, self.src_embedding, self.src_positional)
-        for layer in self.encoder_layers:
-            x = layer(x, src_mask, weights)
+        with attention_backends(x):
+            for layer in self.encoder_layers:
+                x = layer(x, src_mask, weights)
         return self.encoder_norm(x)
 
     def decode_features(
@@ -117,8 +123,9 @@ class Transformer(nn.Module):
         Training projects only the rows it scores (padding never reaches the `V`-wide softmax).
         """
         x = self._embed(tgt_in, self.tgt_embedding, self.tgt_positional)
-        for layer in self.decoder_layers:
-            x = layer(x, memory, src_mask, weights=weights)
+        with attention_backends(x):
+            for layer in self.decoder_layers:
+                x = layer(x, memory, src_mask, weights=weights)
         return self.decoder_norm(x)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
@@ -134,10 +141,11 @@ class Transformer(nn.Module):
         """Fresh decoding state with encoder-decoder keys/values computed once, from `memory`."""
         state = DecoderState(memory=memory, src_mask=src_mask)
         probe = memory[:, :1]  # any query fills a static cache with the keys/values of the whole memory
-        for layer in self.decoder_layers:
-            self_cache, cross_cache = AttentionCache(static=False), AttentionCache(static=True)
-            layer.cross_attn(probe, memory, key_mask=src_mask, cache=cross_cache)
-            state.caches.append((self_cache, cross_cache))
+        with attention_backends(memory):
+            for layer in self.decoder_layers:
+                self_cache, cross_cache = AttentionCache(static=False), AttentionCache(static=True)
+                layer.cross_attn(probe, memory, key_mask=src_mask, cache=cross_cache)
+                state.caches.append((self_cache, cross_cache))
         return state
 
     def decode_step(self, tokens: Tensor, state: DecoderState, weights: list | None = None) -> Tensor:
@@ -150,7 +158,8 @@ class Transformer(nn.Module):
         x = self._embed(
             tokens.unsqueeze(1), self.tgt_embedding, self.tgt_positional, state.offset
         )  # (B, 1, D)
-        for layer, cache in zip(self.decoder_layers, state.caches, strict=True):
-            x = layer(x, state.memory, state.src_mask, cache=cache, weights=weights)
+        with attention_backends(x):
+            for layer, cache in zip(self.decoder_layers, state.caches, strict=True):
+                x = layer(x, state.memory, state.src_mask, cache=cache, weights=weights)
         state.offset += 1
         return F.linear(self.decoder_norm(x[:, 0]), self.output_weight)  # (B, V)

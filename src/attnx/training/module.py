@@ -16,7 +16,13 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from attnx.checkpoint import CheckpointError, check_tokenizer, config_difference, make_metadata
+from attnx.checkpoint import (
+    CheckpointError,
+    check_tokenizer,
+    config_difference,
+    make_metadata,
+    upgrade_checkpoint,
+)
 from attnx.components.loss import LossSums
 from attnx.data.batch import Batch
 from attnx.data.tokenizer import Tokenizer
@@ -335,3 +341,4 @@ class TranslationTask(pl.LightningModule):
             diff = config_difference(theirs, ours, "checkpoint", "config")
             raise CheckpointError(f"checkpoint is of another model than the config describes ({diff})")
         self.seed = checkpoint.get("attnx_training", {}).get("seed", self.seed)
+        upgrade_checkpoint(checkpoint, self)  # the earlier attention layout: weights and Adam's moments

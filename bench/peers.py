@@ -1,0 +1,320 @@
+"""attnx beside two other PyTorch implementations of the same model, trained on the same batches in one run
+(``bench_gpu.py --peers``): the ratio, not a figure from elsewhere.
+
+* **attnx**: the model ``build_transformer`` makes, the loss ``TranslationTask`` trains with
+  (``translation_loss``: label smoothing 0.1, only real target positions projected);
+* **Marian**: Hugging Face ``MarianMTModel`` built from a ``MarianConfig`` with attnx's dimensions (d_model,
+  heads, FFN width, layers, vocabulary, dropout on sub-layers only, ReLU, post-norm, embeddings scaled by
+  √d_model, one matrix for both embeddings and the output), attention through PyTorch's SDPA
+  (``attn_implementation="sdpa"``), its logits over every target position into ``F.cross_entropy`` with
+  ``label_smoothing=0.1``, padding ignored: what a user of ``transformers`` writes;
+* **nn.Transformer**: ``torch.nn.Transformer`` (batch first, post-norm, its own final LayerNorms) between a
+  shared embedding scaled by √d_model plus the paper's sinusoids, with the embedding as output projection,
+  the same loss as Marian's.
+
+Every system gets the same batches from attnx's loader, the same autocast precision, fused AdamW and the same
+step loop (the loss read back once per optimizer step, as ``attnx fit`` does). Attention on CUDA runs with
+cuDNN's kernel left out for all three (``attention_backends``: the kernels the others would choose by
+default are PyTorch's, the cause of attnx's choice is PyTorch's too). Rounds alternate the order (attnx,
+Marian, nn.Transformer; then reversed), since the first run of a kernel configuration in a process pays for
+loading it; every round is reported, the last is the one to quote. MFU counts the paper model's FLOPs for
+every system (``training_flops_per_token``), so the three share one numerator per token: work the others do
+beyond it (logits of padded positions) costs them time, not credit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from harness import batch_flops, markdown_table
+from torch import Tensor, nn
+
+from attnx.components.attention import attention_backends
+from attnx.components.loss import translation_loss
+from attnx.components.positional import sinusoid_table
+from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
+from attnx.model import TransformerConfig, build_transformer
+
+LABEL_SMOOTHING = 0.1
+SYSTEMS = ("attnx", "Marian", "nn.Transformer")
+
+
+def marian(config: TransformerConfig) -> nn.Module:
+    """Hugging Face's ``MarianMTModel`` with ``config``'s dimensions and SDPA attention."""
+    from transformers import MarianConfig, MarianMTModel
+
+    hf = MarianConfig(
+        vocab_size=config.vocab_size,
+        d_model=config.d_model,
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        encoder_attention_heads=config.n_heads,
+        decoder_attention_heads=config.n_heads,
+        encoder_ffn_dim=config.d_ff,
+        decoder_ffn_dim=config.d_ff,
+        activation_function="relu",
+        dropout=config.dropout,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        max_position_embeddings=config.max_len,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        decoder_start_token_id=BOS_ID,
+        attn_implementation="sdpa",
+    )
+    model = MarianMTModel(hf)
+    if model.config._attn_implementation != "sdpa":
+        raise RuntimeError(f"MarianMTModel runs {model.config._attn_implementation!r} attention, not sdpa")
+    return model
+
+
+def marian_loss(model: nn.Module, batch: Batch) -> Tensor:
+    logits = model(input_ids=batch.src, attention_mask=batch.src_mask, decoder_input_ids=batch.tgt_in).logits
+    return label_smoothed_sum(logits, batch.tgt_out)  # (B, T, V) over every position
+
+
+class TorchTransformer(nn.Module):
+    """``torch.nn.Transformer`` with a shared, √d_model-scaled embedding, the paper's sinusoids and the
+    embedding matrix as output projection."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        d = config.d_model
+        self.embedding = nn.Embedding(config.vocab_size, d, padding_idx=PAD_ID)
+        nn.init.normal_(self.embedding.weight, std=d**-0.5)
+        self.register_buffer("positions", sinusoid_table(config.max_len, d).float(), persistent=False)
+        self.transformer = nn.Transformer(
+            d,
+            config.n_heads,
+            config.encoder_layers,
+            config.decoder_layers,
+            config.d_ff,
+            config.dropout,
+            batch_first=True,
+        )
+        self.scale, self.dropout = math.sqrt(d), config.dropout
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        x = self.embedding(tokens) * self.scale + self.positions[: tokens.shape[1]]  # (B, T, D)
+        return F.dropout(x, self.dropout, self.training)
+
+    def forward(self, batch: Batch) -> Tensor:
+        t = batch.tgt_in.shape[1]
+        causal = nn.Transformer.generate_square_subsequent_mask(t, device=batch.tgt_in.device)
+        padding = ~batch.src_mask  # (B, S) True = padding, as torch's modules take it
+        out = self.transformer(
+            self.embed(batch.src),
+            self.embed(batch.tgt_in),
+            tgt_mask=causal,
+            src_key_padding_mask=padding,
+            memory_key_padding_mask=padding,
+            tgt_is_causal=True,
+        )
+        return F.linear(out, self.embedding.weight)  # (B, T, V)
+
+
+def torch_transformer_loss(model: nn.Module, batch: Batch) -> Tensor:
+    return label_smoothed_sum(model(batch), batch.tgt_out)
+
+
+def label_smoothed_sum(logits: Tensor, target: Tensor) -> Tensor:
+    """Label-smoothed cross-entropy summed over real target tokens (autocast runs it in fp32)."""
+    return F.cross_entropy(
+        logits.flatten(0, 1),
+        target.flatten(),
+        ignore_index=PAD_ID,
+        label_smoothing=LABEL_SMOOTHING,
+        reduction="sum",
+    )
+
+
+def attnx_loss(model: nn.Module, batch: Batch) -> Tensor:
+    return translation_loss(model, batch, LABEL_SMOOTHING).loss
+
+
+BUILDERS: dict[str, tuple[Callable[[TransformerConfig], nn.Module], Callable[[nn.Module, Batch], Tensor]]] = {
+    "attnx": (build_transformer, attnx_loss),
+    "Marian": (marian, marian_loss),
+    "nn.Transformer": (TorchTransformer, torch_transformer_loss),
+}
+
+
+@dataclass
+class PeerResult:
+    system: str
+    model: str
+    precision: str
+    max_tokens: int
+    accumulate: int
+    round: int
+    parameters: int = 0
+    steps: int = 0
+    seconds: float = math.nan
+    tokens: int = 0
+    target_tokens: int = 0
+    flops: float = 0.0
+    losses: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    def rates(self, peak: float) -> dict[str, float]:
+        return {
+            "target_tokens_per_s": self.target_tokens / self.seconds,
+            "tokens_per_s": self.tokens / self.seconds,
+            "ms_per_step": 1000 * self.seconds / max(self.steps, 1),
+            "mfu": self.flops / self.seconds / peak,
+        }
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_steps(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, Batch], Tensor],
+    optimizer: torch.optim.Optimizer,
+    config: TransformerConfig,
+    batches: list[Batch],
+    result: PeerResult,
+    warmup: int,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    device: torch.device,
+) -> PeerResult:
+    """``warmup`` untimed, then timed optimizer steps of ``result.accumulate`` batches each: the step of
+    ``bench_gpu.train_plain`` (copy to the device, loss under autocast, backward, one finite-loss check and
+    one read-back per optimizer step, fused AdamW), the same for every system."""
+    acc = result.accumulate
+    steps = len(batches) // acc
+    model.train()
+    start = time.perf_counter()
+    for step in range(steps):
+        if step == warmup:
+            sync(device)
+            start = time.perf_counter()
+        total = torch.zeros((), device=device)
+        for batch in batches[step * acc : (step + 1) * acc]:
+            batch = batch.to(device)
+            with autocast(), attention_backends(batch.src):
+                loss = loss_fn(model, batch) / batch.n_tgt_tokens
+            total += loss.detach()
+            (loss / acc).backward()
+            if step >= warmup:
+                result.tokens += batch.n_src_tokens + batch.n_tgt_tokens
+                result.target_tokens += batch.n_tgt_tokens
+                result.flops += batch_flops(config, batch)
+        if not torch.isfinite(total):
+            raise FloatingPointError(f"{result.system}: loss {float(total) / acc} at step {step}")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        result.losses.append(float(total) / acc)
+    sync(device)
+    result.seconds = time.perf_counter() - start
+    result.steps = steps - warmup
+    return result
+
+
+def peer_rounds(
+    name: str,
+    config: TransformerConfig,
+    batches: list[Batch],
+    precision: str,
+    dtype: torch.dtype | None,
+    max_tokens: int,
+    acc: int,
+    warmup: int,
+    rounds: int,
+    device: torch.device,
+) -> list[PeerResult]:
+    """Every system trained on ``batches`` ``rounds`` times, the order reversed every other round."""
+    systems: dict[str, tuple[nn.Module, Callable, torch.optim.Optimizer]] = {}
+    for system in SYSTEMS:
+        build, loss_fn = BUILDERS[system]
+        torch.manual_seed(0)
+        model = build(config).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+        systems[system] = (model, loss_fn, optimizer)
+
+    def autocast() -> contextlib.AbstractContextManager:
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=dtype)
+
+    results = []
+    for number in range(1, rounds + 1):
+        order = SYSTEMS if number % 2 else SYSTEMS[::-1]
+        for system in order:
+            model, loss_fn, optimizer = systems[system]
+            result = PeerResult(system, name, precision, max_tokens, acc, number)
+            result.parameters = sum(p.numel() for p in model.parameters())
+            try:
+                train_steps(model, loss_fn, optimizer, config, batches, result, warmup, autocast, device)
+            except torch.OutOfMemoryError as e:
+                result.error = f"out of memory: {str(e).splitlines()[0]}"
+            except Exception as e:  # report it, go on with the others
+                result.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            results.append(result)
+    return results
+
+
+def peer_table(results: list[PeerResult], peak: float, device_name: str) -> str:
+    """One row per system and round; each row's target tokens/s also as a multiple of attnx's that round."""
+    attnx = {
+        (r.model, r.precision, r.max_tokens, r.round): r.rates(peak)["target_tokens_per_s"]
+        for r in results
+        if r.system == "attnx" and r.error is None
+    }
+    header = ["device", "model", "precision", "max_tokens × acc", "round", "system", "params (M)",
+              "tgt tokens/s (wps)", "tokens/s (src+tgt)", "ms/step", "MFU", "÷ attnx", "loss first → last"]  # fmt: skip
+    rows = []
+    for r in results:
+        cells = [device_name, r.model, r.precision, f"{r.max_tokens} × {r.accumulate}", r.round, r.system,
+                 f"{r.parameters / 1e6:.1f}"]  # fmt: skip
+        if r.error:
+            rows.append(cells + [r.error] + [""] * (len(header) - len(cells) - 1))
+            continue
+        rate = r.rates(peak)
+        ours = attnx.get((r.model, r.precision, r.max_tokens, r.round))
+        rows.append(cells + [f"{rate['target_tokens_per_s']:,.0f}", f"{rate['tokens_per_s']:,.0f}",
+                             f"{rate['ms_per_step']:,.0f}", f"{rate['mfu']:.1%}",
+                             f"{rate['target_tokens_per_s'] / ours:.2f}" if ours else "",
+                             f"{r.losses[0]:.2f} → {r.losses[-1]:.2f}" if r.losses else ""])  # fmt: skip
+    return markdown_table(header, rows)
+
+
+def peer_records(results: list[PeerResult], peak: float, info: dict[str, Any]) -> list[dict[str, Any]]:
+    return [asdict(r) | ({} if r.error else r.rates(peak)) | {"machine": info} for r in results]
+
+
+def run_peers(args: Any, configs: dict[str, TransformerConfig], precisions: dict[str, torch.dtype | None],
+              batches_for: Callable[[int, int], list[Batch]], accumulation: Callable[[int], int],
+              device: torch.device, peak: float, info: dict[str, Any], where: str) -> list[dict[str, Any]]:  # fmt: skip
+    """``bench_gpu.py --peers``: the rounds of every model, precision and ``--max_tokens``, printed as they
+    finish, then as one table under the device line; the records for ``--json``."""
+    print(f"## attnx and its peers on the same batches ({args.peer_rounds} rounds, order reversed every "
+          f"other round; quote the last)\n{where}\n", flush=True)  # fmt: skip
+    results: list[PeerResult] = []
+    for max_tokens in args.max_tokens:
+        acc = accumulation(max_tokens)
+        batches = batches_for(max_tokens, (args.warmup + args.steps) * acc)
+        for name, config in configs.items():
+            for precision in args.precision:
+                done = peer_rounds(name, config, batches, precision, precisions[precision], max_tokens, acc,
+                                   args.warmup, args.peer_rounds, device)  # fmt: skip
+                print(peer_table(done, peak, info["device_name"]), flush=True)
+                results += done
+        del batches
+    if len(results) > args.peer_rounds * len(SYSTEMS):  # more than one configuration: all of them together
+        print(f"\n{peer_table(results, peak, info['device_name'])}", flush=True)
+    print(f"{where}\n", flush=True)
+    return peer_records(results, peak, info)
