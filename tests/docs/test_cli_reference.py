@@ -4,7 +4,7 @@ Regenerate it after changing a command's options:
 
     python -m tests.docs.test_cli_reference
 
-The help texts are captured in one fresh interpreter (commands in table order, 100 columns), so what
+The help texts are captured in one fresh interpreter (commands in table order, 80 columns), so what
 LightningCLI lists as "known subclasses" does not depend on what the test session has imported.
 """
 
@@ -23,7 +23,7 @@ from attnx.cli import COMMANDS, summary
 from tests.conftest import REPO
 
 PAGE = REPO / "docs" / "cli.md"
-COLUMNS = "100"
+COLUMNS = "80"  # a code block shows 80 columns whole in a 1280-pixel window
 COLLAPSE_AFTER = 60  # lines: longer help texts are folded so the page stays readable
 
 CAPTURE = """
@@ -44,7 +44,7 @@ json.dump(texts, sys.stdout)
 INTRO = """\
 # CLI reference
 
-Every `attnx` command with its `--help`, exactly as the installed version prints it (100 columns wide).
+Every `attnx` command with its `--help`, exactly as the installed version prints it (80 columns wide).
 This page is generated: `tests/docs/test_cli_reference.py` fails when it differs from the live help, and
 `python -m tests.docs.test_cli_reference` rewrites it.
 
