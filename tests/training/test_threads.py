@@ -53,10 +53,11 @@ def test_a_resumed_run_measures_at_its_first_step_and_logs_the_count_every_step(
     original = torch.get_num_threads()
     torch.set_num_threads(1)
     logged_at, used = [], []
+    logged: dict[str, float] = {}
+    module = SimpleNamespace(log=lambda name, value: logged.__setitem__(name, value))
     try:
         for step in range(147, 153):
-            logged: dict[str, float] = {}
-            module = SimpleNamespace(log=lambda name, value: logged.__setitem__(name, value))
+            logged.clear()
             trainer.global_step = step
             callback.on_train_batch_start(trainer, module, batch, step)
             used.append(torch.get_num_threads())

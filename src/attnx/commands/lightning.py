@@ -58,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             seed_everything_default=1,
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"prog": "attnx", **no_exit, **{name: dict(no_exit) for name in SUBCOMMANDS}},
-            trainer_defaults={"enable_progress_bar": sys.stderr.isatty()},
+            # test and predict count sentences on their own line (TranslationEvaluator), not batches on a bar
+            trainer_defaults={
+                "enable_progress_bar": sys.stderr.isatty() and subcommand not in ("test", "predict")
+            },
         )
     except ArgumentError as err:
         if expected_error(err) is not None:  # a setting refused its value: `attnx` reports that error

@@ -41,7 +41,7 @@ from attnx.training.optimizers import SCHEDULER_NEEDS_OPTIMIZER, choice_line, co
 from attnx.training.precision import resolve_cpu_precision
 from attnx.training.progress import ProgressLog
 from attnx.training.resume import check_init_from, continue_run, load_initial_weights
-from attnx.training.runs import Resumed, RunFolder, pin_versions, resumed_run
+from attnx.training.runs import Resumed, RunFolder, evaluation_folder, resumed_run
 from attnx.training.throughput import TokenThroughput
 
 DECODING_COMMANDS = ("validate", "test", "predict")
@@ -104,6 +104,10 @@ class AttnxCLI(LightningCLI):
             )
         config["ckpt_path"] = checked_checkpoint(subcommand, config.get("ckpt_path"), config.get("trainer"))
         if subcommand != "fit":
+            ckpt_path = config.get("ckpt_path")
+            if ckpt_path and Path(ckpt_path).is_file():  # its run folder only: the weights load later
+                stored = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+                self.resumed = resumed_run(ckpt_path, stored)
             return
         typed = yaml.safe_load(parser.dump(self.config, skip_link_targets=False))[subcommand]
         self.run_config = yaml.safe_dump(
@@ -125,8 +129,14 @@ class AttnxCLI(LightningCLI):
             if self.resumed is not None:  # the command line's and config's model, not the checkpoint's
                 config["model"] = self.typed_model
             self.continued = continue_run(config.get("trainer") or {}, self.resumed, self.typed)
-        else:
-            pin_versions(config.get("trainer") or {}, None, None)  # one folder for the loggers of a test run
+        else:  # a checkpoint of one of this config's runs: its logs and translations in that run's folder
+            folder = evaluation_folder(self.resumed, config.get("trainer") or {}, subcommand)
+            if folder is not None and rank_zero_only.rank == 0:
+                print(
+                    f"attnx {subcommand}: {self.resumed.checkpoint} belongs to the run {self.resumed.log_dir}; "
+                    f"this {subcommand} logs in {folder}",
+                    flush=True,
+                )
         if subcommand in DECODING_COMMANDS and not config.get("ckpt_path"):
             raise ConfigError(
                 f"attnx {subcommand} needs weights: pass --ckpt_path CHECKPOINT (e.g. "
@@ -158,14 +168,27 @@ class AttnxCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())
         callbacks = with_progress_bar(init.get("trainer") or {})
-        if subcommand == "fit":
-            if callbacks is None:
-                callbacks = (init.get("trainer") or {}).get("callbacks") or []
-                callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-            callbacks.append(RunFolder(self.run_config, self.resumed, self.continued))
-        if callbacks is not None:
-            kwargs["callbacks"] = callbacks
+        if callbacks is None:
+            callbacks = (init.get("trainer") or {}).get("callbacks") or []
+            callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        # also where the checkpoint's run folder entry is only restored (test): Lightning asks for its callback
+        callbacks.append(
+            RunFolder(self.run_config, self.resumed if subcommand == "fit" else None, self.continued)
+        )
+        kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(plugins=plugins, **kwargs)
+
+    def after_test(self) -> None:
+        self._say_written()
+
+    def after_predict(self) -> None:
+        self._say_written()
+
+    def _say_written(self) -> None:
+        """The file of translations, as the command's last line (after the scores and Lightning's table)."""
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, TranslationEvaluator) and callback.written is not None:
+                print(f"translations written to {callback.written}", flush=True)
 
     def before_fit(self) -> None:
         if rank_zero_only.rank == 0:  # the plan before the hardware: memory and time, estimated

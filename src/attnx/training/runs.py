@@ -187,6 +187,24 @@ def pin_versions(trainer: Any, version: int | None, purge_step: int | None) -> N
             args["version"] = version if version is not None else new
 
 
+def evaluation_folder(resumed: Resumed | None, trainer: Any, subcommand: str) -> Path | None:
+    """`validate`, `test` and `predict` of a checkpoint of one of this config's runs log into that run's folder,
+    `runs/NAME/version_N/<subcommand>/<checkpoint name>` (a test of `averaged.ckpt` and one of `last.ckpt` keep
+    their translations apart); returns that folder, or None (a checkpoint of no run of this config: a new
+    `version_N`, as before)."""
+    version = continued_version(resumed, trainer) if resumed is not None else None
+    if version is None:
+        pin_versions(trainer, None, None)
+        return None
+    name = f"version_{version}/{subcommand}/{resumed.checkpoint.stem}"
+    run = resumed.log_dir.parent.resolve()
+    for folder, members in logger_groups(trainer).items():
+        if folder.resolve() == run:
+            for args in members:
+                args["version"] = name
+    return resumed.log_dir / subcommand / resumed.checkpoint.stem
+
+
 def tensorboard_purge(trainer: Any, step: int) -> None:
     """`purge_step` for the TensorBoard loggers: events from `step` on, written by the segment that was
     stopped, are hidden (TensorBoard's own mechanism), so the resumed run's are the only ones at those steps."""
@@ -294,7 +312,8 @@ def remove_unstarted(folder: Path) -> bool:
 
 
 class RunFolder(Callback):
-    """Keeps one folder per run (added by `attnx fit`): records the run folder and the config in every
+    """Keeps one folder per run (added by `attnx fit`, and by `validate`, `test` and `predict`, which restore
+    its entry of a checkpoint and do nothing else): records the run folder and the config in every
     checkpoint, continues a resumed run's logs, sets an abandoned branch's checkpoints aside, and removes the
     folder of a new run that stopped before its first training step."""
 
