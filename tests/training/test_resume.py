@@ -91,7 +91,12 @@ def test_ckpt_path_last_resumes_the_newest_run_and_removes_killed_writes(
     left = killed_write(newest / "last.ckpt")
     done = attnx_process(corpus, tmp_path, "--trainer.max_steps", "5", "--ckpt_path", "last")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "--ckpt_path last is runs/tiny/version_1/checkpoints/last.ckpt" in done.stderr
+    assert (
+        "--ckpt_path last is runs/tiny/version_1/checkpoints/last.ckpt (the newest of this config's 2 runs; "
+        "another: --ckpt_path runs/tiny/version_N/checkpoints/last.ckpt)" in done.stderr
+    )
+    resumed = "resumed at step 4 in runs/tiny/version_1 (from runs/tiny/version_1/checkpoints/last.ckpt)"
+    assert resumed in done.stdout
     assert f"removed {left.relative_to(tmp_path)}, left by a checkpoint write that was killed" in done.stderr
     assert not left.exists() and (newest / "last.ckpt").is_file()
     # it continued that run from step 4, in its folder: step 5 is logged after the first four, each once

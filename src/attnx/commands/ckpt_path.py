@@ -35,8 +35,15 @@ def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
         return ckpt_path
     if ckpt_path == "last":
         ckpt_path = str(last_checkpoint(trainer))
-        if rank_zero_only.rank == 0:  # every rank resolves it; one says so
-            print(f"attnx {subcommand}: --ckpt_path last is {ckpt_path}", file=sys.stderr)
+        if rank_zero_only.rank == 0:  # every rank resolves it; one says so, and how to take another
+            runs = [d for d in checkpoint_directories(trainer) if (d / "last.ckpt").is_file()]
+            others = (
+                f"the newest of this config's {len(runs)} runs; another: --ckpt_path "
+                f"{Path(ckpt_path).parent.parent.parent / 'version_N' / 'checkpoints' / 'last.ckpt'}"
+                if len(runs) > 1
+                else "this config's only run"
+            )
+            print(f"attnx {subcommand}: --ckpt_path last is {ckpt_path} ({others})", file=sys.stderr)
     read_checkpoint(
         ckpt_path
     )  # one line for a missing, unreadable or foreign file, before Lightning's torch.load

@@ -361,6 +361,11 @@ class RunFolder(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._started = True
+        if self.resumed is not None and trainer.is_global_zero:
+            where = f"in {self._log_dir}" if self.continued else f"in a new run folder, {self._log_dir}"
+            print(
+                f"resumed at step {trainer.global_step} {where} (from {self.resumed.checkpoint})", flush=True
+            )
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
