@@ -192,7 +192,14 @@ class AttnxCLI(LightningCLI):
 
     def before_fit(self) -> None:
         if rank_zero_only.rank == 0:  # the plan before the hardware: memory and time, estimated
-            for line in fit_estimate_lines(self.trainer, self.model, self.datamodule):
+            resumed = self.resumed
+            for line in fit_estimate_lines(
+                self.trainer,
+                self.model,
+                self.datamodule,
+                resumed_step=resumed.step if resumed else 0,
+                trained_seconds=resumed.trained_seconds if resumed else 0.0,
+            ):
                 print(line, flush=True)
         for callback in self.trainer.callbacks:
             if isinstance(callback, RunFolder):

@@ -15,6 +15,7 @@ its first lines for the device it runs on. Every figure is an estimate, said as 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +119,7 @@ class RunEstimate:
     compute_seconds: float = 0.0  # a step's FLOPs at the MFU
     host_seconds: float = 0.0  # a step's batches times the host's floor (GPUs; 0 on CPU)
     batches: int = 1  # a step's batches
+    resumed_at: int = 0  # the step a resumed run starts from (`steps` and `run_seconds` are what is left)
 
     @property
     def weight_bytes(self) -> int:
@@ -158,7 +160,8 @@ class RunEstimate:
                 f"host); the arithmetic alone, {_duration(self.compute_seconds)} {arithmetic}"
             )
         if self.run_seconds is not None and self.steps is not None:
-            time += f", {_duration(self.run_seconds)} for {self.steps:,} steps ({self.bounded_by})"
+            left = f" after step {self.resumed_at:,}" if self.resumed_at else ""
+            time += f", {_duration(self.run_seconds)} for {self.steps:,} steps{left} ({self.bounded_by})"
         return [memory, time]
 
 
@@ -331,12 +334,20 @@ def estimate_run(
 
 
 def fit_estimate_lines(
-    trainer: pl.Trainer, module: Any, datamodule: Any, mfu: float | None = None
+    trainer: pl.Trainer,
+    module: Any,
+    datamodule: Any,
+    mfu: float | None = None,
+    resumed_step: int = 0,
+    trained_seconds: float = 0.0,
 ) -> list[str]:
     """What `attnx fit` prints before training: the estimate for the device it runs on, and how long the
-    sanity check that Lightning runs before the first step will take (it shows nothing until it ends)."""
+    sanity check that Lightning runs before the first step will take (it shows nothing until it ends).
+
+    A resumed run is estimated for what is left after `resumed_step` and `trained_seconds` (its `Timer`, which
+    Lightning restores only once training starts); one that ends before its first validation says so."""
     from attnx.model.builders import count_parameters
-    from attnx.training.progress import time_remaining
+    from attnx.training.progress import no_validation_line, time_remaining
 
     device = trainer.strategy.root_device
     precision = str(trainer.precision)
@@ -352,6 +363,7 @@ def fit_estimate_lines(
     src_len = float(np.mean(train.src_lengths)) + 1 if len(train) else 25.0
     tgt_len = float(np.mean(train.tgt_lengths)) + 1 if len(train) else 25.0
     config = module.config
+    remaining = time_remaining(trainer)
     estimate = estimate_run(
         config,
         count_parameters(module.model),
@@ -359,14 +371,16 @@ def fit_estimate_lines(
         precision,
         "cpu" if device.type == "cpu" else "cuda",
         accumulate=trainer.accumulate_grad_batches,
-        max_steps=trainer.max_steps,
-        max_time_seconds=time_remaining(trainer),
+        max_steps=trainer.max_steps - resumed_step if trainer.max_steps and trainer.max_steps > 0 else None,
+        max_time_seconds=max(0.0, remaining - trained_seconds) if remaining is not None else None,
         mfu=mfu,
         src_len=src_len,
         tgt_len=tgt_len,
         peak=peak,
     )
-    lines = estimate.lines()
+    lines = dataclasses.replace(estimate, resumed_at=resumed_step).lines()
+    if estimate.steps is not None and (check := no_validation_line(trainer, resumed_step + estimate.steps)):
+        lines.append(check)
     if device.type == "cuda":
         hint = larger_batches(
             estimate, config, datamodule.max_tokens, src_len, tgt_len, trainer.val_check_interval

@@ -169,6 +169,20 @@ def time_remaining(trainer: pl.Trainer) -> float | None:
     return None
 
 
+def no_validation_line(trainer: pl.Trainer, steps: int) -> str | None:
+    """One line where a run that ends at optimizer step `steps` ends before its first validation
+    (`trainer.val_check_interval` counted in batches across epochs), with the option that changes it."""
+    every, batches = trainer.val_check_interval, steps * trainer.accumulate_grad_batches
+    if trainer.check_val_every_n_epoch is not None or not isinstance(every, int) or batches >= every:
+        return None
+    suggested = max(1, batches // 4)
+    suggested -= suggested % 10 if suggested > 20 else 0
+    return (
+        f"no validation in this run: it ends after about {batches:,} batches, before its first validation at "
+        f"{every:,} (trainer.val_check_interval); --trainer.val_check_interval {suggested} validates about 4 times"
+    )
+
+
 def epoch_label(epoch: int, max_epochs: int | None, step: int, max_steps: int) -> str:
     """The progress bar's label: `Epoch 3/9` in a run of 10 epochs, `Epoch 3, step 1200/100000` in one
     bounded by steps, `Epoch 3` in one bounded by neither (time, or nothing)."""

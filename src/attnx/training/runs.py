@@ -69,6 +69,8 @@ class Resumed:
     """The config its segment ran with (None for checkpoints written before attnx recorded it)."""
     model: dict[str, Any]
     """Its model hyperparameters."""
+    trained_seconds: float = 0.0
+    """The training time its run had used (Lightning's `Timer`, which counts `max_time`)."""
 
 
 def resumed_run(path: str | Path, checkpoint: dict[str, Any]) -> Resumed:
@@ -79,8 +81,14 @@ def resumed_run(path: str | Path, checkpoint: dict[str, Any]) -> Resumed:
     if log_dir is None and path.parent.name == "checkpoints" and _VERSION.match(path.parent.parent.name):
         log_dir = path.parent.parent  # a checkpoint of an attnx that did not record it
     config = yaml.safe_load(state["config"]) if state.get("config") else None
+    timer = (checkpoint.get("callbacks") or {}).get("Timer") or {}
     return Resumed(
-        path, int(checkpoint.get("global_step", 0)), log_dir, config, checkpoint.get("hyper_parameters") or {}
+        path,
+        int(checkpoint.get("global_step", 0)),
+        log_dir,
+        config,
+        checkpoint.get("hyper_parameters") or {},
+        float((timer.get("time_elapsed") or {}).get("train", 0.0)),
     )
 
 
