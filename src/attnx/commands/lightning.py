@@ -20,6 +20,7 @@ from attnx.commands.usage import option_names as keys
 from attnx.commands.usage import refused_command_line
 from attnx.data.datamodule import TranslationDataModule
 from attnx.errors import UsageError, expected_error
+from attnx.training.best import BestCheckpoint
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
 from attnx.training.progress import ProgressLog
@@ -126,6 +127,7 @@ def option_names() -> list[str]:
         "evaluation": TranslationEvaluator.__init__,  # with evaluation.search.*
         "progress": ProgressLog.__init__,
         "throughput": TokenThroughput.__init__,
+        "best": BestCheckpoint.__init__,
     }.items():
         names += keys(target, prefix)
     return names

@@ -5,7 +5,8 @@ command line, e.g. `--trainer.max_steps 1000`) and the full config is saved besi
 `config.yaml`. `--config` takes a file or the name of a packaged config (`attnx configs` lists them).
 The vocabulary size is linked from the data to `model.transformer.vocab_size`. The `evaluation` section
 configures decoding and BLEU ([TranslationEvaluator][attnx.training.evaluation.TranslationEvaluator]); the
-`progress` section the console lines ([ProgressLog][attnx.training.progress.ProgressLog]). Checkpoints are
+`progress` section the console lines ([ProgressLog][attnx.training.progress.ProgressLog]); the `best` section
+`best.ckpt` and early stopping ([BestCheckpoint][attnx.training.best.BestCheckpoint]). Checkpoints are
 written atomically and read with `weights_only=True`.
 
 A run is one folder across its restarts ([attnx.training.runs][]): `--ckpt_path CKPT` resumes the run CKPT
@@ -34,6 +35,7 @@ from attnx.commands.devices import check_devices
 from attnx.commands.lightning_console import with_progress_bar
 from attnx.commands.usage import config_file_action
 from attnx.errors import ConfigError
+from attnx.training.best import BestCheckpoint
 from attnx.training.checkpointing import AtomicCheckpointIO
 from attnx.training.estimate import fit_estimate_lines
 from attnx.training.evaluation import TranslationEvaluator
@@ -68,6 +70,7 @@ class AttnxCLI(LightningCLI):
         parser.add_lightning_class_args(TranslationEvaluator, "evaluation")
         parser.add_lightning_class_args(ProgressLog, "progress")
         parser.add_lightning_class_args(TokenThroughput, "throughput")
+        parser.add_lightning_class_args(BestCheckpoint, "best")
         parser.add_argument(
             "--torch_threads",
             type=int | None,
