@@ -349,8 +349,10 @@ def test_a_gpu_config_on_cpu_says_its_plan_first_and_prints_after_the_first_step
         "32-true peak of this CPU (1 thread): measured now" in lines[1]
         and "for 2 steps (max_steps)" in lines[1]
     )
-    assert lines[2].startswith("first a sanity check: 2 validation batches of 512 tokens per side")
-    assert lines[3].startswith("batches: ") and "shapes" in lines[3] and "Total FLOPs" not in done.stdout
+    # 2 steps of 8 batches end before big.yaml's first validation at 5,000 batches: said, with the option
+    assert lines[2].startswith("no validation in this run: it ends after about 16 batches, before its first")
+    assert lines[3].startswith("first a sanity check: 2 validation batches of 512 tokens per side")
+    assert lines[4].startswith("batches: ") and "shapes" in lines[4] and "Total FLOPs" not in done.stdout
     assert next(line for line in lines if line.startswith("step ")).startswith("step 1/2 | train loss")
 
 
