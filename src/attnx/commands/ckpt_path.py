@@ -1,5 +1,5 @@
-"""`--ckpt_path` before Lightning reads it: `last` resolved to the newest `last.ckpt` of the config's runs, the
-file checked in one line, and for `fit` the leftovers of checkpoint writes that were killed removed."""
+"""`--ckpt_path` before Lightning reads it: `last` resolved to the newest `last.ckpt` of the config's runs that
+has not finished (else the newest), said in one line with how to take another; the file checked in one line, and for `fit` the leftovers of checkpoint writes that were killed removed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from attnx.checkpoint import read_checkpoint
 from attnx.files import remove_stale_temporaries
-from attnx.training.resume import checkpoint_directories, last_checkpoint
+from attnx.training.resume import checkpoint_directories, finished_run, last_checkpoint, last_checkpoints
 
 LIGHTNING_KEYWORDS = ("best", "hpc", "registry")
 """`--ckpt_path` values Lightning resolves itself; `last` attnx resolves (Lightning's finds no
@@ -36,15 +36,26 @@ def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
     if ckpt_path == "last":
         ckpt_path = str(last_checkpoint(trainer))
         if rank_zero_only.rank == 0:  # every rank resolves it; one says so, and how to take another
-            runs = [d for d in checkpoint_directories(trainer) if (d / "last.ckpt").is_file()]
-            others = (
-                f"the newest of this config's {len(runs)} runs; another: --ckpt_path "
-                f"{Path(ckpt_path).parent.parent.parent / 'version_N' / 'checkpoints' / 'last.ckpt'}"
-                if len(runs) > 1
-                else "this config's only run"
-            )
-            print(f"attnx {subcommand}: --ckpt_path last is {ckpt_path} ({others})", file=sys.stderr)
+            why = last_choice(trainer, Path(ckpt_path))
+            print(f"attnx {subcommand}: --ckpt_path last is {ckpt_path} ({why})", file=sys.stderr)
     read_checkpoint(
         ckpt_path
     )  # one line for a missing, unreadable or foreign file, before Lightning's torch.load
     return ckpt_path
+
+
+def last_choice(trainer: Any, chosen: Path) -> str:
+    """Why `--ckpt_path last` took `chosen`, and how to take another run's checkpoint."""
+    found = last_checkpoints(trainer)
+    if len(found) == 1:
+        return "this config's only run"
+    newer = found[: found.index(chosen)]
+    if newer:
+        why = "; ".join(f"{path.parent.parent.name} {finished_run(path)}" for path in newer)
+        text = f"the newest of this config's {len(found)} runs not finished: {why}"
+    else:
+        text = f"the newest of this config's {len(found)} runs"
+        if finished_run(chosen):
+            text += ", all finished"
+    other = chosen.parent.parent.parent / "version_N" / "checkpoints" / "last.ckpt"
+    return f"{text}; another: --ckpt_path {other}"
