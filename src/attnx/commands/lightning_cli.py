@@ -109,7 +109,10 @@ class AttnxCLI(LightningCLI):
         if subcommand != "fit":
             ckpt_path = config.get("ckpt_path")
             if ckpt_path and Path(ckpt_path).is_file():  # its run folder only: the weights load later
-                stored = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+                try:
+                    stored = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+                except RuntimeError:  # a file torch cannot map (written before torch 1.6): its path says
+                    stored = {}
                 self.resumed = resumed_run(ckpt_path, stored)
             return
         typed = yaml.safe_load(parser.dump(self.config, skip_link_targets=False))[subcommand]

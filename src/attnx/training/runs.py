@@ -207,7 +207,7 @@ def evaluation_folder(resumed: Resumed | None, trainer: Any, subcommand: str) ->
     name = f"version_{version}/{subcommand}/{resumed.checkpoint.stem}"
     run = resumed.log_dir.parent.resolve()
     for folder, members in logger_groups(trainer).items():
-        if folder.resolve() == run:
+        if folder.resolve() == run:  # continued_version found one
             for args in members:
                 args["version"] = name
     return resumed.log_dir / subcommand / resumed.checkpoint.stem
