@@ -148,6 +148,7 @@ def test_last_passes_over_newer_runs_that_finished(tmp_path: Path) -> None:
         return path
 
     stopped = write(0, 147, {"max_steps": -1, "max_time": "00:00:30:00"}, seconds=480.0)
+    assert last_choice(trainer, stopped) == "this config's only run"
     smoke = write(1, 5, {"max_steps": 5})
     os.utime(stopped, ns=(1_000_000_000, 1_000_000_000))  # the smoke test came later
     assert finished_run(smoke) == "finished at step 5 of max_steps 5" and finished_run(stopped) is None

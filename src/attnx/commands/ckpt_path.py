@@ -48,7 +48,8 @@ def last_choice(trainer: Any, chosen: Path) -> str:
     """Why `--ckpt_path last` took `chosen`, and how to take another run's checkpoint."""
     found = last_checkpoints(trainer)
     if len(found) == 1:
-        return "this config's only run"
+        finished = finished_run(chosen)
+        return f"this config's only run, {finished}" if finished else "this config's only run"
     newer = found[: found.index(chosen)]
     if newer:
         why = "; ".join(f"{path.parent.parent.name} {finished_run(path)}" for path in newer)
