@@ -57,6 +57,19 @@ def test_command_averages_the_newest_k_into_a_loadable_checkpoint(
     assert torch.load(out, weights_only=True)["attnx"]["transformer"]["d_model"] == 32
 
 
+def test_last_ckpt_counts_when_it_is_the_newest_step(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    """A run stopped between two scheduled saves leaves its newest weights in `last.ckpt` alone: `--last k`
+    takes it, and a `last.ckpt` that repeats the newest step checkpoint is not counted twice."""
+    paths = write_checkpoints(tmp_path, tokenizer, steps=(26, 120, 150))
+    last = tmp_path / "last.ckpt"
+    for step, expected in ((150, paths[1:]), (179, [*paths[2:], last])):
+        checkpoint = torch.load(paths[-1], weights_only=True)
+        torch.save({**checkpoint, "global_step": step}, last)
+        assert last_checkpoints(tmp_path, 2) == expected
+    torch.save({"state_dict": {}, "global_step": 179}, tmp_path / "averaged.ckpt")  # no step in its name
+    assert last_checkpoints(tmp_path, 5) == [*paths, last]
+
+
 def test_checkpoints_before_and_after_a_dropout_change_average(tmp_path: Path, tokenizer: Tokenizer) -> None:
     """A run resumed with another dropout holds one model: its checkpoints average across the change."""
     before = write_checkpoints(tmp_path, tokenizer, steps=(1,), dropout=0.1)

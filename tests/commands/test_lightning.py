@@ -76,9 +76,33 @@ def test_test_decodes_the_averaged_checkpoint_and_prints_scores(run: Path, corpu
     assert "sacreBLEU BLEU = " in out.err + out.out and "nrefs:1|case:mixed" in out.err + out.out
     assert "paper-style tokenized BLEU" in out.err + out.out
     assert len(hyp.read_text(encoding="utf-8").splitlines()) == 50
-    test_run = sorted((run.parent).glob("version_*"))[-1]
+    assert f"translations written to {hyp}" in out.out.splitlines()[-1]  # after the scores
+    # the test of a checkpoint of a run logs into that run's folder, not a new version_N
+    assert sorted(p.name for p in run.parent.iterdir() if p.is_dir()) == ["version_0"]
+    test_run = run / "test" / "averaged"
+    assert f"belongs to the run {run}; this test logs in {test_run}" in out.out
     assert yaml.safe_load((test_run / "config.yaml").read_text())["evaluation"]["search"]["beam"] == 3
     assert "test/bleu" in read_metrics(test_run)[0]
+    # progress on a log file: one line at the end at least, in sentences
+    assert "attnx test: 50/50 sentences (100.0%)" in out.err
+
+
+def test_test_of_a_training_checkpoint_writes_beside_it_without_lightning_s_callback_warning(
+    run: Path, corpus: Path, capsys
+) -> None:
+    ckpt = run / "checkpoints" / "last.ckpt"
+    extra = ["--ckpt_path", str(ckpt), "--evaluation.search.beam", "1"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(run.parents[2])
+        assert attnx(fit_args(corpus, *extra, subcommand="test")) == 0
+    out = capsys.readouterr()
+    assert "Please add the following callbacks" not in out.err + out.out
+    hyp = run / "test" / "last" / "test.test.hyp"
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 50
+    assert (
+        out.out.splitlines()[-1]
+        == f"translations written to {Path('runs/tiny/version_0/test/last/test.test.hyp')}"
+    )
 
 
 def test_predict_writes_translations_in_corpus_order(run: Path, corpus: Path) -> None:
@@ -325,8 +349,10 @@ def test_a_gpu_config_on_cpu_says_its_plan_first_and_prints_after_the_first_step
         "32-true peak of this CPU (1 thread): measured now" in lines[1]
         and "for 2 steps (max_steps)" in lines[1]
     )
-    assert lines[2].startswith("first a sanity check: 2 validation batches of 512 tokens per side")
-    assert lines[3].startswith("batches: ") and "shapes" in lines[3] and "Total FLOPs" not in done.stdout
+    # 2 steps of 8 batches end before big.yaml's first validation at 5,000 batches: said, with the option
+    assert lines[2].startswith("no validation in this run: it ends after about 16 batches, before its first")
+    assert lines[3].startswith("first a sanity check: 2 validation batches of 512 tokens per side")
+    assert lines[4].startswith("batches: ") and "shapes" in lines[4] and "Total FLOPs" not in done.stdout
     assert next(line for line in lines if line.startswith("step ")).startswith("step 1/2 | train loss")
 
 
@@ -348,5 +374,5 @@ def test_test_decodes_with_mbr_when_asked(run: Path, corpus: Path, capsys) -> No
     out = capsys.readouterr()
     assert "sacreBLEU BLEU = " in out.err + out.out
     assert len(hyp.read_text(encoding="utf-8").splitlines()) == 50
-    test_run = sorted((run.parent).glob("version_*"))[-1]
+    test_run = run / "test" / "averaged"
     assert yaml.safe_load((test_run / "config.yaml").read_text())["evaluation"]["search"]["mbr"] == 4

@@ -220,6 +220,23 @@ def test_the_ready_line_waits_for_health_and_sends_litserves_api_key(monkeypatch
     assert not waiter.is_alive() and capsys.readouterr().err == "up and running\n"
 
 
+def test_a_worker_told_to_stop_exits_before_litserve_would_kill_it_even_where_its_exit_hangs():
+    """A worker's clean exit that does not end (here an exit handler that sleeps a minute) is ended by the
+    kernel after EXIT_GRACE_S, before LitServe's 5 s, after which it SIGKILLs the worker with a warning."""
+    assert server_module.EXIT_GRACE_S < 5
+    script = (
+        "import atexit, os, signal, time\n"
+        "from attnx.serving.server import exit_quietly\n"
+        "atexit.register(time.sleep, 60)\n"
+        "signal.signal(signal.SIGTERM, exit_quietly)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(60)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
+    assert done.returncode == -signal.SIGALRM, done.stderr
+    assert done.stderr == ""
+
+
 def test_the_first_signal_interrupts_and_a_second_is_ignored():
     before = signal.getsignal(signal.SIGTERM)
     with GracefulStop() as stop:
@@ -483,4 +500,5 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits_0(checkpoint, tmp_pat
     startup = err.splitlines()[0]
     assert f"on {served.url}/translate" in startup and str(checkpoint) in startup
     assert "SIGTERM received" in err and err.rstrip().endswith("attnx serve: stopped")
+    assert "Did not terminate gracefully" not in err  # the workers exit on their own, none is killed
     assert "Traceback" not in err

@@ -70,6 +70,25 @@ def test_first_training_line_comes_after_the_first_step(capsys) -> None:
     assert [line.split(" |")[0] for line in lines] == ["step 1/1000", "step 100/1000"]
 
 
+def test_a_slow_run_gets_a_line_every_minute_and_a_resumed_one_after_its_first_step(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 1 and then 5:48 of silence until step 100 in a log file; a resumed segment silent for minutes."""
+    import attnx.training.progress as progress
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    log = ProgressLog(every_n_steps=100, every_seconds=60)
+    log.on_fit_start(None, None)
+    log.on_train_start(trainer(146, max_steps=1000), None)  # resumed at step 146
+    for step in range(147, 201):
+        clock[0] += 3.5  # seconds a step
+        log.on_train_batch_end(trainer(step, max_steps=1000, train__loss=4.5), None)
+    lines = capsys.readouterr().out.strip().splitlines()
+    steps = [line.split(" |")[0] for line in lines]
+    assert steps == ["step 147/1000", "step 165/1000", "step 183/1000", "step 200/1000"]
+
+
 def test_progress_bar_numbers_show_the_learning_rate_and_the_run_eta() -> None:
     """Lightning's bar showed `lr 0.000` for a whole run (its `.3f`) and counted its time down per epoch."""
     bar = TrainingProgressBar()

@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from attnx.checkpoint import CheckpointError
 from attnx.cli import main as attnx
+from attnx.commands.ckpt_path import last_choice
 from attnx.data.datamodule import TranslationDataModule
-from attnx.training.resume import checkpoint_directories, continue_run, last_checkpoint
+from attnx.training.resume import checkpoint_directories, continue_run, finished_run, last_checkpoint
 from tests.test_files import killed_write
 from tests.training.conftest import fit_args, read_metrics, train_losses
 
@@ -91,7 +94,12 @@ def test_ckpt_path_last_resumes_the_newest_run_and_removes_killed_writes(
     left = killed_write(newest / "last.ckpt")
     done = attnx_process(corpus, tmp_path, "--trainer.max_steps", "5", "--ckpt_path", "last")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "--ckpt_path last is runs/tiny/version_1/checkpoints/last.ckpt" in done.stderr
+    assert (
+        "--ckpt_path last is runs/tiny/version_1/checkpoints/last.ckpt (the newest of this config's 2 runs, all "
+        "finished; another: --ckpt_path runs/tiny/version_N/checkpoints/last.ckpt)" in done.stderr
+    )
+    resumed = "resumed at step 4 in runs/tiny/version_1 (from runs/tiny/version_1/checkpoints/last.ckpt)"
+    assert resumed in done.stdout
     assert f"removed {left.relative_to(tmp_path)}, left by a checkpoint write that was killed" in done.stderr
     assert not left.exists() and (newest / "last.ckpt").is_file()
     # it continued that run from step 4, in its folder: step 5 is logged after the first four, each once
@@ -123,6 +131,35 @@ def test_last_is_the_newest_last_ckpt_of_the_config_s_runs(tmp_path: Path) -> No
     os.utime(older, ns=(1_000_000_000, 1_000_000_000))  # version_1's was written first
     assert len(checkpoint_directories(trainer)) == 3
     assert last_checkpoint(trainer) == newer
+
+
+def test_last_passes_over_newer_runs_that_finished(tmp_path: Path) -> None:
+    """A run stopped at step 147, then a 5-step smoke test of the same config run to its end: `last` is the run
+    stopped halfway, and one line says why the newer one was passed over."""
+    trainer = loggers(tmp_path / "runs")
+    runs = tmp_path / "runs" / "tiny"
+
+    def write(version: int, step: int, trainer_config: dict, seconds: float = 0.0) -> Path:
+        path = runs / f"version_{version}" / "checkpoints" / "last.ckpt"
+        path.parent.mkdir(parents=True)
+        state = {"log_dir": str(path.parent.parent), "config": yaml.safe_dump({"trainer": trainer_config})}
+        timer = {"time_elapsed": {"train": seconds}}
+        torch.save({"global_step": step, "callbacks": {"RunFolder": state, "Timer": timer}}, path)
+        return path
+
+    stopped = write(0, 147, {"max_steps": -1, "max_time": "00:00:30:00"}, seconds=480.0)
+    assert last_choice(trainer, stopped) == "this config's only run"
+    smoke = write(1, 5, {"max_steps": 5})
+    os.utime(stopped, ns=(1_000_000_000, 1_000_000_000))  # the smoke test came later
+    assert finished_run(smoke) == "finished at step 5 of max_steps 5" and finished_run(stopped) is None
+    assert last_checkpoint(trainer) == stopped
+    assert last_choice(trainer, stopped) == (
+        "the newest of this config's 2 runs not finished: version_1 finished at step 5 of max_steps 5; another: "
+        f"--ckpt_path {runs / 'version_N' / 'checkpoints' / 'last.ckpt'}"
+    )
+    timed_out = write(2, 300, {"max_steps": -1, "max_time": {"minutes": 30}}, seconds=1800.0)
+    assert finished_run(timed_out) == "finished its max_time at step 300"
+    assert last_checkpoint(trainer) == stopped
 
 
 def test_a_periodic_checkpoint_dirpath_is_the_one_place_looked_in(tmp_path: Path) -> None:

@@ -90,11 +90,20 @@ def checkpoint_step(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def last_checkpoints(directory: str | Path, k: int) -> list[Path]:
-    """The `k` newest step checkpoints in `directory`, oldest first.
+def stored_step(path: Path) -> int | None:
+    """The optimizer step a checkpoint holds (`global_step`), read without loading its tensors; None if it
+    records none."""
+    step = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step")
+    return int(step) if step is not None else None
 
-    Step checkpoints are the `*.ckpt` files whose name holds `step=N` (`last.ckpt` and
-    `averaged.ckpt` repeat or mix them and are skipped); they are ordered by that step.
+
+def last_checkpoints(directory: str | Path, k: int) -> list[Path]:
+    """The `k` newest checkpoints of a run in `directory` by training step, oldest first.
+
+    They are the `*.ckpt` files whose name holds `step=N`, ordered by that step, and `last.ckpt` when it
+    holds a later step than all of them (a run stopped between two scheduled saves writes `last.ckpt` alone);
+    a `last.ckpt` that repeats a step checkpoint is not counted twice. `averaged.ckpt`, `best.ckpt` and the
+    other files mix or repeat them and are skipped.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -102,6 +111,11 @@ def last_checkpoints(directory: str | Path, k: int) -> list[Path]:
     found = sorted(
         (step, path) for path in directory.glob("*.ckpt") if (step := checkpoint_step(path)) is not None
     )
+    last = directory / "last.ckpt"
+    if last.is_file():
+        step = stored_step(last)
+        if step is not None and (not found or step > found[-1][0]):
+            found.append((step, last))
     if not found:
-        raise CheckpointError(f"no step checkpoints (*step=N*.ckpt) in {directory}")
+        raise CheckpointError(f"no step checkpoints (*step=N*.ckpt) or last.ckpt in {directory}")
     return [path for _, path in found[-k:]]

@@ -1,6 +1,7 @@
-"""`--ckpt_path` before Lightning reads it: `last` resolved to the newest `last.ckpt` of the config's runs, the
-file checked in one line (for `fit`, also that it holds a training state to resume), and for `fit` the
-leftovers of checkpoint writes that were killed removed."""
+"""`--ckpt_path` before Lightning reads it: `last` resolved to the newest `last.ckpt` of the config's runs that
+has not finished (else the newest), said in one line with how to take another; the file checked in one line (for
+`fit`, also that it holds a training state to resume), and for `fit` the leftovers of checkpoint writes that were
+killed removed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from attnx.checkpoint import read_checkpoint
 from attnx.errors import ConfigError
 from attnx.files import remove_stale_temporaries
-from attnx.training.resume import checkpoint_directories, last_checkpoint
+from attnx.training.resume import checkpoint_directories, finished_run, last_checkpoint, last_checkpoints
 
 LIGHTNING_KEYWORDS = ("best", "hpc", "registry")
 """`--ckpt_path` values Lightning resolves itself; `last` attnx resolves (Lightning's finds no
@@ -37,8 +38,9 @@ def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
         return ckpt_path
     if ckpt_path == "last":
         ckpt_path = str(last_checkpoint(trainer))
-        if rank_zero_only.rank == 0:  # every rank resolves it; one says so
-            print(f"attnx {subcommand}: --ckpt_path last is {ckpt_path}", file=sys.stderr)
+        if rank_zero_only.rank == 0:  # every rank resolves it; one says so, and how to take another
+            why = last_choice(trainer, Path(ckpt_path))
+            print(f"attnx {subcommand}: --ckpt_path last is {ckpt_path} ({why})", file=sys.stderr)
     checkpoint = read_checkpoint(ckpt_path)  # a missing, unreadable, damaged or foreign file: one line
     if subcommand == "fit" and "optimizer_states" not in checkpoint:
         what = "an averaged checkpoint" if "averaged_from" in checkpoint else "a checkpoint of weights only"
@@ -47,3 +49,21 @@ def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
             f"resume; use --init_from {ckpt_path} to fine-tune from it, or --ckpt_path last to resume the run"
         )
     return ckpt_path
+
+
+def last_choice(trainer: Any, chosen: Path) -> str:
+    """Why `--ckpt_path last` took `chosen`, and how to take another run's checkpoint."""
+    found = last_checkpoints(trainer)
+    if len(found) == 1:
+        finished = finished_run(chosen)
+        return f"this config's only run, {finished}" if finished else "this config's only run"
+    newer = found[: found.index(chosen)]
+    if newer:
+        why = "; ".join(f"{path.parent.parent.name} {finished_run(path)}" for path in newer)
+        text = f"the newest of this config's {len(found)} runs not finished: {why}"
+    else:
+        text = f"the newest of this config's {len(found)} runs"
+        if finished_run(chosen):
+            text += ", all finished"
+    other = chosen.parent.parent.parent / "version_N" / "checkpoints" / "last.ckpt"
+    return f"{text}; another: --ckpt_path {other}"

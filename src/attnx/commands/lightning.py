@@ -22,6 +22,7 @@ from attnx.commands.usage import option_names as keys
 from attnx.commands.usage import refused_command_line
 from attnx.data.datamodule import TranslationDataModule
 from attnx.errors import UsageError, expected_error
+from attnx.training.best import BestCheckpoint
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.module import TranslationTask
 from attnx.training.progress import ProgressLog
@@ -65,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
                 **no_exit,
                 **{name: subcommand_parser(name, no_exit) for name in SUBCOMMANDS},
             },
-            trainer_defaults={"enable_progress_bar": sys.stderr.isatty()},
+            # test and predict count sentences on their own line (TranslationEvaluator), not batches on a bar
+            trainer_defaults={
+                "enable_progress_bar": sys.stderr.isatty() and subcommand not in ("test", "predict")
+            },
         )
     except ArgumentError as err:
         if expected_error(err) is not None:  # a setting refused its value: `attnx` reports that error
@@ -138,6 +142,7 @@ def option_names() -> list[str]:
         "evaluation": TranslationEvaluator.__init__,  # with evaluation.search.*
         "progress": ProgressLog.__init__,
         "throughput": TokenThroughput.__init__,
+        "best": BestCheckpoint.__init__,
     }.items():
         names += keys(target, prefix)
     return names

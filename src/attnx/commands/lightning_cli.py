@@ -5,7 +5,8 @@ command line, e.g. `--trainer.max_steps 1000`) and the full config is saved besi
 `config.yaml`. `--config` takes a file or the name of a packaged config (`attnx configs` lists them).
 The vocabulary size is linked from the data to `model.transformer.vocab_size`. The `evaluation` section
 configures decoding and BLEU ([TranslationEvaluator][attnx.training.evaluation.TranslationEvaluator]); the
-`progress` section the console lines ([ProgressLog][attnx.training.progress.ProgressLog]). Checkpoints are
+`progress` section the console lines ([ProgressLog][attnx.training.progress.ProgressLog]); the `best` section
+`best.ckpt` and early stopping ([BestCheckpoint][attnx.training.best.BestCheckpoint]). Checkpoints are
 written atomically and read with `weights_only=True`.
 
 A run is one folder across its restarts ([attnx.training.runs][]): `--ckpt_path CKPT` resumes the run CKPT
@@ -34,15 +35,16 @@ from attnx.commands.devices import check_devices
 from attnx.commands.lightning_console import with_progress_bar
 from attnx.commands.usage import config_file_action
 from attnx.errors import ConfigError
+from attnx.training.best import BestCheckpoint
 from attnx.training.captured_steps import CapturedSteps, capture_plan
 from attnx.training.checkpointing import AtomicCheckpointIO
-from attnx.training.estimate import fit_estimate_lines
 from attnx.training.evaluation import TranslationEvaluator
+from attnx.training.fit_estimate import fit_estimate_lines
 from attnx.training.optimizers import SCHEDULER_NEEDS_OPTIMIZER, choice_line, configure_optimizers
 from attnx.training.precision import resolve_cpu_precision
 from attnx.training.progress import ProgressLog
 from attnx.training.resume import check_init_from, continue_run, load_initial_weights
-from attnx.training.runs import Resumed, RunFolder, pin_versions, resumed_run
+from attnx.training.runs import Resumed, RunFolder, evaluation_folder, resumed_run
 from attnx.training.throughput import TokenThroughput
 
 DECODING_COMMANDS = ("validate", "test", "predict")
@@ -69,6 +71,7 @@ class AttnxCLI(LightningCLI):
         parser.add_lightning_class_args(TranslationEvaluator, "evaluation")
         parser.add_lightning_class_args(ProgressLog, "progress")
         parser.add_lightning_class_args(TokenThroughput, "throughput")
+        parser.add_lightning_class_args(BestCheckpoint, "best")
         parser.add_argument(
             "--torch_threads",
             type=int | None,
@@ -116,6 +119,13 @@ class AttnxCLI(LightningCLI):
             )
         config["ckpt_path"] = checked_checkpoint(subcommand, config.get("ckpt_path"), config.get("trainer"))
         if subcommand != "fit":
+            ckpt_path = config.get("ckpt_path")
+            if ckpt_path and Path(ckpt_path).is_file():  # its run folder only: the weights load later
+                try:
+                    stored = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+                except RuntimeError:  # a file torch cannot map (written before torch 1.6): its path says
+                    stored = {}
+                self.resumed = resumed_run(ckpt_path, stored)
             return
         typed = yaml.safe_load(parser.dump(self.config, skip_link_targets=False))[subcommand]
         self.run_config = yaml.safe_dump(
@@ -137,8 +147,14 @@ class AttnxCLI(LightningCLI):
             if self.resumed is not None:  # the command line's and config's model, not the checkpoint's
                 config["model"] = self.typed_model
             self.continued = continue_run(config.get("trainer") or {}, self.resumed, self.typed)
-        else:
-            pin_versions(config.get("trainer") or {}, None, None)  # one folder for the loggers of a test run
+        else:  # a checkpoint of one of this config's runs: its logs and translations in that run's folder
+            folder = evaluation_folder(self.resumed, config.get("trainer") or {}, subcommand)
+            if folder is not None and rank_zero_only.rank == 0:
+                print(
+                    f"attnx {subcommand}: {self.resumed.checkpoint} belongs to the run {self.resumed.log_dir}; "
+                    f"this {subcommand} logs in {folder}",
+                    flush=True,
+                )
         if subcommand in DECODING_COMMANDS and not config.get("ckpt_path"):
             raise ConfigError(
                 f"attnx {subcommand} needs weights: pass --ckpt_path CHECKPOINT (e.g. "
@@ -170,21 +186,43 @@ class AttnxCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())
         callbacks = with_progress_bar(init.get("trainer") or {})
+        if callbacks is None:
+            callbacks = (init.get("trainer") or {}).get("callbacks") or []
+            callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        # also where the checkpoint's run folder entry is only restored (test): Lightning asks for its callback
+        callbacks.append(
+            RunFolder(self.run_config, self.resumed if subcommand == "fit" else None, self.continued)
+        )
         if subcommand == "fit":
-            if callbacks is None:
-                callbacks = (init.get("trainer") or {}).get("callbacks") or []
-                callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-            callbacks.append(RunFolder(self.run_config, self.resumed, self.continued))
             callbacks.append(CapturedSteps(self.config["fit"].get("cuda_graphs")))
-        if callbacks is not None:
-            kwargs["callbacks"] = callbacks
+        kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(plugins=plugins, **kwargs)
+
+    def after_test(self) -> None:
+        self._say_written()
+
+    def after_predict(self) -> None:
+        self._say_written()
+
+    def _say_written(self) -> None:
+        """The file of translations, as the command's last line (after the scores and Lightning's table)."""
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, TranslationEvaluator) and callback.written is not None:
+                print(f"translations written to {callback.written}", flush=True)
 
     def before_fit(self) -> None:
         if rank_zero_only.rank == 0:  # the plan before the hardware: memory and time, estimated
             enabled = self.config["fit"].get("cuda_graphs")
             captured, _ = capture_plan(enabled, self.trainer, self.model, self.datamodule)
-            for line in fit_estimate_lines(self.trainer, self.model, self.datamodule, captured=captured):
+            resumed = self.resumed
+            for line in fit_estimate_lines(
+                self.trainer,
+                self.model,
+                self.datamodule,
+                captured=captured,
+                resumed_step=resumed.step if resumed else 0,
+                trained_seconds=resumed.trained_seconds if resumed else 0.0,
+            ):
                 print(line, flush=True)
         for callback in self.trainer.callbacks:
             if isinstance(callback, RunFolder):

@@ -23,7 +23,8 @@ def average(
 
     Args:
         checkpoints: Checkpoint files to average: --checkpoints '[a.ckpt, b.ckpt]'.
-        dir: Take the newest step checkpoints (step=N.ckpt) from this directory instead.
+        dir: Take the newest checkpoints by training step from this directory instead: the step=N.ckpt
+            files, and last.ckpt where it holds a later step (a run stopped between two saves).
         last: With --dir: how many of the newest.
         output: Where to write the averaged checkpoint.
         force: Replace the --output file if it exists (otherwise an existing file is left and the command stops).
@@ -41,7 +42,7 @@ def average(
         checkpoints = [checkpoints]
     paths = last_checkpoints(dir, last) if dir else list(checkpoints or [])
     if dir and len(paths) < last:
-        print(f"attnx average: only {len(paths)} step checkpoints in {dir}; averaging those", file=sys.stderr)
+        print(f"attnx average: only {len(paths)} checkpoints in {dir}; averaging those", file=sys.stderr)
     if not paths:
         raise CheckpointError("no checkpoints to average")
     refuse_to_replace(output, force)

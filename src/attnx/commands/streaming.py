@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnx.commands.progress import Progress
 from attnx.commands.resumable import ResumableOutput, StreamOutput
 from attnx.commands.text_input import TextInput
 from attnx.errors import ConfigError, UsageError
 from attnx.inference.config import SearchConfig
 from attnx.inference.formats import OutputFormat, render
+from attnx.inference.progress import Progress
 
 if TYPE_CHECKING:
     from attnx.inference.hypothesis import Hypothesis

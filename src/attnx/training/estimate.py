@@ -19,8 +19,6 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-import lightning.pytorch as pl
-import numpy as np
 import torch
 
 from attnx.errors import ConfigError
@@ -120,6 +118,7 @@ class RunEstimate:
     host_seconds: float = 0.0  # a step's batches times the host's floor (GPUs; 0 on CPU)
     batches: int = 1  # a step's batches
     captured_bytes: int = 0  # the captured steps' graph pool (attnx.training.capture), where they capture
+    resumed_at: int = 0  # the step a resumed run starts from (`steps` and `run_seconds` are what is left)
 
     @property
     def weight_bytes(self) -> int:
@@ -153,16 +152,17 @@ class RunEstimate:
             f"at {self.mfu:.0%} MFU of {self.peak_flops / 1e12:,.3g} TFLOP/s ({self.precision} peak of "
             f"{self.device}: {self.peak_source})"
         )
-        time = f"estimated time: {_duration(self.step_seconds)} a step {arithmetic}"
+        time = f"estimated time: {duration_text(self.step_seconds)} a step {arithmetic}"
         if self.host_seconds > self.compute_seconds:
             batches = f"{self.batches} batch{'es' * (self.batches > 1)}"
             time = (
-                f"estimated time: {_duration(self.step_seconds)} a step, the host's floor: {batches} x "
-                f"{_duration(self.host_seconds / self.batches)} of kernel launches (as measured on one H200's "
-                f"host); the arithmetic alone, {_duration(self.compute_seconds)} {arithmetic}"
+                f"estimated time: {duration_text(self.step_seconds)} a step, the host's floor: {batches} x "
+                f"{duration_text(self.host_seconds / self.batches)} of kernel launches (as measured on one H200's "
+                f"host); the arithmetic alone, {duration_text(self.compute_seconds)} {arithmetic}"
             )
         if self.run_seconds is not None and self.steps is not None:
-            time += f", {_duration(self.run_seconds)} for {self.steps:,} steps ({self.bounded_by})"
+            left = f" after step {self.resumed_at:,}" if self.resumed_at else ""
+            time += f", {duration_text(self.run_seconds)} for {self.steps:,} steps{left} ({self.bounded_by})"
         return [memory, time]
 
 
@@ -222,7 +222,7 @@ def _size(count: int) -> str:
     return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:,.0f} MiB"
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1000:.3g} ms"
     if seconds < 60:
@@ -335,57 +335,3 @@ def estimate_run(
         batches=accumulate,
         captured_bytes=pool_bytes(activations) if captured else 0,
     )
-
-
-def fit_estimate_lines(
-    trainer: pl.Trainer, module: Any, datamodule: Any, mfu: float | None = None, captured: bool = False
-) -> list[str]:
-    """What `attnx fit` prints before training: the estimate for the device it runs on, and how long the
-    sanity check that Lightning runs before the first step will take (it shows nothing until it ends)."""
-    from attnx.model.builders import count_parameters
-    from attnx.training.progress import time_remaining
-
-    device = trainer.strategy.root_device
-    precision = str(trainer.precision)
-    dtype = precision_dtype(precision)
-    if device.type == "cuda":
-        found = gpu_peak(torch.cuda.get_device_name(device))
-        if found is None or found.tflops(dtype) is None:
-            return []  # no data-sheet figure: the first progress lines will say how fast it runs
-        peak = (found.tflops(dtype) * 1e12, found.source, found.key.upper(), found.memory_gib)
-    else:
-        peak = device_peak("cpu", precision)
-    train = datamodule.corpus.dataset(datamodule.train_split)
-    src_len = float(np.mean(train.src_lengths)) + 1 if len(train) else 25.0
-    tgt_len = float(np.mean(train.tgt_lengths)) + 1 if len(train) else 25.0
-    config = module.config
-    estimate = estimate_run(
-        config,
-        count_parameters(module.model),
-        datamodule.max_tokens,
-        precision,
-        "cpu" if device.type == "cpu" else "cuda",
-        accumulate=trainer.accumulate_grad_batches,
-        max_steps=trainer.max_steps,
-        max_time_seconds=time_remaining(trainer),
-        mfu=mfu,
-        src_len=src_len,
-        tgt_len=tgt_len,
-        peak=peak,
-        captured=captured,
-    )
-    lines = estimate.lines()
-    if device.type == "cuda":
-        hint = larger_batches(
-            estimate, config, datamodule.max_tokens, src_len, tgt_len, trainer.val_check_interval
-        )
-        lines += [hint] if hint else []
-    sanity = trainer.num_sanity_val_steps
-    if sanity and sanity > 0:
-        forward = training_flops_per_token(config, src_len, tgt_len)["per_token"] / 3  # no backward pass
-        seconds = sanity * forward * 2 * datamodule.eval_max_tokens / (estimate.peak_flops * estimate.mfu)
-        lines.append(
-            f"first a sanity check: {sanity} validation batches of {datamodule.eval_max_tokens:,} tokens per side "
-            f"before the first step, estimated {_duration(seconds)} (--trainer.num_sanity_val_steps 0 skips it)"
-        )
-    return lines

@@ -4,24 +4,27 @@
 only computes losses. It decodes through the module's [Translator][attnx.inference.translator.Translator]
 (the same path as `attnx translate` and the Python API), splits each evaluation batch between the ranks,
 gathers the translations on rank 0 in corpus order, writes them (test, predict) and scores them with
-sacreBLEU against the raw references (validation, test).
+sacreBLEU against the raw references (validation, test). `test` and `predict` report the sentences decoded
+on standard error as they go (a line redrawn on a terminal, one a minute in a log file); `written` names the
+file the translations went to (`attnx test` prints it last).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from attnx.data.batch import Batch
 from attnx.errors import ConfigError
 from attnx.evaluation.bleu import BleuReport, score
 from attnx.inference.config import PAPER_SEARCH, Precision, SearchConfig, check_precision
+from attnx.inference.progress import Progress
 
 """§6.1's beam 4, α 0.6, maximum length input + 50 (copied, never modified)."""
 
@@ -72,7 +75,10 @@ class TranslationEvaluator(Callback):
         self.output_file = output_file
         self.precision = precision
         self.report: BleuReport | None = None
+        self.written: Path | None = None
+        """The file the last `test` or `predict` wrote its translations to (rank 0)."""
         self._translations: list[tuple[int, list[int]]] = []
+        self._progress: Progress | None = None
 
     # ------------------------------------------------------------------------------------------- decoding
 
@@ -130,13 +136,39 @@ class TranslationEvaluator(Callback):
         bleu = trainer.strategy.broadcast(report.bleu if report is not None else 0.0, src=0)
         pl_module.log("val/bleu", bleu, prog_bar=True, sync_dist=True)
 
+    def _start_progress(self, trainer: pl.Trainer, stage: str) -> None:
+        """Count the sentences decoded on rank 0, unless a progress bar is drawn already."""
+        self._translations, self._progress = [], None
+        if not trainer.is_global_zero:
+            return
+        loaders = getattr(trainer, f"{stage}_dataloaders", None)
+        loader = loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
+        dataset = getattr(loader, "dataset", None)
+        total = len(dataset) if hasattr(dataset, "__len__") else None
+        live = sys.stderr.isatty()
+        shown = not (live and trainer.progress_bar_callback is not None)
+        self._progress = Progress(
+            f"attnx {stage}", total, sys.stderr, live=live, enabled=shown, unit="sentences"
+        )
+
+    def _advance(self, batch: Batch) -> None:
+        if self._progress is not None:
+            self._progress.update(self._progress.done + batch.src.size(0))
+
+    def _end_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.finish()
+            self._progress = None
+
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._translations = []
+        self._start_progress(trainer, "test")
 
     def on_test_batch_end(self, trainer, pl_module, outputs: Any, batch: Batch, batch_idx, dataloader_idx=0):
         self._translate(trainer, pl_module, batch, None)
+        self._advance(batch)
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._end_progress()
         self.report = self._score(trainer, pl_module, "test", write=True)
         if self.report is not None:  # rank 0: the scores are the command's result, printed to stdout
             print("\n".join(self.report.lines()), flush=True)
@@ -145,14 +177,16 @@ class TranslationEvaluator(Callback):
             pl_module.log(f"test/{name}", trainer.strategy.broadcast(value, src=0), sync_dist=True)
 
     def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._translations = []
+        self._start_progress(trainer, "predict")
 
     def on_predict_batch_end(
         self, trainer, pl_module, outputs: Any, batch: Batch, batch_idx, dataloader_idx=0
     ):
         self._translate(trainer, pl_module, batch, None)
+        self._advance(batch)
 
     def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._end_progress()
         self._gather(trainer, pl_module, "predict", write=True)
 
     # ----------------------------------------------------------------------------- gather, write, score
@@ -175,7 +209,7 @@ class TranslationEvaluator(Callback):
             path = self._output_path(trainer, stage)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(text + "\n" for _, text in texts), encoding="utf-8")
-            rank_zero_info(f"{len(texts)} translations written to {path}")
+            self.written = path
         return texts
 
     def _output_path(self, trainer: pl.Trainer, stage: str) -> Path:

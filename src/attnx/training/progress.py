@@ -3,8 +3,9 @@
 A 12-hour run in a terminal, under `nohup` or in a Slurm log should all say how it is going. Training
 starts with one line on its batches (how many an epoch, in how many tensor shapes, their share of padding).
 The progress bar is drawn only when standard error is a terminal; otherwise (a log file) `ProgressLog`
-prints a plain line after the first optimizer step and then every `every_n_steps` steps. Every validation
-prints one line wherever the output goes:
+prints a plain line after the first optimizer step (of the run, or of a resumed segment), then every
+`every_n_steps` steps or `every_seconds`, whichever comes first, so that a slow run is never silent for long.
+Every validation prints one line wherever the output goes:
 
 ```text
 step 1500/100000 | val loss 3.412 ppl 22.14 bleu 18.63 | 7,930 tok/s src+tgt, 3,981 tgt | 0:10:02 elapsed, ETA 10:59:30
@@ -67,21 +68,28 @@ class ProgressLog(Callback):
     Lines go to standard output, from rank 0 only.
     """
 
-    def __init__(self, every_n_steps: int = 100) -> None:
+    def __init__(self, every_n_steps: int = 100, every_seconds: float = 60.0) -> None:
         """
         Args:
             every_n_steps: Optimizer steps between two training lines when no progress bar is shown
-                (standard error is not a terminal, or `trainer.enable_progress_bar` is false); 0: none.
+                (standard error is not a terminal, or `trainer.enable_progress_bar` is false); 0: no training
+                lines at all.
+            every_seconds: Also a training line once this many seconds passed since the last line, at the next
+                optimizer step (a big model on a CPU takes minutes for 100 steps); 0: by steps only.
         """
-        if every_n_steps < 0:
-            raise ConfigError(f"ProgressLog needs every_n_steps >= 0, got {every_n_steps}")
+        if every_n_steps < 0 or every_seconds < 0:
+            raise ConfigError(
+                f"ProgressLog needs every_n_steps >= 0 and every_seconds >= 0, got {every_n_steps} and {every_seconds}"
+            )
         self.every_n_steps = every_n_steps
+        self.every_seconds = every_seconds
+        self._shown = 0.0
         self._start = 0.0
         self._first_step = 0
         self._last_step = -1
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start = time.monotonic()
+        self._start = self._shown = time.monotonic()
 
     @rank_zero_only
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -112,11 +120,13 @@ class ProgressLog(Callback):
         step = trainer.global_step
         if not self.every_n_steps or step < 1 or step == self._last_step:
             return  # step 0: the batches of the first optimizer step are still accumulating
-        if step % self.every_n_steps and step != 1:
+        due = time.monotonic() - self._shown >= self.every_seconds > 0
+        if step % self.every_n_steps and step != self._first_step + 1 and not due:
             return
         if trainer.progress_bar_callback is not None and sys.stderr.isatty():
             return
         self._last_step = step
+        self._shown = time.monotonic()
         metrics = trainer.callback_metrics
         parts = []
         if "train/loss" in metrics:
@@ -157,6 +167,20 @@ def time_remaining(trainer: pl.Trainer) -> float | None:
         if isinstance(callback, Timer):
             return callback.time_remaining("train")
     return None
+
+
+def no_validation_line(trainer: pl.Trainer, steps: int) -> str | None:
+    """One line where a run that ends at optimizer step `steps` ends before its first validation
+    (`trainer.val_check_interval` counted in batches across epochs), with the option that changes it."""
+    every, batches = trainer.val_check_interval, steps * trainer.accumulate_grad_batches
+    if trainer.check_val_every_n_epoch is not None or not isinstance(every, int) or batches >= every:
+        return None
+    suggested = max(1, batches // 4)
+    suggested -= suggested % 10 if suggested > 20 else 0
+    return (
+        f"no validation in this run: it ends after about {batches:,} batches, before its first validation at "
+        f"{every:,} (trainer.val_check_interval); --trainer.val_check_interval {suggested} validates about 4 times"
+    )
 
 
 def epoch_label(epoch: int, max_epochs: int | None, step: int, max_steps: int) -> str:

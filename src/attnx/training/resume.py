@@ -7,9 +7,11 @@ before training begins.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from attnx.checkpoint import CheckpointError, check_tokenizer, config_difference, model_state, read_checkpoint
@@ -26,6 +28,7 @@ from attnx.training.runs import (
     logger_groups,
     model_changes,
     pin_versions,
+    resumed_run,
     tensorboard_purge,
 )
 
@@ -57,8 +60,8 @@ def checkpoint_directories(trainer: Any) -> list[Path]:
     return [d for d in dict.fromkeys(found) if d.is_dir()]
 
 
-def last_checkpoint(trainer: Any) -> Path:
-    """`--ckpt_path last`: the newest `last.ckpt` among this config's runs, or a one-line error."""
+def last_checkpoints(trainer: Any) -> list[Path]:
+    """The `last.ckpt` of each of this config's runs, newest first, or a one-line error where there is none."""
     directories = checkpoint_directories(trainer)
     found = [d / "last.ckpt" for d in directories if (d / "last.ckpt").is_file()]
     if not found:
@@ -67,7 +70,42 @@ def last_checkpoint(trainer: Any) -> Path:
             f"--ckpt_path last: no last.ckpt in this config's runs ({where}); pass the checkpoint's path, or "
             "leave --ckpt_path out to start a new run"
         )
-    return max(found, key=lambda path: path.stat().st_mtime_ns)
+    return sorted(found, key=lambda path: path.stat().st_mtime_ns, reverse=True)
+
+
+def last_checkpoint(trainer: Any) -> Path:
+    """`--ckpt_path last`: the newest `last.ckpt` of this config's runs that has not finished (a run stopped
+    halfway, not a finished smoke test that came after it), else the newest; or a one-line error."""
+    found = last_checkpoints(trainer)
+    return next((path for path in found if finished_run(path) is None), found[0])
+
+
+def finished_run(path: Path) -> str | None:
+    """Why the run whose `last.ckpt` is `path` has finished (it reached the `max_steps` or `max_time` it ran
+    with), or None: not finished, or not known (a checkpoint that does not record its config)."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not readable here: the resume itself says why, in one line
+        return None
+    resumed = resumed_run(path, checkpoint)
+    trainer = _get(resumed.config, "trainer") or {}
+    max_steps = _get(trainer, "max_steps") or -1
+    if max_steps > 0 and resumed.step >= max_steps:
+        return f"finished at step {resumed.step} of max_steps {max_steps}"
+    seconds = max_time_seconds(_get(trainer, "max_time"))
+    if seconds and resumed.trained_seconds >= seconds:
+        return f"finished its max_time at step {resumed.step}"
+    return None
+
+
+def max_time_seconds(max_time: Any) -> float | None:
+    """`trainer.max_time` as a config records it (`"DD:HH:MM:SS"` or `{"hours": 1, ...}`) in seconds."""
+    if isinstance(max_time, str) and max_time.count(":") == 3:
+        days, hours, minutes, seconds = (float(part) for part in max_time.split(":"))
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()
+    if isinstance(max_time, dict):
+        return timedelta(**{k: float(v) for k, v in max_time.items()}).total_seconds()
+    return None
 
 
 def continue_run(trainer: Any, resumed: Resumed | None, typed: dict[str, Any]) -> bool:

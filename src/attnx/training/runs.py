@@ -69,6 +69,8 @@ class Resumed:
     """The config its segment ran with (None for checkpoints written before attnx recorded it)."""
     model: dict[str, Any]
     """Its model hyperparameters."""
+    trained_seconds: float = 0.0
+    """The training time its run had used (Lightning's `Timer`, which counts `max_time`)."""
 
 
 def resumed_run(path: str | Path, checkpoint: dict[str, Any]) -> Resumed:
@@ -79,8 +81,14 @@ def resumed_run(path: str | Path, checkpoint: dict[str, Any]) -> Resumed:
     if log_dir is None and path.parent.name == "checkpoints" and _VERSION.match(path.parent.parent.name):
         log_dir = path.parent.parent  # a checkpoint of an attnx that did not record it
     config = yaml.safe_load(state["config"]) if state.get("config") else None
+    timer = (checkpoint.get("callbacks") or {}).get("Timer") or {}
     return Resumed(
-        path, int(checkpoint.get("global_step", 0)), log_dir, config, checkpoint.get("hyper_parameters") or {}
+        path,
+        int(checkpoint.get("global_step", 0)),
+        log_dir,
+        config,
+        checkpoint.get("hyper_parameters") or {},
+        float((timer.get("time_elapsed") or {}).get("train", 0.0)),
     )
 
 
@@ -185,6 +193,24 @@ def pin_versions(trainer: Any, version: int | None, purge_step: int | None) -> N
             ).version  # the next free version_N; nothing is written
         for args in members:
             args["version"] = version if version is not None else new
+
+
+def evaluation_folder(resumed: Resumed | None, trainer: Any, subcommand: str) -> Path | None:
+    """`validate`, `test` and `predict` of a checkpoint of one of this config's runs log into that run's folder,
+    `runs/NAME/version_N/<subcommand>/<checkpoint name>` (a test of `averaged.ckpt` and one of `last.ckpt` keep
+    their translations apart); returns that folder, or None (a checkpoint of no run of this config: a new
+    `version_N`, as before)."""
+    version = continued_version(resumed, trainer) if resumed is not None else None
+    if version is None:
+        pin_versions(trainer, None, None)
+        return None
+    name = f"version_{version}/{subcommand}/{resumed.checkpoint.stem}"
+    run = resumed.log_dir.parent.resolve()
+    for folder, members in logger_groups(trainer).items():
+        if folder.resolve() == run:  # continued_version found one
+            for args in members:
+                args["version"] = name
+    return resumed.log_dir / subcommand / resumed.checkpoint.stem
 
 
 def tensorboard_purge(trainer: Any, step: int) -> None:
@@ -294,7 +320,8 @@ def remove_unstarted(folder: Path) -> bool:
 
 
 class RunFolder(Callback):
-    """Keeps one folder per run (added by `attnx fit`): records the run folder and the config in every
+    """Keeps one folder per run (added by `attnx fit`, and by `validate`, `test` and `predict`, which restore
+    its entry of a checkpoint and do nothing else): records the run folder and the config in every
     checkpoint, continues a resumed run's logs, sets an abandoned branch's checkpoints aside, and removes the
     folder of a new run that stopped before its first training step."""
 
@@ -342,6 +369,11 @@ class RunFolder(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._started = True
+        if self.resumed is not None and trainer.is_global_zero:
+            where = f"in {self._log_dir}" if self.continued else f"in a new run folder, {self._log_dir}"
+            print(
+                f"resumed at step {trainer.global_step} {where} (from {self.resumed.checkpoint})", flush=True
+            )
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException

@@ -1,7 +1,8 @@
-"""Progress of a long command on standard error: lines done, lines/s and, when the total is known, the ETA.
+"""Progress of a long decoding job on standard error (`attnx translate`, `attnx test`): lines done, lines/s and,
+when the total is known, the ETA.
 
 On a terminal one line is redrawn at most once a second; elsewhere (a log file, a batch job) a line is
-written every [`LOG_EVERY`][attnx.commands.progress.LOG_EVERY] seconds.
+written every [`LOG_EVERY`][attnx.inference.progress.LOG_EVERY] seconds.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Progress:
         live: Redraw one line in place (a terminal) rather than append a line every `LOG_EVERY` seconds.
         enabled: Report at all (not while a person types the input, for instance).
         clock: Seconds, monotonic.
+        unit: What is counted (`lines`, `sentences`).
     """
 
     def __init__(
@@ -45,7 +47,9 @@ class Progress:
         live: bool,
         enabled: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        unit: str = "lines",
     ) -> None:
+        self.unit = unit
         self.command = command
         self.total = total
         self.stream = stream
@@ -61,10 +65,10 @@ class Progress:
         rate = (self.done - self.start_done) / elapsed
         text = f"{self.command}: {self.done:,}"
         if self.total is not None:
-            text += f"/{self.total:,} lines ({100 * self.done / max(self.total, 1):.1f}%)"
+            text += f"/{self.total:,} {self.unit} ({100 * self.done / max(self.total, 1):.1f}%)"
         else:
-            text += " lines"
-        text += f", {rate:,.1f} lines/s"
+            text += f" {self.unit}"
+        text += f", {rate:,.1f} {self.unit}/s"
         if self.total is not None and rate > 0:
             text += f", ETA {duration((self.total - self.done) / rate)}"
         return text
@@ -93,3 +97,9 @@ class Progress:
             self.stream.write("\r\033[K")
             self.stream.flush()
             self.drawn = False
+
+    def finish(self) -> None:
+        """The last count: one line on a log (how many, how fast), the redrawn one cleared on a terminal."""
+        if self.enabled and not self.live:
+            self.show()
+        self.close()

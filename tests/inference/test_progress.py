@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from attnx.commands.progress import LOG_EVERY, Progress, duration
+from attnx.inference.progress import LOG_EVERY, Progress, duration
 
 
 class Clock:
@@ -42,3 +42,12 @@ def test_a_terminal_line_is_redrawn_and_cleared_and_an_unknown_total_has_no_eta(
 
 def test_durations_read_as_clock_times():
     assert (duration(59), duration(61), duration(3723)) == ("0:59", "1:01", "1:02:03")
+
+
+def test_finish_logs_the_last_count_and_a_terminal_line_is_cleared():
+    stream, clock = io.StringIO(), Clock()
+    progress = Progress("attnx test", 50, stream, live=False, clock=clock, unit="sentences")
+    clock.now = 5
+    progress.update(50)
+    progress.finish()
+    assert stream.getvalue() == "attnx test: 50/50 sentences (100.0%), 10.0 sentences/s, ETA 0:00\n"
