@@ -311,3 +311,20 @@ def test_a_misspelt_key_in_a_config_file_names_the_file_the_key_and_the_meant_on
         text=True,
     )
     assert done.returncode == 2 and done.stderr == f"attnx {name}: error: my.yaml: {message}\n", done.stderr
+
+
+SIGINT_AFTER_THE_STOP = """
+import os, signal, sys
+import attnx.cli as cli
+cli.run_command = lambda argv: 130  # a command stopped by its first Ctrl+C, which it has said
+status = cli.main()
+os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl+C, while the interpreter exits
+sys.exit(status)
+"""
+
+
+def test_a_second_ctrl_c_after_the_stop_leaves_the_exit_status_as_it_is() -> None:
+    """`attnx fit` saved, said where to resume and returns 130: a Ctrl+C that lands as the process exits (two in
+    quick succession) ends it with 130, not by SIGINT with a KeyboardInterrupt."""
+    done = subprocess.run([sys.executable, "-c", SIGINT_AFTER_THE_STOP], capture_output=True, text=True)
+    assert done.returncode == 130 and "KeyboardInterrupt" not in done.stderr, done.stderr

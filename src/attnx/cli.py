@@ -18,6 +18,7 @@ import importlib
 import inspect
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -154,7 +155,16 @@ def quiet_on_closed_pipe(run: Callable[..., int]) -> Callable[..., int]:
 
 @quiet_on_closed_pipe
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    status = run_command(sys.argv[1:] if argv is None else list(argv))
+    if argv is None and status >= 128:
+        # a process stopped by a signal, which it has said: a second Ctrl+C while the interpreter exits has
+        # nothing left to stop, and would end it by SIGINT instead of this status (a traceback, at worst)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return status
+
+
+def run_command(argv: list[str]) -> int:
+    """Run `attnx ARGV`; its exit status."""
     debug = "--debug" in argv or debugging()
     if "--debug" in argv:
         argv.remove("--debug")
