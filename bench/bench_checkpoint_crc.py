@@ -35,11 +35,16 @@ def cpu_name() -> str:
 
 def write_checkpoint(path: Path, vocab_size: int) -> int:
     """A base-sized training checkpoint: the weights and Adam's two moments (16 bytes a parameter)."""
-    model = build_transformer(TransformerConfig(vocab_size=vocab_size))
-    weights = model.state_dict()
-    moments = {f"{name}.{m}": torch.zeros_like(t) for name, t in weights.items() for m in ("exp_avg", "sq")}
-    torch.save({"state_dict": weights, "optimizer_moments": moments}, path)
-    return sum(t.numel() for t in weights.values())
+    config = TransformerConfig(vocab_size=vocab_size)
+    model = build_transformer(config)
+    weights = model.state_dict()  # the shared embedding under each of its names, stored once
+    parameters = dict(model.named_parameters())  # each once, as Adam keeps them
+    moments = {
+        f"{name}.{m}": torch.zeros_like(t) for name, t in parameters.items() for m in ("exp_avg", "sq")
+    }
+    meta = {"format_version": checkpoint_format.FORMAT_VERSION, "transformer": config.to_dict()}
+    torch.save({"state_dict": weights, "optimizer_moments": moments, "attnx": meta}, path)
+    return sum(t.numel() for t in parameters.values())
 
 
 def timed(fn) -> float:
@@ -49,7 +54,9 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds of each (default 5)")
     parser.add_argument("--vocab_size", type=int, default=37000, help="shared vocabulary (default 37000)")
     args = parser.parse_args()
@@ -75,7 +82,9 @@ def main() -> None:
             for name, fn in order if round_ % 2 == 0 else reversed(order):
                 runs[name].append(timed(fn))
         size = path.stat().st_size
-    print(f"# bench_checkpoint_crc: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(
+        f"# bench_checkpoint_crc: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
     print(f"checkpoint: {parameters / 1e6:.1f}M parameters + Adam moments, {size / 2**20:,.0f} MiB\n")
     print("| read | median s | min s | GB/s (median) |\n|---|---:|---:|---:|")
     for name, times in runs.items():
