@@ -39,7 +39,8 @@ from torch import Tensor, nn
 from attnx.components.attention import attention_backends
 from attnx.components.loss import translation_loss
 from attnx.components.positional import sinusoid_table
-from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
+from attnx.data.batch import PAD_ID, Batch
+from attnx.export.huggingface import marian_config
 from attnx.model import TransformerConfig, build_transformer
 
 LABEL_SMOOTHING = 0.1
@@ -47,31 +48,12 @@ SYSTEMS = ("attnx", "Marian", "nn.Transformer")
 
 
 def marian(config: TransformerConfig) -> nn.Module:
-    """Hugging Face's ``MarianMTModel`` with ``config``'s dimensions and SDPA attention."""
-    from transformers import MarianConfig, MarianMTModel
+    """Hugging Face's ``MarianMTModel`` with ``config``'s dimensions (the config `attnx export --format
+    huggingface` writes) and SDPA attention."""
+    from transformers import MarianMTModel
 
-    hf = MarianConfig(
-        vocab_size=config.vocab_size,
-        d_model=config.d_model,
-        encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.n_heads,
-        decoder_attention_heads=config.n_heads,
-        encoder_ffn_dim=config.d_ff,
-        decoder_ffn_dim=config.d_ff,
-        activation_function="relu",
-        dropout=config.dropout,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        max_position_embeddings=config.max_len,
-        scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        pad_token_id=PAD_ID,
-        eos_token_id=EOS_ID,
-        decoder_start_token_id=BOS_ID,
-        attn_implementation="sdpa",
-    )
+    hf = marian_config(config)
+    hf._attn_implementation = "sdpa"
     model = MarianMTModel(hf)
     if model.config._attn_implementation != "sdpa":
         raise RuntimeError(f"MarianMTModel runs {model.config._attn_implementation!r} attention, not sdpa")
