@@ -376,3 +376,25 @@ def test_test_decodes_with_mbr_when_asked(run: Path, corpus: Path, capsys) -> No
     assert len(hyp.read_text(encoding="utf-8").splitlines()) == 50
     test_run = run / "test" / "averaged"
     assert yaml.safe_load((test_run / "config.yaml").read_text())["evaluation"]["search"]["mbr"] == 4
+
+
+@pytest.mark.parametrize(
+    ("subcommand", "when"), [("fit", "before training began"), ("test", "before test ended")]
+)
+def test_sigterm_lightning_reports_is_one_line_that_says_when(
+    subcommand: str, when: str, monkeypatch, capsys
+) -> None:
+    """Lightning turns a SIGTERM that comes outside training (while `attnx test` decodes, say) into its own
+    exception: one line saying when it came, exit 143, and no claim that training was under way."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    def sigterm(*args, **kwargs):
+        raise SIGTERMException
+
+    monkeypatch.setattr("attnx.commands.lightning.AttnxCLI", sigterm)
+    assert attnx([subcommand, "--config", "tiny"]) == 143
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert (
+        line
+        == f"attnx {subcommand}: interrupted by SIGTERM {when}; nothing was saved: run the same command again"
+    )

@@ -47,12 +47,20 @@ def signal_when(
     env: dict[str, str] | None = None,
     timeout: float = 240,
     gap: float = 0.0,
+    group: bool = False,
 ) -> subprocess.CompletedProcess:
     """Start ``command``, send ``signals`` (``gap`` seconds apart) once it prints a line starting with ``ready``,
-    and wait for it to end."""
+    and wait for it to end; with ``group``, to its whole process group, as Slurm, `timeout` or a service
+    manager do."""
     cwd.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
-        command, cwd=cwd, env=env or environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        cwd=cwd,
+        env=env or environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=group,
     )
     try:
         for line in process.stdout:  # e.g. rank 0's plain progress lines: "step 2/100000 | ..."
@@ -62,7 +70,10 @@ def signal_when(
             pytest.fail(f"the run ended before {ready!r}: {process.wait()}, {process.stderr.read()[-3000:]}")
         for i, signum in enumerate(signals):
             time.sleep(gap if i else 0.0)
-            process.send_signal(signum)
+            if group:
+                os.killpg(process.pid, signum)
+            else:
+                process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=timeout)
     finally:
         if process.poll() is None:
@@ -247,6 +258,19 @@ def test_a_stop_signal_during_the_sanity_check_stops_at_once_with_one_line(
         f"attnx fit: stopped by {name} before training began; nothing was saved"
     ]
     assert not list(tmp_path.glob("runs/tiny/version_*"))
+
+
+def test_sigterm_to_the_process_group_with_data_loader_workers_saves_and_says_how_to_resume(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """Slurm's scancel signals every process of the job: the data loader's workers leave SIGTERM to the training
+    process, which saves and says how to resume, instead of failing with "DataLoader worker is killed"."""
+    hourly = attnx_command(corpus, "--trainer.max_steps", "100000", config=hourly_checkpoints(tmp_path))
+    command = [*hourly, "--data.num_workers", "2", "--progress.every_n_steps", "1"]
+    done = signal_when(command, tmp_path, "step 2/", [signal.SIGTERM], timeout=120, group=True)
+    assert done.returncode == 143 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "(SIGTERM); resume with: " in done.stderr.strip().splitlines()[-1]
+    assert (tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_two_ctrl_c_in_quick_succession_exit_130_with_one_line(corpus: Path, tmp_path: Path) -> None:

@@ -81,9 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         if rank_zero_only.rank == 0:
             print(f"attnx {subcommand}: {err.message}", file=sys.stderr)
         return err.exit_status
-    except SIGTERMException:  # Lightning's own handling: the signal came before training began
+    except SIGTERMException:  # Lightning's own handling: before training began, or while decoding (test...)
+        when = "before training began" if subcommand == "fit" else f"before {subcommand} ended"
         print(
-            f"attnx {subcommand}: interrupted by SIGTERM before training began; nothing was saved",
+            f"attnx {subcommand}: interrupted by SIGTERM {when}; nothing was saved: run the same command again",
             file=sys.stderr,
         )
         return 128 + signal.SIGTERM

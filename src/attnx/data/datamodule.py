@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import lightning as L
@@ -175,6 +176,7 @@ class TranslationDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.pins_memory,
+            worker_init_fn=leave_stop_signals_to_the_parent if self.num_workers > 0 else None,
         )
 
     def _eval_loader(self, split: str) -> DataLoader:
@@ -229,3 +231,17 @@ class TranslationDataModule(L.LightningDataModule):
             self._resume = dict(state)
         else:
             self._train_sampler.load_state_dict(state)
+
+
+WORKER_IGNORES = (signal.SIGTERM, signal.SIGUSR1)
+"""The stop signals a data loader worker leaves to the process it loads for (PyTorch's workers already ignore
+Ctrl+C's SIGINT)."""
+
+
+def leave_stop_signals_to_the_parent(worker_id: int) -> None:
+    """A DataLoader worker's start: SIGTERM and SIGUSR1 sent to the whole process group (Slurm's `scancel` and
+    preemption, `timeout`, a service manager) would kill the workers, and the training process would fail with
+    "DataLoader worker is killed by signal" instead of saving a checkpoint and saying how to resume. The training
+    process stops on them; its workers end when it shuts them down, or when it is gone."""
+    for signum in WORKER_IGNORES:
+        signal.signal(signum, signal.SIG_IGN)
