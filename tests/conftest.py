@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import random
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +31,23 @@ def shared_data() -> Path:
     if not (path / "multi30k").is_dir():
         pytest.fail(f"real corpora not found at {path}: set ATTNX_DATA_DIR to the folder holding multi30k/")
     return path
+
+
+def free_port() -> int:
+    """A free TCP port below Linux's ephemeral range (32768 and up), for a test's distributed job to listen on.
+
+    A port taken from that range (bind to port 0, then close) can meanwhile be handed to a connection of another
+    test's job running beside it: the ranks of the two jobs then talk to each other, and gloo aborts ("terminate
+    called without an active exception")."""
+    for _ in range(1000):
+        port = random.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port from 20000 to 32767")
 
 
 @pytest.fixture(autouse=True)

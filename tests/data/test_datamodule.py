@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 from attnx.data.batch import Batch
 from attnx.data.datamodule import TranslationDataModule
 from attnx.data.tokenizer import Tokenizer
+from tests.conftest import free_port
 
 
 def indices(loader) -> list[list[int]]:
@@ -244,6 +246,7 @@ def test_real_ddp_ranks_split_the_epoch(multi30k: Path, tmp_path: Path) -> None:
     script.write_text(DDP_SCRIPT)
     result = subprocess.run(
         [sys.executable, str(script), str(multi30k), str(tmp_path)],
+        env={**os.environ, "MASTER_PORT": str(free_port())},
         capture_output=True,
         text=True,
         timeout=240,

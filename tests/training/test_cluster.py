@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 from tests.training.conftest import train_losses
 from tests.training.ddp_probe import assert_ranks_agree, read_ranks
 from tests.training.test_runs import checkpoint_files, every_two_steps
@@ -35,14 +35,10 @@ def page_commands(prefix: str) -> list[str]:
     return [re.sub(r"\s+", " ", line).strip() for line in lines if line.strip().startswith(prefix)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def environment() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    """Where torchrun does not set it, the port of Lightning's own launch (free_port: not an ephemeral one)."""
+    path = f"{BIN}{os.pathsep}{os.environ['PATH']}"
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PATH": path, "MASTER_PORT": str(free_port())}
 
 
 def probe_args(corpus: Path, probe: Path, steps: int) -> list[str]:

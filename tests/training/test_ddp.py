@@ -10,13 +10,14 @@ from pathlib import Path
 
 import torch
 
+from tests.conftest import free_port
 from tests.training.conftest import fit_args, train_losses
 
 
 def test_two_process_ddp_fit(corpus: Path, tmp_path: Path) -> None:
     args = fit_args(corpus, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_steps", "4")
     args += ["--cuda_graphs", "true"]  # asked for on CPUs: said once (rank 0), then eager training
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "MASTER_PORT": str(free_port())}
     done = subprocess.run(
         [sys.executable, "-m", "attnx", *args],
         cwd=tmp_path,

@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from tests.conftest import free_port
 from tests.training.conftest import TINY
 from tests.training.test_resume import resume_args
 
@@ -27,7 +28,8 @@ def attnx_command(corpus: Path, *extra: str, config: Path = TINY) -> list[str]:
 
 
 def environment(**extra: str) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
+    port = str(free_port())  # for the DDP runs' ranks, outside the ports other tests' connections take
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "MASTER_PORT": port, **extra}
 
 
 def run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
