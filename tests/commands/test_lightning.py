@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -398,3 +399,26 @@ def test_sigterm_lightning_reports_is_one_line_that_says_when(
         line
         == f"attnx {subcommand}: interrupted by SIGTERM {when}; nothing was saved: run the same command again"
     )
+
+
+def test_a_distributed_run_destroys_its_process_group_before_it_returns(
+    corpus: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Lightning destroys NCCL groups alone: a gloo group left to the interpreter's exit aborted a rank now and
+    then ("terminate called without an active exception"). attnx ends every rank's group when its command ends."""
+    import torch.distributed as dist
+
+    from tests.conftest import free_port
+
+    monkeypatch.chdir(tmp_path)
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "1", "--trainer.max_steps", "1"]
+    before = dict(
+        os.environ
+    )  # Lightning's DDP sets WORLD_SIZE, LOCAL_RANK, ...: not for the tests after this one
+    os.environ["MASTER_PORT"] = str(free_port())
+    try:
+        assert attnx(fit_args(corpus, *ddp, "--evaluation.bleu_samples", "0")) == 0
+        assert not dist.is_initialized()
+    finally:
+        os.environ.clear()
+        os.environ.update(before)

@@ -90,7 +90,18 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGTERM
     finally:
         signals.restore()
+        end_process_group()
     return 0
+
+
+def end_process_group() -> None:
+    """Destroy the process group a distributed run made, on every rank, before the interpreter exits: Lightning
+    does so for NCCL alone, and a gloo group left to the interpreter's end can abort the process ("terminate
+    called without an active exception", SIGABRT) while its worker threads still hold tensors."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def subcommand_parser(name: str, settings: dict[str, Any]) -> dict[str, Any]:
