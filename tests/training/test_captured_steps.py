@@ -16,7 +16,7 @@ from attnx.cli import main as attnx
 from attnx.training import captured_steps
 from attnx.training.capture import MAX_GRAPHS
 from attnx.training.captured_steps import capture_plan, planned_shapes, syncs_gradients
-from tests.training.conftest import fit_args, train_losses
+from tests.training.conftest import fit_args, read_metrics, train_losses
 from tests.training.test_capture import FakeGraphs
 from tests.training.test_host_syncs import count_read_backs
 
@@ -147,6 +147,137 @@ def test_a_fit_that_replays_its_batches_logs_the_eager_fits_losses(
     assert len(eager) == STEPS and eager.keys() == captured.keys()
     for step, loss in eager.items():
         assert captured[step] == pytest.approx(loss, rel=1e-5), (eager, captured)
+
+
+# ------------------------------------------------------------- through Lightning's own paths, on a CPU
+
+VALIDATED = [
+    "--data.shape_buckets",
+    "8",
+    "--trainer.limit_val_batches",
+    "2",
+    "--evaluation.bleu_samples",
+    "0",
+]
+
+
+def captured_fit(corpus: Path, work: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> tuple[str, Path]:
+    """`attnx fit` in `work` with its steps captured by the replaying backend, validating as `extra` says;
+    what it printed and its run folder."""
+    work.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(captured_steps, "BACKENDS", {"cpu": FakeGraphs})
+        mp.chdir(work)
+        code = attnx(fit_args(corpus, *VALIDATED, *extra))
+    assert code == 0
+    return work / "runs" / "tiny" / "version_0"
+
+
+def replayed_every_batch(out: str, batches: int) -> None:
+    """The end-of-training line: every training batch replayed, none eager."""
+    [last] = [line for line in out.splitlines() if "batches replayed" in line][-1:]
+    assert f"; {batches:,} batches replayed" in last and "eager:" not in last, out
+
+
+def validations(run: Path) -> list[int]:
+    return [int(row["step"]) for row in read_metrics(run) if row.get("val/loss")]
+
+
+def test_every_batch_after_a_validation_still_replays(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Validation every 2 batches: Lightning clears the gradients before each (`on_validation_model_zero_grad`,
+    whose default sets them to None), and the graphs add into those very tensors."""
+    run = captured_fit(
+        corpus, tmp_path / "run", monkeypatch, "--trainer.max_steps", "6", "--trainer.val_check_interval", "2"
+    )
+    out = capsys.readouterr().out
+    assert validations(run) == [1, 3, 5]
+    replayed_every_batch(out, 6)
+
+
+def test_with_gradient_accumulation_every_batch_after_a_validation_still_replays(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two batches a step, a validation every 4 batches (on the step boundary, where Lightning clears the
+    gradients): the end of each accumulation window zeroes in place too."""
+    run = captured_fit(
+        corpus,
+        tmp_path / "run",
+        monkeypatch,
+        *("--trainer.max_steps", "5", "--trainer.accumulate_grad_batches", "2"),
+        *("--trainer.val_check_interval", "4"),
+    )
+    out = capsys.readouterr().out
+    assert validations(run) == [1, 3]
+    replayed_every_batch(out, 10)
+
+
+def test_a_resumed_captured_run_replays_every_batch_and_repeats_the_uninterrupted_one(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Dropout 0.3, a validation every 3 batches, stopped after step 4 and resumed from its checkpoint (the
+    restore and the start of fit clear the gradients): both parts replay every batch, and together log the
+    losses of the uninterrupted captured run."""
+    dropout = ("--model.transformer.dropout", "0.3", "--trainer.val_check_interval", "3")
+    whole = captured_fit(corpus, tmp_path / "whole", monkeypatch, *dropout, "--trainer.max_steps", "8")
+    replayed_every_batch(capsys.readouterr().out, 8)
+    first = captured_fit(corpus, tmp_path / "first", monkeypatch, *dropout, "--trainer.max_steps", "4")
+    replayed_every_batch(capsys.readouterr().out, 4)
+    ckpt = str(first / "checkpoints" / "last.ckpt")
+    rest = captured_fit(
+        corpus, tmp_path / "rest", monkeypatch, *dropout, "--trainer.max_steps", "8", "--ckpt_path", ckpt
+    )
+    replayed_every_batch(capsys.readouterr().out, 4)
+    expected, before, after = train_losses(whole), train_losses(first), train_losses(rest)
+    assert sorted(expected) == list(range(8)) and sorted(after) == list(range(4, 8))
+    assert len(set(expected.values())) == 8  # dropout is on: equal losses are not a coincidence
+    for step, loss in {**before, **after}.items():
+        assert loss == pytest.approx(expected[step], rel=1e-6, abs=1e-6), f"step {step}"
+    assert validations(rest) == [5]
+
+
+def test_gradients_set_to_none_mid_run_stop_fit_with_one_line(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where something clears the gradients by setting them to None (here the module's zero_grad as
+    nn.Module has it, before the first validation), fit stops with one line saying what and what to do."""
+    from torch import nn
+
+    from attnx.training.module import TranslationTask
+
+    monkeypatch.setattr(TranslationTask, "zero_grad", nn.Module.zero_grad)
+    (tmp_path / "run").mkdir()
+    monkeypatch.setattr(captured_steps, "BACKENDS", {"cpu": FakeGraphs})
+    monkeypatch.chdir(tmp_path / "run")
+    args = [*VALIDATED, "--trainer.max_steps", "4", "--trainer.val_check_interval", "2"]
+    assert attnx(fit_args(corpus, *args)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attnx fit: error: captured steps: the gradient of "), err
+    assert "is None since its graphs were captured" in err[0] and "--cuda_graphs false" in err[0]
+
+
+def test_fused_kernels_under_captured_steps_replay_every_batch_after_a_validation(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """FusedKernels (its compiled tails traced by `aot_eager` on a CPU) compiled during the warm-up of each
+    capture, then replayed: every batch after the validations too, the losses finite."""
+    from attnx.training.fusion import FusedKernels
+
+    monkeypatch.setattr(FusedKernels, "DEVICES", ("cpu",))
+    monkeypatch.setattr(FusedKernels, "BACKEND", "aot_eager")
+    run = captured_fit(
+        corpus,
+        tmp_path / "run",
+        monkeypatch,
+        *("--trainer.max_steps", "4", "--trainer.val_check_interval", "2"),
+        *("--trainer.callbacks+=attnx.training.fusion.FusedKernels",),
+    )
+    out = capsys.readouterr().out
+    assert "fused kernels: the pointwise tails of 14 residual connections" in out
+    assert validations(run) == [1, 3]
+    replayed_every_batch(out, 4)
+    assert all(np.isfinite(list(train_losses(run).values())))
 
 
 # ------------------------------------------------------------------------------------------------------ GPU
