@@ -286,50 +286,114 @@ GPU_RUN = ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--data.sha
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+RESUME_TOLERANCE = 1e-2
+"""How far a resumed captured run's losses may be from the uninterrupted one's (relative): the weights, Adam's
+state and the dropout masks are restored exactly, but the memory-efficient attention backward adds in an
+order that varies from run to run (atomics), and in bf16-mixed those last bits grow over the steps after the
+resume; an error in what is restored (a step's masks, the learning rate, a moment) moves a loss by far more."""
+
+EAGER_TOLERANCE = 2e-2
+"""How far a captured fit's losses may be from the eager fit's (relative), dropout off: the captured loss sums
+all `B·T` target positions (padding counted out) where the eager one selects the counted ones, so bf16 rounds
+other partial sums."""
+
+
 @pytest.mark.gpu
 @cuda
-def test_on_cuda_a_resumed_captured_run_continues_bit_identically(
+def test_on_cuda_a_resumed_captured_run_continues_the_uninterrupted_one_within_tolerance(
     corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """bf16-mixed, dropout 0.3, two batches a step: a captured run stopped after step 6 and resumed logs the
-    very losses of the uninterrupted captured run (every batch of the plan's shapes replays in both)."""
+    """bf16-mixed, dropout 0.3, two batches a step, a validation every 3 batches (Lightning clears the
+    gradients before each): a captured run stopped after step 6 and resumed logs the losses of the
+    uninterrupted captured run within `RESUME_TOLERANCE`, and all three replay every batch."""
     from tests.training.test_resume import fit
 
     gpu = [*GPU_RUN, "--trainer.precision", "bf16-mixed", "--trainer.accumulate_grad_batches", "2"]
     whole = fit(corpus, tmp_path, "whole", "--trainer.max_steps", "10", *gpu)
-    assert "captured steps: on" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "captured steps: on" in out
+    replayed_every_batch(out, 20)
     first = fit(corpus, tmp_path, "first", "--trainer.max_steps", "6", *gpu)
+    replayed_every_batch(capsys.readouterr().out, 12)
     ckpt = first / "checkpoints" / "last.ckpt"
     rest = fit(corpus, tmp_path, "rest", "--trainer.max_steps", "10", "--ckpt_path", str(ckpt), *gpu)
+    replayed_every_batch(capsys.readouterr().out, 8)
     expected, before, after = train_losses(whole), train_losses(first), train_losses(rest)
     assert sorted(after) == list(range(6, 10)) and len(set(expected.values())) == 10
-    assert {**before, **after} == expected
+    assert validations(whole)  # the runs crossed validations
+    for step, loss in {**before, **after}.items():
+        assert loss == pytest.approx(expected[step], rel=RESUME_TOLERANCE), (step, expected, before, after)
+
+
+VALIDATED_GPU = [
+    *GPU_RUN,
+    *VALIDATED[2:],
+    "--trainer.val_check_interval",
+    "2",
+    "--model.transformer.dropout",
+    "0.0",
+]
+"""A GPU fit, validating every 2 batches, dropout off."""
 
 
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
-def test_on_cuda_a_captured_fit_logs_the_eager_fits_losses_within_half_precision(
+def test_on_cuda_a_captured_fit_across_validations_logs_the_eager_fits_losses_within_tolerance(
     corpus: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     precision: str,
 ) -> None:
-    """16-mixed's loss scaling included (the graph reads the scaler's scale at each replay)."""
+    """Two batches a step, a validation every 2 batches, 16-mixed's loss scaling included (the graph reads the
+    scaler's scale at each replay): every batch of the captured fit replays, and its losses and validation
+    losses are the eager fit's within `EAGER_TOLERANCE`."""
+    runs = {}
+    for name, enabled in (("eager", "false"), ("captured", "true")):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        args = [*VALIDATED_GPU, "--trainer.precision", precision, "--trainer.max_steps", str(STEPS)]
+        args += ["--trainer.accumulate_grad_batches", str(ACCUMULATE), "--cuda_graphs", enabled]
+        assert attnx(fit_args(corpus, *args)) == 0
+        runs[name] = tmp_path / name / "runs" / "tiny" / "version_0"
+    out = capsys.readouterr().out
+    assert "captured steps: off (--cuda_graphs false)" in out
+    replayed_every_batch(out, STEPS * ACCUMULATE)
+    eager, captured = train_losses(runs["eager"]), train_losses(runs["captured"])
+    assert eager.keys() == captured.keys() and len(eager) == STEPS
+    for step, loss in eager.items():
+        assert captured[step] == pytest.approx(loss, rel=EAGER_TOLERANCE), step
+    val = {
+        name: [float(r["val/loss"]) for r in read_metrics(run) if r.get("val/loss")]
+        for name, run in runs.items()
+    }
+    assert len(val["eager"]) == len(val["captured"]) >= 1
+    assert val["captured"] == pytest.approx(val["eager"], rel=EAGER_TOLERANCE)
+
+
+@pytest.mark.gpu
+@cuda
+def test_on_cuda_fused_kernels_under_captured_steps_replay_and_train_as_eager_fused_kernels(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """FusedKernels (inductor) with captured steps across validations: its kernels compile in the warm-up
+    of each capture, every batch replays, and the losses are those of the eager fused fit within
+    `EAGER_TOLERANCE` (dropout off: compiled dropout draws from the compiler's own generator)."""
+    fused = "--trainer.callbacks+=attnx.training.fusion.FusedKernels"
     losses = {}
     for name, enabled in (("eager", "false"), ("captured", "true")):
         (tmp_path / name).mkdir()
         monkeypatch.chdir(tmp_path / name)
-        args = [*RUN, *GPU_RUN, "--trainer.precision", precision, "--model.transformer.dropout", "0.0"]
-        assert attnx(fit_args(corpus, *args, "--cuda_graphs", enabled)) == 0
+        args = [*VALIDATED_GPU, "--trainer.precision", "bf16-mixed", "--trainer.max_steps", "4"]
+        assert attnx(fit_args(corpus, *args, fused, "--cuda_graphs", enabled)) == 0
         losses[name] = train_losses(tmp_path / name / "runs" / "tiny" / "version_0")
     out = capsys.readouterr().out
-    assert "captured steps: off (--cuda_graphs false)" in out
-    assert f"{STEPS * ACCUMULATE:,} batches replayed" in out and "eager:" not in out, out
-    assert losses["eager"].keys() == losses["captured"].keys()
+    assert out.count("fused kernels: the pointwise tails of 14 residual connections") == 2
+    replayed_every_batch(out, 4)
+    assert losses["eager"].keys() == losses["captured"].keys() and len(losses["eager"]) == 4
     for step, loss in losses["eager"].items():
-        assert losses["captured"][step] == pytest.approx(loss, rel=2e-2), step
+        assert losses["captured"][step] == pytest.approx(loss, rel=EAGER_TOLERANCE), step
 
 
 @pytest.mark.gpu
