@@ -32,10 +32,14 @@ TOY += ["--steps", "1", "--warmup", "1", "--test_split", "test", "--decode_sente
 
 @pytest.mark.slow
 def test_toy_run_reports_training_padding_and_decoding(corpus: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
-    out = tmp_path / "results.json"
-    assert bench.main(["--data", str(corpus), *TOY, "--precision", "fp32", "--json", str(out)]) == 0
+    out, rows = tmp_path / "results.json", tmp_path / "rows.jsonl"
+    argv = ["--data", str(corpus), *TOY, "--precision", "fp32", "--json", str(out), "--rows", str(rows)]
+    assert bench.main(argv) == 0
     printed = capsys.readouterr().out
     results = json.loads(out.read_text())
+    appended = [json.loads(line) for line in rows.read_text().splitlines()]  # one a row, as measured
+    assert [r.pop("table") for r in appended] == ["padding"] * 5 + ["training", "decoding"]
+    assert appended == json.loads(json.dumps(results["padding"] + results["training"] + results["decoding"]))
     info = results["machine"]
     assert info["device"] in ("cpu", "cuda") and info["cpu"] and results["peak_flops"] > 0
     assert printed.count(f"CPU: {info['cpu']}") >= 3  # under every table
@@ -131,12 +135,12 @@ def test_the_captured_loop_trains_as_the_plain_one(corpus: Path) -> None:  # noq
     for variant in ("plain", "graphs"):
         result = bench.TrainResult("tiny", "fp32", 256, 2, variant)
         if variant == "plain":
-            runs[variant] = bench.train_plain(config, batches, result, torch.device("cpu"), 1, False)
+            runs[variant] = bench.train_plain(config, batches, result, torch.device("cpu"), 1)
         else:
             runs[variant] = bench.train_captured(config, batches, result, torch.device("cpu"), 1, "graphs")
-    assert runs["graphs"].losses == pytest.approx(runs["plain"].losses, rel=1e-5)
+    assert runs["graphs"].timed.losses == pytest.approx(runs["plain"].timed.losses, rel=1e-5)
     assert runs["graphs"].capture_seconds > 0 and runs["plain"].capture_seconds is None
-    assert runs["graphs"].tokens == runs["plain"].tokens > 0
+    assert runs["graphs"].timed.tokens == runs["plain"].timed.tokens > 0
 
 
 @pytest.mark.slow
@@ -175,3 +179,49 @@ def test_peers_train_on_the_same_batches_in_alternating_rounds(corpus: Path, tmp
     assert "÷ attnx" in printed and printed.count("# bench_gpu") == 1
     table = printed.split("## attnx and its peers")[1]
     assert f"device: {results['machine']['device_name']}" in table
+
+
+def test_every_row_autocasts_without_the_cast_cache_and_the_captured_one_runs_in_bf16(corpus: Path) -> None:  # noqa: F811
+    """The captured row under a cached autocast would replay the warm-up's casts of the weights (the engine
+    refuses it); every row autocasts as Lightning's mixed precision does, so they compare alike."""
+    import torch
+    from gpu_timing import autocast
+
+    with autocast(torch.device("cpu"), "bf16-mixed"):
+        assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_cache_enabled()
+    config = bench.model_configs("tiny", 300)["tiny"]
+    batches = bench.training_batches(corpus, 256, 4, pin=False)
+    result = bench.TrainResult("tiny", "bf16-mixed", 256, 2, "captured (CUDA graphs)")
+    bench.train_captured(config, batches, result, torch.device("cpu"), 1, "graphs")
+    assert result.error is None and len(result.timed.losses) == 2
+
+
+def test_the_lightning_row_waits_for_the_device_only_where_timing_starts_and_ends(
+    corpus: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the loop does: two synchronizations in all (a wait after every batch would bias fit against the
+    loop), and the timed batches' tokens those of the loop's timed steps."""
+    import gpu_lightning
+    import torch
+
+    calls = []
+    monkeypatch.setattr(gpu_lightning, "sync", lambda device: calls.append(device))
+    config = bench.model_configs("tiny", 300)["tiny"]
+    result = bench.TrainResult("tiny", "fp32", 256, 2, "lightning")
+    gpu_lightning.train_lightning(config, corpus, result, torch.device("cpu"), 1, 2)
+    assert len(calls) == 2 and result.timed.steps == 2 and result.timed.seconds > 0
+    plain = bench.TrainResult("tiny", "fp32", 256, 2, "plain")
+    bench.train_plain(
+        config, bench.training_batches(corpus, 256, 6, pin=False), plain, torch.device("cpu"), 1
+    )
+    assert (result.timed.tokens, result.timed.target_tokens) == (
+        plain.timed.tokens,
+        plain.timed.target_tokens,
+    )
+    assert result.timed.flops == pytest.approx(plain.timed.flops)
+
+
+def test_no_module_of_bench_is_over_400_lines() -> None:
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (REPO / "bench").glob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 400} == {}
