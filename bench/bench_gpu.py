@@ -161,6 +161,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--lightning", action="store_true", help="also time TranslationTask in lightning.Trainer"
     )
+    parser.add_argument("--no_training", action="store_true",
+                        help="leave the training rows out (with --peers: the peers alone)")  # fmt: skip
     parser.add_argument("--peers", action="store_true",
                         help="also train HF MarianMTModel and torch.nn.Transformer on the same batches (bench/peers.py)")  # fmt: skip
     parser.add_argument(
@@ -280,11 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         args.lightning and "graphs" in args.capture
     )
     rows, records = [], []
-    print(
-        f"## Training (optimizer steps of max_tokens × accumulation batches per side)\n{where}\n", flush=True
-    )
+    if not args.no_training:
+        print(f"## Training (optimizer steps of max_tokens × accumulation batches per side)\n{where}\n")
     profiled = False
-    for max_tokens in args.max_tokens:
+    for max_tokens in [] if args.no_training else args.max_tokens:
         acc = accumulation(args, max_tokens, on_gpu)
         batches = training_batches(args.data, max_tokens, (args.warmup + args.steps) * acc, pin=on_gpu)
         for name, config in configs.items():
@@ -301,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(markdown_row(rows[-1]), flush=True)
         del batches
     results["training"] = records
-    print(f"\n{markdown_table(TRAIN_HEADER, rows)}\n", flush=True)
+    if rows:
+        print(f"\n{markdown_table(TRAIN_HEADER, rows)}\n", flush=True)
     if args.peers:
         results["peers"] = run_peers(
             args, configs, lambda budget, n: training_batches(args.data, budget, n, pin=on_gpu),

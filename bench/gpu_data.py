@@ -1,8 +1,13 @@
 """The data of ``bench_gpu.py``: the WMT news-test corpus prepared once, the training loader's own batches,
-the padding of token-budget batches over an epoch, and the decoding batches of a test split."""
+the padding of token-budget batches over an epoch, and the decoding batches of a test split.
+
+    python bench/gpu_data.py [--out data/news] [--raw DIR]   # prepares the news corpus (docs/gpu.md, section 1)
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +109,24 @@ def decode_batches(data: Path, split: str, sentences: int, max_tokens: int) -> l
     return [
         collate_indices(dataset, chosen[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)
     ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness import data_root
+
+    from attnx.data.prepare import report
+
+    parser = argparse.ArgumentParser(description="Prepare the WMT news-test corpus bench_gpu.py trains on.")
+    parser.add_argument("--out", type=Path, default=Path("data/news"), help="the prepared corpus's folder")
+    parser.add_argument("--raw", type=Path, default=None,
+                        help="folder of wmt_newstest_deen_other and wmt14_ende_test (default: $ATTNX_DATA_DIR)")  # fmt: skip
+    parser.add_argument("--vocab_size", type=int, default=37000, help="joint BPE pieces (the paper's 37,000)")
+    args = parser.parse_args(argv)
+    raw = data_root(args.raw)
+    meta = prepare_news(args.out, raw / "wmt_newstest_deen_other", raw / "wmt14_ende_test", args.vocab_size)
+    print(report(meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

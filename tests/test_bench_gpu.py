@@ -82,31 +82,6 @@ def test_missing_corpus_names_the_prepare_option(tmp_path: Path) -> None:
         bench.main(["--data", str(tmp_path / "none")])
 
 
-def test_the_gpu_session_script_never_writes_over_earlier_results(tmp_path: Path) -> None:
-    """bench/gpu_session.sh refuses a results folder with files in it, or an existing pack, before doing anything."""
-    import os
-    import subprocess
-
-    script = str(REPO / "bench" / "gpu_session.sh")
-    assert subprocess.run(["bash", "-n", script]).returncode == 0
-    earlier = tmp_path / "results"
-    earlier.mkdir()
-    (earlier / "session.log").write_text("an earlier run's log\n")
-    pack = tmp_path / "fresh.tar"
-    pack.write_text("an earlier pack\n")
-    for folder, env in ((earlier, {}), (tmp_path / "fresh", {"ATTNX_GPU_TAR": str(pack)})):
-        done = subprocess.run(
-            ["bash", script, str(folder), "30"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            env={**os.environ, **env},
-        )
-        assert done.returncode == 2 and "already exists" in done.stderr, done.stderr
-    assert (earlier / "session.log").read_text() == "an earlier run's log\n"
-    assert pack.read_text() == "an earlier pack\n" and not (tmp_path / "fresh").exists()
-
-
 @pytest.mark.parametrize(("precision", "casts_weights"), [("fp32", False), ("bf16-mixed", True)])
 def test_the_profile_tells_weight_copies_from_activation_copies(
     corpus: Path,  # noqa: F811
