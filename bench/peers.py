@@ -13,7 +13,8 @@
   the same loss as Marian's.
 
 Every system gets the same batches from attnx's loader, the same autocast precision, fused AdamW and the same
-step loop (the loss read back once per optimizer step, as ``attnx fit`` does). Attention on CUDA runs with
+timed loop as ``bench_gpu.py``'s rows (``gpu_timing.timed_steps``: the loss read back once per optimizer step,
+as ``attnx fit`` does). Attention on CUDA runs with
 cuDNN's kernel left out for all three (``attention_backends``: the kernels the others would choose by
 default are PyTorch's, the cause of attnx's choice is PyTorch's too). Rounds alternate the order (attnx,
 Marian, nn.Transformer; then reversed), since the first run of a kernel configuration in a process pays for
@@ -24,16 +25,15 @@ beyond it (logits of padded positions) costs them time, not credit.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from harness import batch_flops, markdown_table
+from gpu_timing import Timed, adamw, autocast, timed_steps
+from harness import markdown_table
 from torch import Tensor, nn
 
 from attnx.components.attention import attention_backends
@@ -133,6 +133,8 @@ BUILDERS: dict[str, tuple[Callable[[TransformerConfig], nn.Module], Callable[[nn
 
 @dataclass
 class PeerResult:
+    """One system's round: what it trained and what the timed loop counted."""
+
     system: str
     model: str
     precision: str
@@ -140,70 +142,8 @@ class PeerResult:
     accumulate: int
     round: int
     parameters: int = 0
-    steps: int = 0
-    seconds: float = math.nan
-    tokens: int = 0
-    target_tokens: int = 0
-    flops: float = 0.0
-    losses: list[float] = field(default_factory=list)
+    timed: Timed = field(default_factory=Timed)
     error: str | None = None
-
-    def rates(self, peak: float) -> dict[str, float]:
-        return {
-            "target_tokens_per_s": self.target_tokens / self.seconds,
-            "tokens_per_s": self.tokens / self.seconds,
-            "ms_per_step": 1000 * self.seconds / max(self.steps, 1),
-            "mfu": self.flops / self.seconds / peak,
-        }
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def train_steps(
-    model: nn.Module,
-    loss_fn: Callable[[nn.Module, Batch], Tensor],
-    optimizer: torch.optim.Optimizer,
-    config: TransformerConfig,
-    batches: list[Batch],
-    result: PeerResult,
-    warmup: int,
-    autocast: Callable[[], contextlib.AbstractContextManager],
-    device: torch.device,
-) -> PeerResult:
-    """``warmup`` untimed, then timed optimizer steps of ``result.accumulate`` batches each: the step of
-    ``bench_gpu.train_plain`` (copy to the device, loss under autocast, backward, one finite-loss check and
-    one read-back per optimizer step, fused AdamW), the same for every system."""
-    acc = result.accumulate
-    steps = len(batches) // acc
-    model.train()
-    start = time.perf_counter()
-    for step in range(steps):
-        if step == warmup:
-            sync(device)
-            start = time.perf_counter()
-        total = torch.zeros((), device=device)
-        for batch in batches[step * acc : (step + 1) * acc]:
-            batch = batch.to(device)
-            with autocast(), attention_backends(batch.src):
-                loss = loss_fn(model, batch) / batch.n_tgt_tokens
-            total += loss.detach()
-            (loss / acc).backward()
-            if step >= warmup:
-                result.tokens += batch.n_src_tokens + batch.n_tgt_tokens
-                result.target_tokens += batch.n_tgt_tokens
-                result.flops += batch_flops(config, batch)
-        if not torch.isfinite(total):
-            raise FloatingPointError(f"{result.system}: loss {float(total) / acc} at step {step}")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        result.losses.append(float(total) / acc)
-    sync(device)
-    result.seconds = time.perf_counter() - start
-    result.steps = steps - warmup
-    return result
 
 
 def peer_rounds(
@@ -211,7 +151,6 @@ def peer_rounds(
     config: TransformerConfig,
     batches: list[Batch],
     precision: str,
-    dtype: torch.dtype | None,
     max_tokens: int,
     acc: int,
     warmup: int,
@@ -224,13 +163,7 @@ def peer_rounds(
         build, loss_fn = BUILDERS[system]
         torch.manual_seed(0)
         model = build(config).to(device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-        systems[system] = (model, loss_fn, optimizer)
-
-    def autocast() -> contextlib.AbstractContextManager:
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=dtype)
+        systems[system] = (model, loss_fn, adamw(model))
 
     results = []
     for number in range(1, rounds + 1):
@@ -239,12 +172,22 @@ def peer_rounds(
             model, loss_fn, optimizer = systems[system]
             result = PeerResult(system, name, precision, max_tokens, acc, number)
             result.parameters = sum(p.numel() for p in model.parameters())
+
+            def micro(batch: Batch, model: nn.Module = model, loss_fn: Callable = loss_fn) -> Tensor:
+                with autocast(device, precision), attention_backends(batch.src):
+                    loss = loss_fn(model, batch) / batch.n_tgt_tokens
+                (loss / acc).backward()
+                return loss.detach()
+
+            model.train()
             try:
-                train_steps(model, loss_fn, optimizer, config, batches, result, warmup, autocast, device)
+                timed_steps(result.timed, config, batches, acc, warmup, micro, optimizer, device)
             except torch.OutOfMemoryError as e:
                 result.error = f"out of memory: {str(e).splitlines()[0]}"
             except Exception as e:  # report it, go on with the others
-                result.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                result.error = (
+                    f"{result.system}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                )
             results.append(result)
     return results
 
@@ -252,7 +195,7 @@ def peer_rounds(
 def peer_table(results: list[PeerResult], peak: float, device_name: str) -> str:
     """One row per system and round; each row's target tokens/s also as a multiple of attnx's that round."""
     attnx = {
-        (r.model, r.precision, r.max_tokens, r.round): r.rates(peak)["target_tokens_per_s"]
+        (r.model, r.precision, r.max_tokens, r.round): r.timed.rates(peak)["target_tokens_per_s"]
         for r in results
         if r.system == "attnx" and r.error is None
     }
@@ -265,38 +208,43 @@ def peer_table(results: list[PeerResult], peak: float, device_name: str) -> str:
         if r.error:
             rows.append(cells + [r.error] + [""] * (len(header) - len(cells) - 1))
             continue
-        rate = r.rates(peak)
+        rate, losses = r.timed.rates(peak), r.timed.losses
         ours = attnx.get((r.model, r.precision, r.max_tokens, r.round))
         rows.append(cells + [f"{rate['target_tokens_per_s']:,.0f}", f"{rate['tokens_per_s']:,.0f}",
                              f"{rate['ms_per_step']:,.0f}", f"{rate['mfu']:.1%}",
                              f"{rate['target_tokens_per_s'] / ours:.2f}" if ours else "",
-                             f"{r.losses[0]:.2f} → {r.losses[-1]:.2f}" if r.losses else ""])  # fmt: skip
+                             f"{losses[0]:.2f} → {losses[-1]:.2f}" if losses else ""])  # fmt: skip
     return markdown_table(header, rows)
 
 
-def peer_records(results: list[PeerResult], peak: float, info: dict[str, Any]) -> list[dict[str, Any]]:
-    return [asdict(r) | ({} if r.error else r.rates(peak)) | {"machine": info} for r in results]
+def peer_record(result: PeerResult, peak: float, info: dict[str, Any]) -> dict[str, Any]:
+    """A round's record for ``--json``: its settings, counts and rates (none after an error), the machine."""
+    own = {k: v for k, v in asdict(result).items() if k != "timed"}
+    return own | asdict(result.timed) | ({} if result.error else result.timed.rates(peak)) | {"machine": info}
 
 
-def run_peers(args: Any, configs: dict[str, TransformerConfig], precisions: dict[str, torch.dtype | None],
-              batches_for: Callable[[int, int], list[Batch]], accumulation: Callable[[int], int],
-              device: torch.device, peak: float, info: dict[str, Any], where: str) -> list[dict[str, Any]]:  # fmt: skip
+def run_peers(args: Any, configs: dict[str, TransformerConfig], batches_for: Callable[[int, int], list[Batch]],
+              accumulation: Callable[[int], int], device: torch.device, peak: float, info: dict[str, Any], where: str,
+              measured: Callable[[dict[str, Any]], Any] = lambda record: record) -> list[dict[str, Any]]:  # fmt: skip
     """``bench_gpu.py --peers``: the rounds of every model, precision and ``--max_tokens``, printed as they
-    finish, then as one table under the device line; the records for ``--json``."""
+    finish, then as one table under the device line; the records for ``--json``, each given to ``measured`` as
+    soon as its configuration's rounds are done."""
     print(f"## attnx and its peers on the same batches ({args.peer_rounds} rounds, order reversed every "
           f"other round; quote the last)\n{where}\n", flush=True)  # fmt: skip
     results: list[PeerResult] = []
+    records: list[dict[str, Any]] = []
     for max_tokens in args.max_tokens:
         acc = accumulation(max_tokens)
         batches = batches_for(max_tokens, (args.warmup + args.steps) * acc)
         for name, config in configs.items():
             for precision in args.precision:
-                done = peer_rounds(name, config, batches, precision, precisions[precision], max_tokens, acc,
-                                   args.warmup, args.peer_rounds, device)  # fmt: skip
+                done = peer_rounds(name, config, batches, precision, max_tokens, acc, args.warmup, args.peer_rounds,
+                                   device)  # fmt: skip
                 print(peer_table(done, peak, info["device_name"]), flush=True)
+                records += [measured(peer_record(r, peak, info)) for r in done]
                 results += done
         del batches
     if len(results) > args.peer_rounds * len(SYSTEMS):  # more than one configuration: all of them together
         print(f"\n{peer_table(results, peak, info['device_name'])}", flush=True)
     print(f"{where}\n", flush=True)
-    return peer_records(results, peak, info)
+    return records

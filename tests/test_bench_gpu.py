@@ -32,10 +32,14 @@ TOY += ["--steps", "1", "--warmup", "1", "--test_split", "test", "--decode_sente
 
 @pytest.mark.slow
 def test_toy_run_reports_training_padding_and_decoding(corpus: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
-    out = tmp_path / "results.json"
-    assert bench.main(["--data", str(corpus), *TOY, "--precision", "fp32", "--json", str(out)]) == 0
+    out, rows = tmp_path / "results.json", tmp_path / "rows.jsonl"
+    argv = ["--data", str(corpus), *TOY, "--precision", "fp32", "--json", str(out), "--rows", str(rows)]
+    assert bench.main(argv) == 0
     printed = capsys.readouterr().out
     results = json.loads(out.read_text())
+    appended = [json.loads(line) for line in rows.read_text().splitlines()]  # one a row, as measured
+    assert [r.pop("table") for r in appended] == ["padding"] * 5 + ["training", "decoding"]
+    assert appended == json.loads(json.dumps(results["padding"] + results["training"] + results["decoding"]))
     info = results["machine"]
     assert info["device"] in ("cpu", "cuda") and info["cpu"] and results["peak_flops"] > 0
     assert printed.count(f"CPU: {info['cpu']}") >= 3  # under every table
@@ -78,31 +82,6 @@ def test_missing_corpus_names_the_prepare_option(tmp_path: Path) -> None:
         bench.main(["--data", str(tmp_path / "none")])
 
 
-def test_the_gpu_session_script_never_writes_over_earlier_results(tmp_path: Path) -> None:
-    """bench/gpu_session.sh refuses a results folder with files in it, or an existing pack, before doing anything."""
-    import os
-    import subprocess
-
-    script = str(REPO / "bench" / "gpu_session.sh")
-    assert subprocess.run(["bash", "-n", script]).returncode == 0
-    earlier = tmp_path / "results"
-    earlier.mkdir()
-    (earlier / "session.log").write_text("an earlier run's log\n")
-    pack = tmp_path / "fresh.tar"
-    pack.write_text("an earlier pack\n")
-    for folder, env in ((earlier, {}), (tmp_path / "fresh", {"ATTNX_GPU_TAR": str(pack)})):
-        done = subprocess.run(
-            ["bash", script, str(folder), "30"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            env={**os.environ, **env},
-        )
-        assert done.returncode == 2 and "already exists" in done.stderr, done.stderr
-    assert (earlier / "session.log").read_text() == "an earlier run's log\n"
-    assert pack.read_text() == "an earlier pack\n" and not (tmp_path / "fresh").exists()
-
-
 @pytest.mark.parametrize(("precision", "casts_weights"), [("fp32", False), ("bf16-mixed", True)])
 def test_the_profile_tells_weight_copies_from_activation_copies(
     corpus: Path,  # noqa: F811
@@ -131,12 +110,12 @@ def test_the_captured_loop_trains_as_the_plain_one(corpus: Path) -> None:  # noq
     for variant in ("plain", "graphs"):
         result = bench.TrainResult("tiny", "fp32", 256, 2, variant)
         if variant == "plain":
-            runs[variant] = bench.train_plain(config, batches, result, torch.device("cpu"), 1, False)
+            runs[variant] = bench.train_plain(config, batches, result, torch.device("cpu"), 1)
         else:
             runs[variant] = bench.train_captured(config, batches, result, torch.device("cpu"), 1, "graphs")
-    assert runs["graphs"].losses == pytest.approx(runs["plain"].losses, rel=1e-5)
+    assert runs["graphs"].timed.losses == pytest.approx(runs["plain"].timed.losses, rel=1e-5)
     assert runs["graphs"].capture_seconds > 0 and runs["plain"].capture_seconds is None
-    assert runs["graphs"].tokens == runs["plain"].tokens > 0
+    assert runs["graphs"].timed.tokens == runs["plain"].timed.tokens > 0
 
 
 @pytest.mark.slow
@@ -175,3 +154,49 @@ def test_peers_train_on_the_same_batches_in_alternating_rounds(corpus: Path, tmp
     assert "÷ attnx" in printed and printed.count("# bench_gpu") == 1
     table = printed.split("## attnx and its peers")[1]
     assert f"device: {results['machine']['device_name']}" in table
+
+
+def test_every_row_autocasts_without_the_cast_cache_and_the_captured_one_runs_in_bf16(corpus: Path) -> None:  # noqa: F811
+    """The captured row under a cached autocast would replay the warm-up's casts of the weights (the engine
+    refuses it); every row autocasts as Lightning's mixed precision does, so they compare alike."""
+    import torch
+    from gpu_timing import autocast
+
+    with autocast(torch.device("cpu"), "bf16-mixed"):
+        assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_cache_enabled()
+    config = bench.model_configs("tiny", 300)["tiny"]
+    batches = bench.training_batches(corpus, 256, 4, pin=False)
+    result = bench.TrainResult("tiny", "bf16-mixed", 256, 2, "captured (CUDA graphs)")
+    bench.train_captured(config, batches, result, torch.device("cpu"), 1, "graphs")
+    assert result.error is None and len(result.timed.losses) == 2
+
+
+def test_the_lightning_row_waits_for_the_device_only_where_timing_starts_and_ends(
+    corpus: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the loop does: two synchronizations in all (a wait after every batch would bias fit against the
+    loop), and the timed batches' tokens those of the loop's timed steps."""
+    import gpu_lightning
+    import torch
+
+    calls = []
+    monkeypatch.setattr(gpu_lightning, "sync", lambda device: calls.append(device))
+    config = bench.model_configs("tiny", 300)["tiny"]
+    result = bench.TrainResult("tiny", "fp32", 256, 2, "lightning")
+    gpu_lightning.train_lightning(config, corpus, result, torch.device("cpu"), 1, 2)
+    assert len(calls) == 2 and result.timed.steps == 2 and result.timed.seconds > 0
+    plain = bench.TrainResult("tiny", "fp32", 256, 2, "plain")
+    bench.train_plain(
+        config, bench.training_batches(corpus, 256, 6, pin=False), plain, torch.device("cpu"), 1
+    )
+    assert (result.timed.tokens, result.timed.target_tokens) == (
+        plain.timed.tokens,
+        plain.timed.target_tokens,
+    )
+    assert result.timed.flops == pytest.approx(plain.timed.flops)
+
+
+def test_no_module_of_bench_is_over_400_lines() -> None:
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (REPO / "bench").glob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 400} == {}

@@ -14,9 +14,9 @@ from attnx.data.batch import Batch, collate
 from attnx.model import TransformerConfig, build_transformer
 from attnx.training.capture import (
     MAX_GRAPHS,
-    OFF,
     OVER_CAP,
     SYNCING,
+    CaptureError,
     CaptureStats,
     StepEngine,
     pool_bytes,
@@ -169,16 +169,62 @@ def test_a_batch_whose_gradients_are_all_reduced_runs_eagerly() -> None:
     assert engine.stats.eager == {SYNCING: 1} and not backend.calls
 
 
-def test_replaced_gradients_turn_capture_off_for_the_rest_of_the_run() -> None:
+def test_replaced_gradients_stop_the_run_with_one_error_naming_a_parameter() -> None:
     """A replay adds into the `.grad` tensors it was captured with: once they are replaced (set to None by
-    zero_grad(set_to_none=True)), replaying would write where no parameter reads."""
-    engine, model, _ = engine_and_model()
+    zero_grad(set_to_none=True)), replaying would write where no parameter reads. No eager fallback either:
+    the error says what to do."""
+    engine, model, backend = engine_and_model()
     batch = pairs(3, 5, 6, seed=1)
     assert engine.run(batch) is not None
     model.zero_grad(set_to_none=True)
-    assert engine.run(batch) is None
-    assert engine.off is not None and "set_to_none" in engine.off and not engine.graphs
-    assert engine.run(batch) is None and engine.stats.eager == {OFF: 2}
+    with pytest.raises(CaptureError, match=r"the gradient of \S+ is None since its graphs were captured"):
+        engine.run(batch)
+    with pytest.raises(CaptureError, match="zero_grad\\(set_to_none=False\\)"):
+        engine.run(batch, syncing=True)  # an eager batch too: the next replay would add into the old tensors
+    assert backend.calls.count("replay") == 1
+
+
+def test_a_shape_first_seen_after_the_gradients_were_replaced_is_refused_not_captured() -> None:
+    """The latent path: a new shape captured after the replacement would take the new `.grad` tensors while
+    the older graphs kept adding into the replaced ones."""
+    engine, model, backend = engine_and_model()
+    assert engine.run(pairs(3, 5, 6, seed=1)) is not None
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # replaced, not cleared
+    with pytest.raises(CaptureError, match="is another tensor since its graphs were captured \\(1 shapes\\)"):
+        engine.run(pairs(2, 7, 4, seed=2))
+    with pytest.raises(CaptureError):
+        engine.prepare([(4, 3, 3)])
+    assert backend.calls.count("capture") == 1 and len(engine.graphs) == 1
+
+
+def test_gradients_zeroed_in_place_keep_every_graph_replaying() -> None:
+    engine, model, backend = engine_and_model()
+    batch = pairs(3, 5, 6, seed=1)
+    engine.run(batch)
+    model.zero_grad(set_to_none=False)
+    assert engine.run(batch) is not None and engine.run(pairs(2, 7, 4, seed=2)) is not None
+    engine.release()  # no graph left: the next capture reads the gradients anew
+    model.zero_grad(set_to_none=True)
+    assert engine.run(batch) is not None and engine.stats.replays == 4
+
+
+def test_a_capture_under_an_autocast_with_its_cast_cache_on_is_refused() -> None:
+    """What torch.cuda.make_graphed_callables refuses too: the warm-up's casts of the weights would be
+    replayed at every step. Without the cache (as Lightning's mixed precision runs it) the capture goes on."""
+    engine, _, backend = engine_and_model()
+    batch = pairs(3, 5, 6, seed=1)
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        pytest.raises(CaptureError, match="cache_enabled=False"),
+    ):
+        engine.run(batch)
+    with pytest.raises(CaptureError, match="cast cache on"), torch.autocast("cpu", dtype=torch.bfloat16):
+        engine.prepare([(2, 8, 5)])
+    assert "capture" not in backend.calls and not engine.graphs
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        assert engine.run(batch) is not None
+    assert engine.stats.captured == 1
 
 
 def test_the_loss_scale_is_read_inside_the_graph_not_baked_in() -> None:

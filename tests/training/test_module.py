@@ -276,3 +276,22 @@ def test_init_from_refuses_another_sentencepiece_model_as_ckpt_path_does(
         f"attnx fit: error: checkpoint {checkpoint} was trained with another SentencePiece model than "
         f"{other_corpus / 'spm.model'} (SHA-256 "
     ), said.err
+
+
+def test_before_a_validation_gradients_are_released_eagerly_and_zeroed_in_place_while_captured() -> None:
+    """Lightning's `on_validation_model_zero_grad` (and any `zero_grad` of the module): set to None in an
+    eager run, so validation has their memory; the same tensors zeroed while a step engine is attached, since
+    its graphs add into them."""
+    task = TranslationTask(tiny_config())
+    params = list(task.parameters())
+    for p in params:
+        p.grad = torch.ones_like(p)
+    task.on_validation_model_zero_grad()
+    assert all(p.grad is None for p in params)
+    grads = [torch.ones_like(p) for p in params]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    task.step_engine = object()  # attached: only its presence matters here
+    task.on_validation_model_zero_grad()
+    task.zero_grad(set_to_none=True)
+    assert all(p.grad is g and not g.any() for p, g in zip(params, grads, strict=True))

@@ -17,10 +17,18 @@ is the one place that captures; the layers are plain PyTorch that runs the same 
 - **Eager fallback**: a key beyond [`MAX_GRAPHS`][attnx.training.capture.MAX_GRAPHS] graphs, and a batch
   whose gradients must be all-reduced now (DDP, below), run eagerly; `run` then returns None.
 - **Gradient accumulation**: the graph adds into the parameters' `.grad` tensors, which must stay the same
-  tensors (zeroed in place, `zero_grad(set_to_none=False)`); the engine checks before each replay and turns
-  itself off, saying why, where they were replaced.
-- **Precision**: autocast is captured as it runs; with loss scaling (`16-mixed`) the graph multiplies by the
-  `GradScaler`'s scale tensor, which the scaler updates in place, so each replay reads the current scale.
+  tensors for as long as the graphs live (zeroed in place, `zero_grad(set_to_none=False)`, wherever the run
+  clears them: `TranslationTask` does so at every step, before Lightning's validation and at the start of
+  fit). The engine checks them at every batch, before it replays or captures anything, and refuses to go on
+  with a [`CaptureError`][attnx.training.capture.CaptureError] where one was replaced: a replay would add
+  into memory no parameter reads, and a shape captured after the replacement would pass any later check
+  while the older graphs kept writing into freed memory.
+- **Precision**: autocast is captured as it runs, without its cast cache (`cache_enabled=False`, as
+  Lightning's mixed-precision plugin runs it): with the cache on, the weights' casts made by the warm-up
+  would be read by every replay, a forward pass frozen at the weights of the capture, from memory freed when
+  the autocast exits. `capture` refuses that case, as `torch.cuda.make_graphed_callables` does. With loss
+  scaling (`16-mixed`) the graph multiplies by the `GradScaler`'s scale tensor, which the scaler updates in
+  place, so each replay reads the current scale.
 - **Dropout**: the graph's random draws take the CUDA generator's seed and offset at each replay (PyTorch
   registers the default generator with every capture), so the masks of a replay after `torch.manual_seed(s)`
   follow from `s`: fresh at every step (the module reseeds each batch), and the same again where a resumed
@@ -52,6 +60,7 @@ from torch import Tensor, nn
 
 from attnx.components.loss import LossSums
 from attnx.data.batch import BOS_ID, EOS_ID, Batch
+from attnx.errors import AttnxError
 
 MAX_GRAPHS = 64
 """Graphs one run keeps at most: an epoch of the news corpus has 28-47 shapes with `data.shape_buckets` 8.
@@ -63,7 +72,12 @@ and the autograd engine set up their per-stream state, none of which may happen 
 
 OVER_CAP = "over the cap"
 SYNCING = "all-reducing gradients"
-OFF = "capture off"
+
+
+class CaptureError(AttnxError, RuntimeError):
+    """What a captured graph depends on was changed under it (its gradient tensors replaced), or a capture was
+    asked in a state it cannot record faithfully (autocast with its cast cache on): training stops, since the
+    step would go on computing something else than it says."""
 
 
 POOL_SEGMENTS = 22 * 2**20
@@ -237,8 +251,8 @@ class StepEngine:
         self.warmup = warmup
         self.graphs: dict[ShapeKey, Captured] = {}
         self.stats = CaptureStats()
-        self.off: str | None = None  # why the engine stopped capturing, once it has
-        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self._params = [p for _, p in self._named]
         self._grads: list[Tensor] | None = None
 
     @property
@@ -261,9 +275,10 @@ class StepEngine:
     def run(self, batch: Batch, syncing: bool = False) -> Tensor | None:
         """Add `batch`'s gradients into `.grad` from its shape's graph and return its `(2,)` loss and NLL sums
         (a new tensor); None where the caller must run the batch eagerly: `syncing` (its gradients are
-        all-reduced by this backward), its shape beyond the cap, or capture turned off."""
-        if self.off is not None:
-            return self._eager(OFF)
+        all-reduced by this backward) or its shape beyond the cap. Raises
+        [`CaptureError`][attnx.training.capture.CaptureError] where the gradients the graphs add into were
+        replaced since they were captured."""
+        self.check_grads()
         if syncing:
             return self._eager(SYNCING)
         key = self.batch_key(batch)
@@ -273,8 +288,6 @@ class StepEngine:
                 self.stats.over_cap.add(key)
                 return self._eager(OVER_CAP)
             captured = self.capture(key, batch)
-        if not self._grads_in_place():
-            return self._eager(OFF)
         captured.load(batch)
         captured.graph.replay()
         self.stats.replays += 1
@@ -287,6 +300,7 @@ class StepEngine:
     def prepare(self, shapes: Iterable[tuple[int, int, int]]) -> None:
         """Capture these `(pairs, source length, target length)` shapes now, in order, up to the cap (the most
         frequent first is the caller's choice): every batch of them then replays, from the first."""
+        self.check_grads()
         for pairs, src_len, tgt_len in shapes:
             key = self.key(int(pairs), int(src_len), int(tgt_len))
             if key in self.graphs:
@@ -300,7 +314,16 @@ class StepEngine:
 
     def capture(self, key: ShapeKey, batch: Batch | None) -> Captured:
         """Warm up and capture `key`'s graph (with `batch`'s contents where given), leaving the gradients and
-        the random state as they were."""
+        the random state as they were. Refuses an autocast with its cast cache on (see the module)."""
+        kind = self.device.type
+        if torch.is_autocast_enabled(kind) and torch.is_autocast_cache_enabled():
+            raise CaptureError(
+                f"captured steps: autocast on {kind} has its cast cache on; a graph captured so would replay the "
+                "weights' casts of its warm-up at every step (a forward pass frozen at those weights, read from "
+                f"freed memory): enter it as torch.autocast({kind!r}, ..., cache_enabled=False), as "
+                "Lightning's mixed precision does"
+            )
+        self.check_grads()
         start = time.perf_counter()
         static = static_batch(key.pairs, key.src_len, key.tgt_len, self.device)
         sums = torch.zeros(2, dtype=torch.float32, device=self.device)
@@ -336,30 +359,36 @@ class StepEngine:
         out.copy_(torch.stack([sums.loss, sums.nll]).detach())
 
     def _static_grads(self) -> list[Tensor]:
-        """The parameters' `.grad` tensors (zeros where none exists yet), which every graph adds into."""
-        for p in self._params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        self._grads = [p.grad for p in self._params]
+        """The parameters' `.grad` tensors (zeros where none exists yet), which every graph adds into: read once
+        for the first graph, kept for all later ones."""
+        if self._grads is None:
+            for p in self._params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self._grads = [p.grad for p in self._params]
         return self._grads
 
-    def _grads_in_place(self) -> bool:
-        """Whether every parameter still has the `.grad` tensor the graphs add into; if not, capture is turned
-        off (a replay would write into memory no parameter reads) and `off` says why."""
-        if self._grads is not None and all(
-            p.grad is g for p, g in zip(self._params, self._grads, strict=True)
-        ):
-            return True
-        self.off = (
-            "the parameters' .grad tensors were replaced after capture (zero_grad(set_to_none=True), or "
-            "code that assigns .grad): the rest of the run trains eagerly"
-        )
-        self.release()
-        return False
+    def check_grads(self) -> None:
+        """Refuse to go on where a graph exists and a parameter's `.grad` is no longer the tensor it was
+        captured with: its replays would add into memory no parameter reads."""
+        if self._grads is None or not self.graphs:
+            return
+        for (name, p), grad in zip(self._named, self._grads, strict=True):
+            if p.grad is grad:
+                continue
+            now = "None" if p.grad is None else "another tensor"
+            raise CaptureError(
+                f"captured steps: the gradient of {name} is {now} since its graphs were captured "
+                f"({len(self.graphs)} shapes), by zero_grad(set_to_none=True) or code that assigns .grad; the "
+                "graphs add into the tensors they were captured with. Clear gradients in place "
+                "(zero_grad(set_to_none=False)) while steps are captured, or train with --cuda_graphs false"
+            )
 
     def release(self) -> None:
-        """Drop every graph (their pool's memory goes back to PyTorch's allocator)."""
+        """Drop every graph (their pool's memory goes back to PyTorch's allocator); the next capture reads
+        the parameters' `.grad` tensors anew."""
         self.graphs.clear()
+        self._grads = None
 
 
 class _NotYet:

@@ -9,8 +9,9 @@ summed up at the next validation; the end of training prints what ran captured a
 
 The module's training step asks the engine first: a replayed batch has its gradients already, so the
 module's `backward` hook skips it; Lightning's precision plugin, accumulation, gradient clipping, optimizer
-step, checkpoints and logging run as they do eagerly. The gradients are zeroed in place while an engine is
-attached (the graphs add into those very tensors).
+step, checkpoints and logging run as they do eagerly. While an engine is attached the module clears the
+gradients in place wherever Lightning clears them (each step, before a validation, at the start of fit): the
+graphs add into those very tensors, and the engine stops the run with one line where they are replaced.
 """
 
 from __future__ import annotations
@@ -109,7 +110,6 @@ class CapturedSteps(Callback):
         self.enabled = enabled
         self.engine: StepEngine | None = None
         self._said = (0, 0)  # (shapes captured, batches run eagerly) as of the last line
-        self._off_said = False
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         on, line = capture_plan(self.enabled, trainer, pl_module)
@@ -158,12 +158,6 @@ class CapturedSteps(Callback):
         if (always or now[0] != self._said[0]) and trainer.is_global_zero:
             print(stats.line(), flush=True)
         self._said = now
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if self.engine is not None and self.engine.off is not None and not self._off_said:
-            self._off_said = True
-            if trainer.is_global_zero:
-                print(f"captured steps: off from step {trainer.global_step}: {self.engine.off}", flush=True)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:

@@ -70,6 +70,11 @@ class FusedKernels(Callback):
     is printed too.
     """
 
+    DEVICES: tuple[str, ...] = ("cuda",)
+    """The device types it fuses on (the tests add `cpu`, with `BACKEND` `aot_eager`)."""
+    BACKEND = "inductor"
+    """`torch.compile`'s backend for the tails (see `fuse_pointwise`)."""
+
     def __init__(self) -> None:
         self.fused = 0
         self._first_step: float | None = None
@@ -78,10 +83,10 @@ class FusedKernels(Callback):
         if stage != "fit":
             return
         device = trainer.strategy.root_device
-        if device.type != "cuda":
+        if device.type not in self.DEVICES:
             self._say(f"fused kernels: off on {device.type} (CUDA only); the layers run as they are")
             return
-        self.fused = fuse_pointwise(pl_module.model)
+        self.fused = fuse_pointwise(pl_module.model, self.BACKEND)
         self._say(
             f"fused kernels: the pointwise tails of {self.fused} residual connections and FFNs compiled "
             "(dropout + residual + LayerNorm, bias + ReLU + dropout); the first step compiles them"

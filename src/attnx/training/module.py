@@ -208,6 +208,18 @@ class TranslationTask(pl.LightningModule):
         if not self._grads_done:
             optimizer.zero_grad(set_to_none=self.step_engine is None)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """`nn.Module.zero_grad`, in place while steps are captured whatever `set_to_none` asks: Lightning
+        clears the module's gradients this way at the start of fit and (through `on_validation_model_zero_grad`)
+        before each validation within training, and the graphs add into those very tensors."""
+        super().zero_grad(set_to_none=set_to_none and self.step_engine is None)
+
+    def on_validation_model_zero_grad(self) -> None:
+        """Lightning's release of the gradients before a validation on a step boundary: set to None in an eager
+        run (their memory is free for validation), zeroed in place while steps are captured (they stay
+        allocated: the next step's replays add into them)."""
+        self.zero_grad(set_to_none=True)
+
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         if batch_idx % self.trainer.accumulate_grad_batches == 0:
             self._step_losses.clear()  # a step's batches start (or a resumed run's first one)
