@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from attnx.checkpoint.format import CheckpointError, config_difference, read_checkpoint, tokenizer_sha256
+from attnx.checkpoint.format import CheckpointError, config_difference, read_checkpoint
 from attnx.checkpoint.legacy import upgrade_checkpoint
+from attnx.data.sentencepiece_proto import segmentation_digest
 from attnx.model import architecture
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
@@ -57,7 +58,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
                     f"({config_difference(reference['attnx']['transformer'], checkpoint['attnx']['transformer'])}); "
                     "average only checkpoints of one training run"
                 )
-            if tokenizer_sha256(checkpoint) != tokenizer_sha256(reference):
+            if segmentation_digest(bytes(checkpoint["attnx"]["tokenizer"])) != segmentation_digest(
+                bytes(reference["attnx"]["tokenizer"])
+            ):  # the same model in other bytes (another training folder recorded) averages
                 raise CheckpointError(
                     f"cannot average {path}: it was trained with another SentencePiece model than {first_path}; "
                     "average only checkpoints of one training run"

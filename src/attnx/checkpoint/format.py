@@ -29,6 +29,7 @@ import torch
 
 from attnx import files
 from attnx.checkpoint.missing import missing_checkpoint
+from attnx.data.sentencepiece_proto import segmentation_difference, segmentation_digest
 from attnx.data.tokenizer import Tokenizer, sha256_hex
 from attnx.errors import AttnxError
 from attnx.model import Transformer, TransformerConfig, build_transformer
@@ -169,15 +170,25 @@ def tokenizer_sha256(checkpoint: dict[str, Any]) -> str:
 def check_tokenizer(checkpoint: dict[str, Any], path: str | Path | None, tokenizer: Tokenizer) -> None:
     """Refuse, in one line naming both files, to pair a checkpoint with another SentencePiece model than the
     one it was trained with (`attnx fit --ckpt_path` and `--init_from`, `attnx test` on a config's data): its
-    ids would silently mean other pieces."""
-    theirs = tokenizer_sha256(checkpoint)
-    if theirs == tokenizer.sha256:
+    ids would silently mean other pieces.
+
+    What is compared is what decides the segmentation (pieces, scores, types, normalization:
+    [`segmentation_digest`][attnx.data.sentencepiece_proto.segmentation_digest]), not the files' bytes: the
+    same corpus prepared in another folder or on another machine, whose model recorded another training
+    folder (as `attnx prepare` did before it kept paths out of the model), is the same tokenizer. The refusal
+    says how the corpus is prepared with the checkpoint's own model."""
+    carried = bytes(checkpoint["attnx"]["tokenizer"])
+    if segmentation_digest(carried) == tokenizer.segmentation:
         return
     where = tokenizer.path or "the data's SentencePiece model"
+    name = path or "(given)"
+    saved = Path(path).with_suffix(".spm.model").name if path else "checkpoint.spm.model"
     raise CheckpointError(
-        f"checkpoint {path or '(given)'} was trained with another SentencePiece model than {where} (SHA-256 "
-        f"{theirs[:12]}… vs {tokenizer.sha256[:12]}…): use the prepared corpus the checkpoint was trained on "
-        "(its data_dir), or a checkpoint trained on this one"
+        f"checkpoint {name} was trained with another SentencePiece model than {where} "
+        f"({segmentation_difference(carried, tokenizer.to_bytes())}): use the corpus it was trained on (its "
+        "data_dir), or prepare this text again with the checkpoint's own model: python -c \"from attnx.checkpoint "
+        f"import read_checkpoint as r; open('{saved}', 'wb').write(r('{name}')['attnx']['tokenizer'])\", "
+        f"then attnx prepare ... --spm_model {saved}"
     )
 
 

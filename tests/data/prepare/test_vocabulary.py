@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +81,42 @@ def test_a_brought_model_that_cannot_serve_is_one_line_naming_it(
     err = error_of(capsys, [*base(toy, out), "--spm_model", str(trained / "spm.model"), "--sample_size", "9"])
     assert "--sample_size shapes the training of a SentencePiece model" in err
     assert not out.exists()  # refused before anything was written
+
+
+def multi30k_slice(shared_data: Path, raw: Path, pairs: int = 400) -> Path:
+    """The first `pairs` training and 50 validation pairs of Multi30k en-de, as plain text under `raw`."""
+    raw.mkdir(parents=True)
+    for split, n in (("train", pairs), ("val", 50)):
+        for lang in ("en", "de"):
+            with gzip.open(shared_data / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                (raw / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
+    return raw
+
+
+def test_the_same_prepare_writes_the_same_bytes_wherever_it_runs(shared_data: Path, tmp_path: Path) -> None:
+    """Two clones preparing the same corpus: other folders for the text, the output and the temporary files, and
+    other thread counts. SentencePiece recorded its scratch folder's path (and the threads) in spm.model, so a
+    checkpoint from one clone was refused against the other's data; every file but meta.json (which records
+    where the inputs were and how long each step took) is now the same, byte for byte."""
+    outputs = []
+    for clone, out, workers in (("one", "data/multi30k", "1"), ("two", "elsewhere/deeper/corpus", "2")):
+        raw = multi30k_slice(shared_data, tmp_path / clone / "raw")
+        (tmp_path / clone / "tmp").mkdir()
+        argv = ["--vocab_size", "300", "--workers", workers, "--train", raw / "train", "--valid", raw / "val"]
+        result = subprocess.run(
+            [sys.executable, "-m", "attnx", "prepare", "--src_lang", "en", "--tgt_lang", "de", "--output",
+             tmp_path / clone / out, *map(str, argv)],
+            capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp_path / clone / "tmp")},
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        outputs.append(tmp_path / clone / out)
+    one, two = outputs
+    names = sorted(p.name for p in one.iterdir())
+    assert names == sorted(p.name for p in two.iterdir()) and "spm.model" in names
+    for name in names:
+        if name != "meta.json":
+            assert (one / name).read_bytes() == (two / name).read_bytes(), name
+    assert b".attnx-prepare-" not in (one / "spm.model").read_bytes()
+    meta_one, meta_two = (json.loads((o / "meta.json").read_text()) for o in outputs)
+    assert meta_one["spm_sha256"] == meta_two["spm_sha256"]
+    assert meta_one["checksums"] == meta_two["checksums"]
