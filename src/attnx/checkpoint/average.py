@@ -36,6 +36,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     ([`upgrade_checkpoint`][attnx.checkpoint.legacy.upgrade_checkpoint]), so both average together.
     Everything else (metadata, hyperparameters, step) is the last file's, minus the training state
     ([`TRAINING_STATE`][attnx.checkpoint.average.TRAINING_STATE]); `averaged_from` lists the inputs.
+    An input whose weights hold NaN or an infinity is refused naming it and the tensor
+    ([`read_checkpoint`][attnx.checkpoint.format.read_checkpoint]): the mean of finite weights is finite in
+    their own dtype, so no average is written that is not.
     """
     paths = [Path(p) for p in paths]
     if not paths:

@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 import torch
 
 from attnx import files
+from attnx.checkpoint.finite import non_finite_weight
 from attnx.checkpoint.missing import missing_checkpoint
 from attnx.data.sentencepiece_proto import segmentation_difference, segmentation_digest
 from attnx.data.tokenizer import Tokenizer, sha256_hex
@@ -53,6 +54,7 @@ class LoadedModel:
 
 
 _whole: set[tuple[int, ...]] = set()  # files whose CRCs matched, by identity: each command checks a file once
+_finite: set[tuple[int, ...]] = set()  # files whose weights are all finite, by identity
 
 
 def _identity(path: Path) -> tuple[int, ...]:
@@ -98,7 +100,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     before anything is unpickled, and so is one whose bytes do not match the CRC-32 its archive records for
     them ([`damaged_member`][attnx.checkpoint.format.damaged_member]: a bit flip would load as a model that
     translates garbage); a pickle payload inside one never runs (`weights_only`), and torch's advice to load
-    it with `weights_only=False` is never passed on.
+    it with `weights_only=False` is never passed on. A checkpoint whose weights hold NaN or an infinity is
+    refused naming the tensor ([`non_finite_weight`][attnx.checkpoint.finite.non_finite_weight]).
     """
     path = Path(path)
     if not path.is_file():
@@ -159,6 +162,16 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             f"checkpoint {path} is damaged: the SentencePiece model it carries does not match the SHA-256 "
             "recorded with it. Use another checkpoint (e.g. an earlier one from the same run directory)."
         )
+    identity = _identity(path)
+    if identity not in _finite and isinstance(checkpoint["state_dict"], dict):
+        weight = non_finite_weight(checkpoint["state_dict"])
+        if weight is not None:
+            raise CheckpointError(
+                f"checkpoint {path} holds weights that are not finite numbers: {weight}. The run had diverged "
+                "when it was saved, or the file was changed; use another checkpoint (e.g. an earlier one from the "
+                "same run directory)"
+            )
+        _finite.add(identity)
     return checkpoint
 
 
