@@ -301,7 +301,8 @@ def test_a_checkpoint_tests_against_the_same_corpus_prepared_elsewhere(
 ) -> None:
     """The commonest move in MT: train on one machine, evaluate on another. A checkpoint of the corpus prepared in
     one folder, tested on the same text prepared again in another (another scratch folder, other threads), was
-    refused for another SentencePiece model; both preparations now write the same model, and the test runs."""
+    refused for another SentencePiece model; both preparations now write the same model, and the test runs. So
+    does it with a checkpoint whose model recorded its training folder (as every prepare did before)."""
     raw = corpus.parent
     again = tmp_path / "second" / "clone" / "data"
     argv = ["prepare", "--src_lang", "en", "--tgt_lang", "de", "--vocab_size", "300", "--workers", "2"]
@@ -321,6 +322,12 @@ def test_a_checkpoint_tests_against_the_same_corpus_prepared_elsewhere(
     checkpoint = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
     capsys.readouterr()
     extra = ("--evaluation.search.max_len_b", "2", "--evaluation.search.beam", "1")
-    assert attnx(fit_args(again, "--ckpt_path", str(checkpoint), *extra, subcommand="test")) == 0, (
-        capsys.readouterr().err[-2000:]
+    older = carrying(  # trained where prepare still recorded its scratch folder in spm.model
+        checkpoint,
+        tmp_path / "older.ckpt",
+        as_written_before((corpus / "spm.model").read_bytes(), "/gpu-box/data"),
     )
+    for path in (checkpoint, older):
+        assert attnx(fit_args(again, "--ckpt_path", str(path), *extra, subcommand="test")) == 0, (
+            capsys.readouterr().err[-2000:]
+        )
