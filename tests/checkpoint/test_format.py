@@ -294,6 +294,14 @@ def test_a_checkpoint_is_checked_against_what_decides_the_segmentation(corpus: P
     command = re.search(r'python -c "([^"]+)"', message).group(1)
     subprocess.run([sys.executable, "-c", command], cwd=tmp_path, check=True, env=os.environ)
     assert (tmp_path / "other.spm.model").read_bytes() == model.SerializeToString()
+    with pytest.raises(CheckpointError) as caught:  # handed over in Python, without a file
+        check_tokenizer(read_checkpoint(other), None, tokenizer)
+    assert str(caught.value).startswith(
+        "checkpoint (given) was trained with another SentencePiece model than "
+    )
+    assert str(caught.value).endswith(
+        "(the bytes of checkpoint['attnx']['tokenizer']) with attnx prepare --spm_model"
+    )
 
 
 def test_a_checkpoint_tests_against_the_same_corpus_prepared_elsewhere(

@@ -194,14 +194,18 @@ def check_tokenizer(checkpoint: dict[str, Any], path: str | Path | None, tokeniz
     if segmentation_digest(carried) == tokenizer.segmentation:
         return
     where = tokenizer.path or "the data's SentencePiece model"
-    name = path or "(given)"
-    saved = Path(path).with_suffix(".spm.model").name if path else "checkpoint.spm.model"
+    if path is None:  # a checkpoint handed over in Python: its model is checkpoint["attnx"]["tokenizer"]
+        extract = "(the bytes of checkpoint['attnx']['tokenizer']) with attnx prepare --spm_model"
+    else:
+        saved = Path(path).with_suffix(".spm.model").name
+        extract = (
+            f"written by python -c \"from attnx.checkpoint import read_checkpoint as r; open('{saved}', 'wb')"
+            f".write(r('{path}')['attnx']['tokenizer'])\", then attnx prepare ... --spm_model {saved}"
+        )
     raise CheckpointError(
-        f"checkpoint {name} was trained with another SentencePiece model than {where} "
+        f"checkpoint {path or '(given)'} was trained with another SentencePiece model than {where} "
         f"({segmentation_difference(carried, tokenizer.to_bytes())}): use the corpus it was trained on (its "
-        "data_dir), or prepare this text again with the checkpoint's own model: python -c \"from attnx.checkpoint "
-        f"import read_checkpoint as r; open('{saved}', 'wb').write(r('{name}')['attnx']['tokenizer'])\", "
-        f"then attnx prepare ... --spm_model {saved}"
+        f"data_dir), or prepare this text again with the checkpoint's own model, {extract}"
     )
 
 
