@@ -75,7 +75,7 @@ def test_what_only_the_training_recorded_does_not_change_the_identity(proto: byt
     [
         (lambda m: setattr(m.pieces[10], "score", m.pieces[10].score - 1), "piece 10 score"),
         (lambda m: setattr(m.pieces[12], "piece", "▁zzz"), "piece 12 text: "),
-        (lambda m: setattr(m.pieces[14], "type", 4), "piece 14 type"),
+        (lambda m: setattr(m.pieces[14], "type", 4), "piece 14 type: 'NORMAL' vs 'USER_DEFINED'"),
         (lambda m: m.pieces.pop(), "200 vs 199 pieces"),
         (
             lambda m: setattr(m.normalizer_spec, "add_dummy_prefix", False),

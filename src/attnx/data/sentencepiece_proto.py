@@ -40,6 +40,9 @@ SEGMENTATION_FIELDS = (
 their pieces, byte fallback and whitespace handling change the cut, `unk_surface` is what decoding writes for
 an unknown piece); every other field only shaped the training."""
 
+PIECE_TYPE = sentencepiece_model_pb2.ModelProto.SentencePiece.Type
+"""The kinds of piece (NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE, UNUSED), by number."""
+
 PROVENANCE_FIELDS = ("num_threads",)
 """`trainer_spec` fields of the machine a model was trained on, cleared from what attnx writes: the same training
 on more threads gives the same pieces."""
@@ -100,7 +103,8 @@ def segmentation_digest(proto: bytes) -> str:
 
 def segmentation_difference(a: bytes, b: bytes) -> str:
     """How two models differ in what decides segmentation, in a few words (e.g. `4000 vs 8000 pieces`,
-    `piece 17: '▁the' vs '▁a'`, `normalizer add_dummy_prefix: True vs False`); empty when they do not."""
+    `piece 17 text: '▁the' vs '▁a'`, `piece 5 type: 'NORMAL' vs 'USER_DEFINED'`, `normalizer add_dummy_prefix: True
+    vs False`); empty when they do not."""
     left, right = segmentation_parts(a), segmentation_parts(b)
     pieces_a, pieces_b = left.pop("pieces"), right.pop("pieces")
     if len(pieces_a) != len(pieces_b):
@@ -108,7 +112,8 @@ def segmentation_difference(a: bytes, b: bytes) -> str:
     for i, (x, y) in enumerate(zip(pieces_a, pieces_b, strict=True)):
         if x != y:
             k = next(k for k in range(3) if x[k] != y[k])
-            return f"piece {i} {('text', 'score', 'type')[k]}: {x[k]!r} vs {y[k]!r}"
+            shown = [x[k], y[k]] if k < 2 else [PIECE_TYPE.Name(x[k]), PIECE_TYPE.Name(y[k])]
+            return f"piece {i} {('text', 'score', 'type')[k]}: {shown[0]!r} vs {shown[1]!r}"
     for part, fields in left.items():
         for (name, x), (_, y) in zip(fields, right[part], strict=True):
             if x != y:
