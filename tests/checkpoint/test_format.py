@@ -4,6 +4,7 @@ space (the writing itself: tests/test_files.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import pickle
@@ -20,9 +21,11 @@ import pytest
 import torch
 import yaml
 
-from attnx.checkpoint import CheckpointError, atomic_save, load_model, read_checkpoint
+from attnx.checkpoint import CheckpointError, atomic_save, check_tokenizer, load_model, read_checkpoint
 from attnx.checkpoint.format import damaged_member
 from attnx.cli import main as attnx
+from attnx.data.sentencepiece_proto import parse
+from attnx.data.tokenizer import Tokenizer
 from tests.checkpoints import flip_bytes, tiny_checkpoint
 from tests.training.conftest import TINY, fit_args
 
@@ -244,3 +247,95 @@ def test_a_full_disk_is_one_line_at_every_free_space(tmp_path: Path) -> None:
     for kib, rest in results:  # no temporary is ever left behind; a failed write leaves no file at all
         if rest.startswith("left:"):
             assert rest in ("left: []", "left: ['step=1.ckpt']"), (kib, rest)
+
+
+def as_written_before(proto: bytes, folder: str) -> bytes:
+    """`proto` as `attnx prepare` wrote it before it kept paths out of the model: the scratch folder's paths
+    and the threads recorded in the trainer spec (other bytes, the same model)."""
+    model = parse(proto)
+    model.trainer_spec.input.extend([f"{folder}/.attnx-prepare-k2j4x0a1/train.en", f"{folder}/x/train.de"])
+    model.trainer_spec.model_prefix = f"{folder}/.attnx-prepare-k2j4x0a1/spm"
+    model.trainer_spec.num_threads = 16
+    return model.SerializeToString()
+
+
+def carrying(good: Path, path: Path, proto: bytes) -> Path:
+    """A copy of the checkpoint `good` carrying the SentencePiece model `proto` (and its SHA-256, as recorded)."""
+    checkpoint = torch.load(good, weights_only=True)
+    checkpoint["attnx"]["tokenizer"] = proto
+    checkpoint["attnx"]["tokenizer_sha256"] = hashlib.sha256(proto).hexdigest()
+    torch.save(checkpoint, path)
+    return path
+
+
+def test_a_checkpoint_is_checked_against_what_decides_the_segmentation(corpus: Path, tmp_path: Path) -> None:
+    """A checkpoint carrying the corpus's model in other bytes (its training folder recorded, as every prepare
+    did before) pairs with it; one carrying another model is one line saying how they differ and how to get the
+    checkpoint's own model, and the command it gives writes exactly that model."""
+    tokenizer = Tokenizer.load(corpus / "spm.model")
+    good = tiny_checkpoint(corpus, tmp_path / "good.ckpt")
+    older = carrying(good, tmp_path / "older.ckpt", as_written_before(tokenizer.to_bytes(), "/home/a/data"))
+    assert read_checkpoint(older)["attnx"]["tokenizer"] != tokenizer.to_bytes()
+    check_tokenizer(
+        read_checkpoint(older), older, tokenizer
+    )  # refused until now: another SHA-256 of the bytes
+
+    model = parse(tokenizer.to_bytes())
+    model.pieces[40].score -= 0.5
+    other = carrying(good, tmp_path / "other.ckpt", model.SerializeToString())
+    with pytest.raises(CheckpointError) as caught:
+        check_tokenizer(read_checkpoint(other), other, tokenizer)
+    message = str(caught.value)
+    assert message.startswith(
+        f"checkpoint {other} was trained with another SentencePiece model than {corpus / 'spm.model'} (piece 40 "
+        "score: "
+    ), message
+    assert message.endswith("then attnx prepare ... --spm_model other.spm.model") and "\n" not in message
+    command = re.search(r'python -c "([^"]+)"', message).group(1)
+    subprocess.run([sys.executable, "-c", command], cwd=tmp_path, check=True, env=os.environ)
+    assert (tmp_path / "other.spm.model").read_bytes() == model.SerializeToString()
+    with pytest.raises(CheckpointError) as caught:  # handed over in Python, without a file
+        check_tokenizer(read_checkpoint(other), None, tokenizer)
+    assert str(caught.value).startswith(
+        "checkpoint (given) was trained with another SentencePiece model than "
+    )
+    assert str(caught.value).endswith(
+        "(the bytes of checkpoint['attnx']['tokenizer']) with attnx prepare --spm_model"
+    )
+
+
+def test_a_checkpoint_tests_against_the_same_corpus_prepared_elsewhere(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commonest move in MT: train on one machine, evaluate on another. A checkpoint of the corpus prepared in
+    one folder, tested on the same text prepared again in another (another scratch folder, other threads), was
+    refused for another SentencePiece model; both preparations now write the same model, and the test runs. So
+    does it with a checkpoint whose model recorded its training folder (as every prepare did before)."""
+    raw = corpus.parent
+    again = tmp_path / "second" / "clone" / "data"
+    argv = ["prepare", "--src_lang", "en", "--tgt_lang", "de", "--vocab_size", "300", "--workers", "2"]
+    argv += [
+        "--train",
+        str(raw / "train"),
+        "--valid",
+        str(raw / "val"),
+        "--test",
+        str(raw / "test_2016_flickr"),
+    ]
+    assert attnx([*argv, "--output", str(again)]) == 0
+    assert (again / "spm.model").read_bytes() == (corpus / "spm.model").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    one_step = ("--trainer.max_steps", "1", "--evaluation.bleu_samples", "0")
+    assert attnx(fit_args(corpus, *one_step)) == 0
+    checkpoint = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    extra = ("--evaluation.search.max_len_b", "2", "--evaluation.search.beam", "1")
+    older = carrying(  # trained where prepare still recorded its scratch folder in spm.model
+        checkpoint,
+        tmp_path / "older.ckpt",
+        as_written_before((corpus / "spm.model").read_bytes(), "/gpu-box/data"),
+    )
+    for path in (checkpoint, older):
+        assert attnx(fit_args(again, "--ckpt_path", str(path), *extra, subcommand="test")) == 0, (
+            capsys.readouterr().err[-2000:]
+        )

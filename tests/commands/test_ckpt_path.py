@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ def csv_logger(save_dir: Path) -> dict:
     return {"logger": [{"class_path": "CSVLogger", "init_args": {"save_dir": str(save_dir), "name": "tiny"}}]}
 
 
-@pytest.mark.parametrize("ckpt_path", [None, "", "best", "hpc", "registry"])
+@pytest.mark.parametrize("ckpt_path", [None, "", "hpc", "registry"])
 def test_no_checkpoint_and_lightning_s_keywords_pass_unread(ckpt_path, tmp_path: Path) -> None:
     assert checked_checkpoint("fit", ckpt_path, csv_logger(tmp_path)) == ckpt_path
 
@@ -27,6 +29,53 @@ def test_no_checkpoint_and_lightning_s_keywords_pass_unread(ckpt_path, tmp_path:
 def test_last_without_a_run_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="--ckpt_path last: no last.ckpt in this config's runs"):
         checked_checkpoint("fit", "last", csv_logger(tmp_path / "runs"))
+
+
+def test_best_without_a_best_checkpoint_says_how_to_get_one(tmp_path: Path) -> None:
+    """Lightning took `best` for its own keyword and ended in `AttributeError: 'PeriodicCheckpoint' object has no
+    attribute 'best_model_path'`; attnx's best.ckpt is what a user means, and without one a line says how to get
+    one."""
+    (tmp_path / "runs" / "tiny" / "version_0" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError) as caught:
+        checked_checkpoint("test", "best", csv_logger(tmp_path / "runs"))
+    assert str(caught.value) == (
+        f"--ckpt_path best: no best.ckpt in this config's runs ({tmp_path}/runs/tiny/version_0/checkpoints); a run "
+        "keeps one when trained with --best.metric bleu (or loss, ppl). Pass a checkpoint's path, or --ckpt_path last"
+    )
+
+
+def test_best_is_the_newest_best_checkpoint_of_the_config_s_runs(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs" / "tiny"
+    for version in (0, 1):
+        (runs / f"version_{version}" / "checkpoints").mkdir(parents=True)
+        tiny_checkpoint(corpus, runs / f"version_{version}" / "checkpoints" / "best.ckpt")
+    newest = runs / "version_0" / "checkpoints" / "best.ckpt"
+    os.utime(newest, ns=(time.time_ns() + 10**9,) * 2)
+    assert checked_checkpoint("test", "best", csv_logger(tmp_path / "runs")) == str(newest)
+    assert capsys.readouterr().err == (
+        f"attnx test: --ckpt_path best is {newest} (the newest of this config's 2 runs' best.ckpt; another: "
+        f"--ckpt_path {runs}/version_N/checkpoints/best.ckpt)\n"
+    )
+
+
+def test_test_with_ckpt_path_best_decodes_the_run_s_best_checkpoint(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    steps = ("--trainer.max_steps", "4", "--evaluation.bleu_samples", "0", "--best.metric", "loss")
+    assert attnx(fit_args(corpus, *steps)) == 0
+    best = tmp_path / "runs" / "tiny" / "version_0" / "checkpoints" / "best.ckpt"
+    assert best.is_file()
+    capsys.readouterr()
+    extra = ("--evaluation.search.max_len_b", "2", "--evaluation.search.beam", "1")
+    assert attnx(fit_args(corpus, "--ckpt_path", "best", *extra, subcommand="test")) == 0
+    said = capsys.readouterr()
+    assert (
+        f"attnx test: --ckpt_path best is {best.relative_to(tmp_path)} (this config's only run with one)"
+        in (said.err)
+    ), said.err
 
 
 def test_a_file_that_is_no_checkpoint_is_refused_before_lightning_reads_it(tmp_path: Path) -> None:

@@ -77,3 +77,34 @@ def test_sentence_scores_are_sacrebleus_sentence_bleu_and_chrf():
     assert [s.chrf for s in got] == [sacrebleu.sentence_chrf(h, [r]).score for h, r in pairs]
     with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
         sentence_scores(hyps, refs[:1])
+
+
+@pytest.mark.parametrize("sentence", ["false", "true"])
+def test_empty_files_and_unpaired_lines_are_one_line(tmp_path, capsys, sentence):
+    """An empty hypothesis file against an empty reference ended in sacrebleu's IndexError; it is one line naming
+    both files, as lines that do not pair up are. A file of empty lines is empty translations, and scores."""
+    empty, blank, two = tmp_path / "empty.hyp", tmp_path / "blank.hyp", tmp_path / "two.de"
+    empty.write_text("")
+    blank.write_text("\n\n")
+    two.write_text("Ein Hund rennt.\nZwei Männer.\n")
+    for hyp, ref, said in [
+        (
+            empty,
+            empty,
+            f"--hypotheses {empty} and --references {empty} hold no lines: there is nothing to score",
+        ),
+        (empty, two, f"--hypotheses {empty} has 0 lines but --references {two} has 2; they must pair up"),
+        (two, empty, f"--hypotheses {two} has 2 lines but --references {empty} has 0; they must pair up"),
+    ]:
+        capsys.readouterr()
+        argv = ["score", "--hypotheses", str(hyp), "--references", str(ref), "--sentence", sentence]
+        assert attnx(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"attnx score: error: {said}") and len(err.strip().splitlines()) == 1, err
+    assert attnx(["score", "--hypotheses", str(blank), "--references", str(two), "--sentence", sentence]) == 0
+    assert "sacreBLEU BLEU = 0.00" in "".join(capsys.readouterr())
+
+
+def test_nothing_to_score_is_refused_in_python_too():
+    with pytest.raises(ValueError, match="the hypotheses and the references hold no lines"):
+        score([], [])

@@ -135,6 +135,22 @@ def test_an_ensemble_of_different_sentencepiece_models_is_one_line_naming_both(
         attnx.load(checkpoint, weights=[1.0])
 
 
+def test_an_ensemble_of_the_same_sentencepiece_model_in_other_bytes_decodes(checkpoint, tmp_path):
+    """Checkpoints of the same corpus prepared in two folders carried models that differed only in the training
+    folder they recorded: one model as far as ids go, and an ensemble of them decodes."""
+    from attnx.data.sentencepiece_proto import parse
+
+    state = torch.load(checkpoint, weights_only=True)
+    model = parse(bytes(state["attnx"]["tokenizer"]))
+    model.trainer_spec.model_prefix = "/elsewhere/.attnx-prepare-3kq0z1xb/spm"
+    state["attnx"]["tokenizer"] = model.SerializeToString()
+    del state["attnx"]["tokenizer_sha256"]  # as written before the hash was recorded
+    elsewhere = tmp_path / "elsewhere.ckpt"
+    torch.save(state, elsewhere)
+    pair = attnx.load([checkpoint, elsewhere], search=FAST)
+    assert pair.translate(LINES) == attnx.load(checkpoint, search=FAST).translate(LINES)
+
+
 def test_bf16_mixed_decodes_its_matrix_products_in_bf16_and_scores_as_it_searched(checkpoint):
     bf16 = attnx.load(checkpoint, search=FAST, precision="bf16-mixed")
     fp32 = attnx.load(checkpoint, search=FAST)

@@ -97,3 +97,20 @@ def test_a_run_stopped_at_its_last_step_and_resumed_keeps_that_steps_checkpoint(
     resumed.on_train_end(trainer, None)
     assert resumed.saved == [str(tmp_path / "step=3.ckpt")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step=3.ckpt"]
+
+
+def test_test_decodes_a_checkpoint_of_weights_only(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint written by attnx.checkpoint.save_model (a model built outside Lightning) records no Lightning
+    version; `attnx test --ckpt_path` of one ended in Lightning's KeyError: 'pytorch-lightning_version'."""
+    from attnx.cli import main as attnx
+    from tests.checkpoints import tiny_checkpoint
+    from tests.training.conftest import fit_args
+
+    checkpoint = tiny_checkpoint(corpus, tmp_path / "weights.ckpt")
+    assert "pytorch-lightning_version" not in torch.load(checkpoint, weights_only=True)
+    monkeypatch.chdir(tmp_path)
+    extra = ("--evaluation.search.max_len_b", "2", "--evaluation.search.beam", "1")
+    assert attnx(fit_args(corpus, "--ckpt_path", str(checkpoint), *extra, subcommand="test")) == 0
+    assert "translations written to" in capsys.readouterr().out

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from attnx.checkpoint.format import CheckpointError, config_difference, read_checkpoint, tokenizer_sha256
+from attnx.checkpoint.format import CheckpointError, config_difference, read_checkpoint
 from attnx.checkpoint.legacy import upgrade_checkpoint
+from attnx.data.sentencepiece_proto import segmentation_digest
 from attnx.model import architecture
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
@@ -35,6 +36,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     ([`upgrade_checkpoint`][attnx.checkpoint.legacy.upgrade_checkpoint]), so both average together.
     Everything else (metadata, hyperparameters, step) is the last file's, minus the training state
     ([`TRAINING_STATE`][attnx.checkpoint.average.TRAINING_STATE]); `averaged_from` lists the inputs.
+    An input whose weights hold NaN or an infinity is refused naming it and the tensor
+    ([`read_checkpoint`][attnx.checkpoint.format.read_checkpoint]): the mean of finite weights is finite in
+    their own dtype, so no average is written that is not.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -57,7 +61,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
                     f"({config_difference(reference['attnx']['transformer'], checkpoint['attnx']['transformer'])}); "
                     "average only checkpoints of one training run"
                 )
-            if tokenizer_sha256(checkpoint) != tokenizer_sha256(reference):
+            if segmentation_digest(bytes(checkpoint["attnx"]["tokenizer"])) != segmentation_digest(
+                bytes(reference["attnx"]["tokenizer"])
+            ):  # the same model in other bytes (another training folder recorded) averages
                 raise CheckpointError(
                     f"cannot average {path}: it was trained with another SentencePiece model than {first_path}; "
                     "average only checkpoints of one training run"

@@ -28,7 +28,9 @@ from typing import Any, BinaryIO
 import torch
 
 from attnx import files
+from attnx.checkpoint.finite import non_finite_weight
 from attnx.checkpoint.missing import missing_checkpoint
+from attnx.data.sentencepiece_proto import segmentation_difference, segmentation_digest
 from attnx.data.tokenizer import Tokenizer, sha256_hex
 from attnx.errors import AttnxError
 from attnx.model import Transformer, TransformerConfig, build_transformer
@@ -52,6 +54,7 @@ class LoadedModel:
 
 
 _whole: set[tuple[int, ...]] = set()  # files whose CRCs matched, by identity: each command checks a file once
+_finite: set[tuple[int, ...]] = set()  # files whose weights are all finite, by identity
 
 
 def _identity(path: Path) -> tuple[int, ...]:
@@ -97,7 +100,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     before anything is unpickled, and so is one whose bytes do not match the CRC-32 its archive records for
     them ([`damaged_member`][attnx.checkpoint.format.damaged_member]: a bit flip would load as a model that
     translates garbage); a pickle payload inside one never runs (`weights_only`), and torch's advice to load
-    it with `weights_only=False` is never passed on.
+    it with `weights_only=False` is never passed on. A checkpoint whose weights hold NaN or an infinity is
+    refused naming the tensor ([`non_finite_weight`][attnx.checkpoint.finite.non_finite_weight]).
     """
     path = Path(path)
     if not path.is_file():
@@ -158,6 +162,16 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             f"checkpoint {path} is damaged: the SentencePiece model it carries does not match the SHA-256 "
             "recorded with it. Use another checkpoint (e.g. an earlier one from the same run directory)."
         )
+    identity = _identity(path)
+    if identity not in _finite and isinstance(checkpoint["state_dict"], dict):
+        weight = non_finite_weight(checkpoint["state_dict"])
+        if weight is not None:
+            raise CheckpointError(
+                f"checkpoint {path} holds weights that are not finite numbers: {weight}. The run had diverged "
+                "when it was saved, or the file was changed; use another checkpoint (e.g. an earlier one from the "
+                "same run directory)"
+            )
+        _finite.add(identity)
     return checkpoint
 
 
@@ -169,15 +183,29 @@ def tokenizer_sha256(checkpoint: dict[str, Any]) -> str:
 def check_tokenizer(checkpoint: dict[str, Any], path: str | Path | None, tokenizer: Tokenizer) -> None:
     """Refuse, in one line naming both files, to pair a checkpoint with another SentencePiece model than the
     one it was trained with (`attnx fit --ckpt_path` and `--init_from`, `attnx test` on a config's data): its
-    ids would silently mean other pieces."""
-    theirs = tokenizer_sha256(checkpoint)
-    if theirs == tokenizer.sha256:
+    ids would silently mean other pieces.
+
+    What is compared is what decides the segmentation (pieces, scores, types, normalization:
+    [`segmentation_digest`][attnx.data.sentencepiece_proto.segmentation_digest]), not the files' bytes: the
+    same corpus prepared in another folder or on another machine, whose model recorded another training
+    folder (as `attnx prepare` did before it kept paths out of the model), is the same tokenizer. The refusal
+    says how the corpus is prepared with the checkpoint's own model."""
+    carried = bytes(checkpoint["attnx"]["tokenizer"])
+    if segmentation_digest(carried) == tokenizer.segmentation:
         return
     where = tokenizer.path or "the data's SentencePiece model"
+    if path is None:  # a checkpoint handed over in Python: its model is checkpoint["attnx"]["tokenizer"]
+        extract = "(the bytes of checkpoint['attnx']['tokenizer']) with attnx prepare --spm_model"
+    else:
+        saved = Path(path).with_suffix(".spm.model").name
+        extract = (
+            f"written by python -c \"from attnx.checkpoint import read_checkpoint as r; open('{saved}', 'wb')"
+            f".write(r('{path}')['attnx']['tokenizer'])\", then attnx prepare ... --spm_model {saved}"
+        )
     raise CheckpointError(
-        f"checkpoint {path or '(given)'} was trained with another SentencePiece model than {where} (SHA-256 "
-        f"{theirs[:12]}… vs {tokenizer.sha256[:12]}…): use the prepared corpus the checkpoint was trained on "
-        "(its data_dir), or a checkpoint trained on this one"
+        f"checkpoint {path or '(given)'} was trained with another SentencePiece model than {where} "
+        f"({segmentation_difference(carried, tokenizer.to_bytes())}): use the corpus it was trained on (its "
+        f"data_dir), or prepare this text again with the checkpoint's own model, {extract}"
     )
 
 

@@ -1,7 +1,7 @@
 """`--ckpt_path` before Lightning reads it: `last` resolved to the newest `last.ckpt` of the config's runs that
-has not finished (else the newest), said in one line with how to take another; the file checked in one line (for
-`fit`, also that it holds a training state to resume), and for `fit` the leftovers of checkpoint writes that were
-killed removed."""
+has not finished (else the newest), and `best` to the newest `best.ckpt` (`--best.metric`), each said in one line
+with how to take another; the file checked in one line (for `fit`, also that it holds a training state to
+resume), and for `fit` the leftovers of checkpoint writes that were killed removed."""
 
 from __future__ import annotations
 
@@ -11,14 +11,21 @@ from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from attnx.checkpoint import read_checkpoint
+from attnx.checkpoint import CheckpointError, read_checkpoint
 from attnx.errors import ConfigError
 from attnx.files import remove_stale_temporaries
 from attnx.training.resume import checkpoint_directories, finished_run, last_checkpoint, last_checkpoints
 
-LIGHTNING_KEYWORDS = ("best", "hpc", "registry")
-"""`--ckpt_path` values Lightning resolves itself; `last` attnx resolves (Lightning's finds no
-`ModelCheckpoint` here and would start from step 0)."""
+LIGHTNING_KEYWORDS = ("hpc", "registry")
+"""`--ckpt_path` values Lightning resolves itself; `last` and `best` attnx resolves (Lightning's look for a
+`ModelCheckpoint`, which attnx runs do not have: `last` would start from step 0, `best` ended in an
+AttributeError)."""
+
+RUN_KEYWORDS = ("last", "best")
+"""`--ckpt_path` values attnx resolves among the config's runs."""
+
+BEST = "best.ckpt"
+"""The file [BestCheckpoint][attnx.training.best.BestCheckpoint] keeps beside a run's checkpoints."""
 
 
 def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
@@ -26,7 +33,7 @@ def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
     leftovers of checkpoint writes that were killed are removed from this config's run directories."""
     if subcommand == "fit":
         directories = checkpoint_directories(trainer)
-        if ckpt_path and ckpt_path not in ("last", *LIGHTNING_KEYWORDS):
+        if ckpt_path and ckpt_path not in (*RUN_KEYWORDS, *LIGHTNING_KEYWORDS):
             directories.append(Path(ckpt_path).parent)
         for directory in dict.fromkeys(directories):
             for path in remove_stale_temporaries(directory):
@@ -41,6 +48,13 @@ def checked_checkpoint(subcommand: str, ckpt_path: Any, trainer: Any) -> Any:
         if rank_zero_only.rank == 0:  # every rank resolves it; one says so, and how to take another
             why = last_choice(trainer, Path(ckpt_path))
             print(f"attnx {subcommand}: --ckpt_path last is {ckpt_path} ({why})", file=sys.stderr)
+    elif ckpt_path == "best":
+        found = best_checkpoints(trainer)
+        ckpt_path = str(found[0])
+        if rank_zero_only.rank == 0:
+            print(
+                f"attnx {subcommand}: --ckpt_path best is {ckpt_path} ({best_choice(found)})", file=sys.stderr
+            )
     checkpoint = read_checkpoint(ckpt_path)  # a missing, unreadable, damaged or foreign file: one line
     if subcommand == "fit" and "optimizer_states" not in checkpoint:
         what = "an averaged checkpoint" if "averaged_from" in checkpoint else "a checkpoint of weights only"
@@ -67,3 +81,24 @@ def last_choice(trainer: Any, chosen: Path) -> str:
             text += ", all finished"
     other = chosen.parent.parent.parent / "version_N" / "checkpoints" / "last.ckpt"
     return f"{text}; another: --ckpt_path {other}"
+
+
+def best_checkpoints(trainer: Any) -> list[Path]:
+    """The `best.ckpt` of each of this config's runs, newest first, or a one-line error saying how to get one."""
+    directories = checkpoint_directories(trainer)
+    found = [d / BEST for d in directories if (d / BEST).is_file()]
+    if not found:
+        where = ", ".join(str(d) for d in directories) or "no run directory of this config exists here"
+        raise CheckpointError(
+            f"--ckpt_path best: no {BEST} in this config's runs ({where}); a run keeps one when trained with "
+            "--best.metric bleu (or loss, ppl). Pass a checkpoint's path, or --ckpt_path last"
+        )
+    return sorted(found, key=lambda path: path.stat().st_mtime_ns, reverse=True)
+
+
+def best_choice(found: list[Path]) -> str:
+    """Which run's `best.ckpt` `--ckpt_path best` took (the newest, `found[0]`), and how to take another."""
+    if len(found) == 1:
+        return "this config's only run with one"
+    other = found[0].parent.parent.parent / "version_N" / "checkpoints" / BEST
+    return f"the newest of this config's {len(found)} runs' {BEST}; another: --ckpt_path {other}"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from attnx.checkpoint import read_checkpoint
-from attnx.commands.ckpt_path import LIGHTNING_KEYWORDS
+from attnx.commands.ckpt_path import LIGHTNING_KEYWORDS, RUN_KEYWORDS
 
 
 def resolve_configs(argv: list[str]) -> list[str]:
@@ -45,7 +45,7 @@ def checkpoint_override(argv: list[str]) -> list[str]:
             ckpt = argv[i + 1]
         elif arg.startswith("--ckpt_path="):
             ckpt = arg.split("=", 1)[1]
-    if not ckpt or ckpt in ("last", "null", *LIGHTNING_KEYWORDS):
+    if not ckpt or ckpt in ("null", *RUN_KEYWORDS, *LIGHTNING_KEYWORDS):
         return argv
     return [*argv, "--model.transformer", json.dumps(model_from_checkpoint(ckpt))]
 

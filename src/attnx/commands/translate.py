@@ -233,8 +233,8 @@ def score(
     import dataclasses
     import json
 
+    from attnx.evaluation.bleu import check_pairs, sentence_scores
     from attnx.evaluation.bleu import score as bleu
-    from attnx.evaluation.bleu import sentence_scores
 
     texts = {}
     for option, path in (("--hypotheses", hypotheses), ("--references", references)):
@@ -243,11 +243,7 @@ def score(
             if text.warning():
                 print(f"attnx score: warning: {text.warning()}", file=sys.stderr)
     hyps, refs = texts["--hypotheses"], texts["--references"]
-    if len(hyps) != len(refs):
-        raise ConfigError(
-            f"--hypotheses {hypotheses} has {len(hyps)} lines but --references {references} has {len(refs)}; "
-            "they must pair up line by line"
-        )
+    check_pairs(hyps, refs, f"--hypotheses {hypotheses}", f"--references {references}")
     report = bleu(hyps, refs, lang)
     corpus = json.dumps(dataclasses.asdict(report)) if format == "json" else "\n".join(report.lines())
     if not sentence:

@@ -11,6 +11,7 @@ from typing import Any
 
 import sentencepiece as spm
 
+from attnx.data.sentencepiece_proto import segmentation_digest, stable_proto
 from attnx.errors import ConfigError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -33,7 +34,9 @@ def train_sentencepiece(
 
     The text is `sentences` (an iterable of lines) or `files` (paths of text files, one sentence a line).
     With `model_prefix` the trainer writes `PREFIX.model` and `PREFIX.vocab`; without it the model stays in
-    memory. `options` go to `SentencePieceTrainer.train` (`character_coverage`, `input_sentence_size`,
+    memory. The model records the names of `files` and of `model_prefix`, not their folders, and not the threads
+    it was trained on ([`stable_proto`][attnx.data.sentencepiece_proto.stable_proto]): the same training writes
+    the same bytes wherever it runs. `options` go to `SentencePieceTrainer.train` (`character_coverage`, `input_sentence_size`,
     `num_threads`, `user_defined_symbols`, ...). The one place attnx calls the trainer: `attnx prepare`, the
     tests and the benchmarks all train through it. SentencePiece's own errors come through as `RuntimeError`.
     """
@@ -58,9 +61,11 @@ def train_sentencepiece(
         **SPECIAL_PIECES,
         **{"minloglevel": 2, **options},
     )
-    if model_prefix:
-        return Tokenizer.load(f"{model_prefix}.model")
-    return Tokenizer.from_bytes(writer.getvalue())
+    if not model_prefix:
+        return Tokenizer.from_bytes(stable_proto(writer.getvalue(), files))
+    path = Path(f"{model_prefix}.model")
+    path.write_bytes(stable_proto(path.read_bytes(), files, model_prefix))
+    return Tokenizer.load(path)
 
 
 def sha256_hex(data: bytes) -> str:
@@ -107,6 +112,13 @@ class Tokenizer:
         """SHA-256 of [`to_bytes`][attnx.data.tokenizer.Tokenizer.to_bytes], what `sha256sum spm.model` prints:
         the identity of the tokenizer that checkpoints, prepared corpora and exports record."""
         return sha256_hex(self.to_bytes())
+
+    @cached_property
+    def segmentation(self) -> str:
+        """[`segmentation_digest`][attnx.data.sentencepiece_proto.segmentation_digest]: the identity of the
+        tokenizer as ids go (pieces, scores, types, normalization), equal for two files of the same model that
+        record another training folder. What a checkpoint is checked against."""
+        return segmentation_digest(self.to_bytes())
 
     @property
     def vocab_size(self) -> int:

@@ -26,6 +26,24 @@ COMPOUND = re.compile(r"(\S)-(\S)")
 """tensor2tensor's `perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'`, with the same non-overlapping matches."""
 
 
+def check_pairs(hypotheses: list[str], references: list[str], hyp_name: str = "", ref_name: str = "") -> None:
+    """Refuse, in one line, hypotheses and references that do not pair up line by line, or that hold no segment
+    at all (a corpus score of nothing is not a number). `hyp_name`, `ref_name`: where the lines came from (e.g.
+    `--hypotheses test.hyp`), named in the message."""
+    if len(hypotheses) != len(references):
+        counts = (
+            f"{hyp_name} has {len(hypotheses)} lines but {ref_name} has {len(references)}"
+            if hyp_name and ref_name
+            else f"{len(hypotheses)} hypotheses but {len(references)} references"
+        )
+        raise ConfigError(f"{counts}; they must pair up line by line")
+    if not hypotheses:
+        raise ConfigError(
+            f"{hyp_name or 'the hypotheses'} and {ref_name or 'the references'} hold no lines: there is nothing "
+            "to score (an empty translation is an empty line, one per reference)"
+        )
+
+
 @dataclass
 class BleuReport:
     """Corpus scores of `n` segments, each with what is needed to reproduce it."""
@@ -72,10 +90,7 @@ def paper_bleu(hypotheses: list[str], references: list[str], lang: str = "de") -
 
 def score(hypotheses: list[str], references: list[str], lang: str = "de") -> BleuReport:
     """Score detokenized `hypotheses` against one reference each; `lang` is the target language (Moses)."""
-    if len(hypotheses) != len(references):
-        raise ConfigError(
-            f"{len(hypotheses)} hypotheses but {len(references)} references; they must pair up line by line"
-        )
+    check_pairs(hypotheses, references)
     bleu, chrf = BLEU(), CHRF()
     return BleuReport(
         bleu=bleu.corpus_score(hypotheses, [references]).score,
@@ -101,10 +116,7 @@ class SentenceScore:
 def sentence_scores(hypotheses: list[str], references: list[str]) -> list[SentenceScore]:
     """BLEU and chrF2 of each detokenized hypothesis against its one reference, as sacreBLEU's
     `sentence_bleu` and `sentence_chrf` compute them."""
-    if len(hypotheses) != len(references):
-        raise ConfigError(
-            f"{len(hypotheses)} hypotheses but {len(references)} references; they must pair up line by line"
-        )
+    check_pairs(hypotheses, references)
     bleu, chrf = BLEU(effective_order=True), CHRF()
     return [
         SentenceScore(bleu.sentence_score(h, [r]).score, chrf.sentence_score(h, [r]).score)
@@ -121,9 +133,5 @@ def read_lines(path: str | Path) -> list[str]:
 def score_files(hyp_path: str | Path, ref_path: str | Path, lang: str = "de") -> BleuReport:
     """Score a hypothesis file against a reference file, line by line (`attnx score`)."""
     hypotheses, references = read_lines(hyp_path), read_lines(ref_path)
-    if len(hypotheses) != len(references):
-        raise ConfigError(
-            f"{hyp_path} has {len(hypotheses)} lines but {ref_path} has {len(references)}; "
-            "they must pair up line by line"
-        )
+    check_pairs(hypotheses, references, str(hyp_path), str(ref_path))
     return score(hypotheses, references, lang)

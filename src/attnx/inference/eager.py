@@ -133,9 +133,10 @@ class EagerTranslator(Translator):
         if not paths:
             raise ConfigError("no checkpoint given")
         loaded = [load_model(p, device=device) for p in paths]
-        first = loaded[0].tokenizer.to_bytes()
+        # compared by what decides the segmentation: a model recording another training folder is the same
+        first = loaded[0].tokenizer.segmentation
         for p, other in zip(paths[1:], loaded[1:], strict=True):
-            if other.tokenizer.to_bytes() != first:
+            if other.tokenizer.segmentation != first:
                 raise ConfigError(
                     f"{paths[0]} and {p} were trained with different SentencePiece models; an ensemble needs "
                     "models that share one vocabulary"

@@ -5,8 +5,8 @@ validation with the highest BLEU so far (or the lowest loss or perplexity). `--b
 training after 5 validations in a row without an improvement of more than `--best.min_delta`, as fairseq's
 `--patience` and Marian's `--early-stopping` do; the run then ends as at `max_steps` (its last checkpoint
 saved and the last k averaged), and one line says why. `best.ckpt` is a training checkpoint: `attnx test
---ckpt_path .../best.ckpt` decodes it, and `attnx average` leaves it out (it repeats one of the step
-checkpoints).
+--ckpt_path best` decodes the newest of the config's runs (or `--ckpt_path .../best.ckpt` a given one), and
+`attnx average` leaves it out (it repeats one of the step checkpoints).
 """
 
 from __future__ import annotations

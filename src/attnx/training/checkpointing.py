@@ -48,7 +48,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_save(checkpoint, path)
 
     def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None):
-        return read_checkpoint(path)
+        checkpoint = read_checkpoint(path)
+        # a checkpoint of weights only (attnx.checkpoint.save_model) records no Lightning version, which
+        # Lightning's loader reads (`attnx test --ckpt_path` of one ended in KeyError)
+        checkpoint.setdefault("pytorch-lightning_version", pl.__version__)
+        return checkpoint
 
 
 class PeriodicCheckpoint(Checkpoint):

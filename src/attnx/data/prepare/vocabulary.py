@@ -1,10 +1,17 @@
 """Step 2: the joint SentencePiece BPE model, trained on both languages of the cleaned training text (§5.1), or
-one brought from elsewhere (`--spm_model`: a vocabulary shared with other runs or toolkits), copied as it is."""
+one brought from elsewhere (`--spm_model`: a vocabulary shared with other runs or toolkits), copied as it is.
+
+A training text of more than `--sample_size` sentences is sampled by attnx with `--seed`
+([`sample_sentences`][attnx.data.prepare.vocabulary.sample_sentences]), not by SentencePiece, whose own sampling
+draws another sample at every run whatever seed it is given: the same command on the same text trains the same
+model.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
+import random
 import re
 import shutil
 from pathlib import Path
@@ -16,6 +23,10 @@ from attnx.data.corpus import SPM_MODEL
 from attnx.data.errors import DataError
 from attnx.data.prepare.settings import Settings
 from attnx.errors import ConfigError
+
+SAMPLE = "sentencepiece-sample.txt"
+"""The sample of the training text SentencePiece trains on, in the scratch directory, when the text holds more
+than `--sample_size` sentences."""
 
 FULL_BELOW = 1 << 20
 """SentencePiece reports a model it could not write whole as one it cannot parse; with less free space than
@@ -33,17 +44,20 @@ def train_sentencepiece(
         DataError: SentencePiece refused the vocabulary size or the text; the message says what to change.
     """
     spm.set_random_generator_seed(settings.seed)
+    sample, total = sample_sentences(texts, settings.sample_size, settings.seed, out / SAMPLE)
+    drawn = f" (a sample of {settings.sample_size:,} of its {total:,} sentences)" if sample != texts else ""
     print(
-        f"training SentencePiece BPE, {settings.vocab_size} pieces, on both sides of the cleaned training text"
+        f"training SentencePiece BPE, {settings.vocab_size} pieces, on both sides of the cleaned training "
+        f"text{drawn}"
     )
     try:
         return tokenizer.train_sentencepiece(
             settings.vocab_size,
-            files=texts,
+            files=sample,
             model_prefix=out / Path(SPM_MODEL).stem,
             character_coverage=settings.character_coverage,
-            input_sentence_size=settings.sample_size,
-            shuffle_input_sentence=True,
+            input_sentence_size=settings.sample_size,  # never reached: the sample is no larger
+            shuffle_input_sentence=False,
             num_threads=workers,
             **({"user_defined_symbols": settings.symbols()} if settings.symbols() else {}),
         )
@@ -63,6 +77,32 @@ def train_sentencepiece(
                 f"{settings.character_coverage}"
             ) from None
         raise DataError(f"SentencePiece training failed: {message}") from None
+
+
+def sample_sentences(texts: list[Path], size: int, seed: int, out: Path) -> tuple[list[Path], int]:
+    """(the files to train on, the sentences of `texts`): `texts` themselves when they hold at most `size`
+    sentences (lines), else `out`, written with `size` of them drawn uniformly with `seed`, in the order they
+    come (selection sampling, Knuth's Algorithm S: a pass to count, one to draw, nothing held in memory).
+
+    The same texts, size and seed give the same sample on every machine; SentencePiece's own sampling
+    (`input_sentence_size` with `shuffle_input_sentence`) draws another one at every run.
+    """
+    total = 0
+    for path in texts:
+        with open(path, "rb") as f:
+            total += sum(1 for _ in f)
+    if total <= size:
+        return texts, total
+    rng, needed, left = random.Random(seed), size, total
+    with open(out, "wb") as sample:
+        for path in texts:
+            with open(path, "rb") as f:
+                for line in f:
+                    if rng.random() * left < needed:
+                        sample.write(line if line.endswith(b"\n") else line + b"\n")
+                        needed -= 1
+                    left -= 1
+    return [out], total
 
 
 def read_sentencepiece(path: Path, settings: Settings) -> tokenizer.Tokenizer:
