@@ -125,11 +125,22 @@ def test_architecture_leaves_out_only_what_acts_while_training():
     assert architecture(values) != architecture(tiny_config(dropout=0.3, d_ff=128).to_dict())
 
 
-def test_training_flops_per_token_are_three_times_the_forward_matmuls_torch_counts():
+@pytest.mark.parametrize(
+    "components",
+    [
+        {},
+        {"feedforward": {"name": "swiglu"}},  # three d x d_ff matrices
+        {"self_attention": {"name": "multihead", "args": {"kv_heads": 2}}},  # W^K, W^V of 2 heads of 4
+        {"cross_attention": {"name": "multihead", "args": {"kv_heads": 1}}, "feedforward": {"name": "geglu"}},
+    ],
+    ids=["paper", "swiglu", "gqa", "mqa-cross-geglu"],
+)
+def test_training_flops_per_token_are_three_times_the_forward_matmuls_torch_counts(components):
     """A forward pass with equal source and target lengths (the formula charges the encoder-decoder keys and
     values to target tokens), counted by torch; the decoder's self-attention runs on the fused kernel, which torch
     does not count, so its two matmuls per layer (`2·T·T·d` multiply-adds) are added by hand."""
-    config = tiny_config(d_ff=48, vocab_size=40, encoder_layers=2, decoder_layers=3)
+    values = tiny_config(d_ff=48, vocab_size=40, encoder_layers=2, decoder_layers=3).to_dict() | components
+    config = TransformerConfig.from_dict(values)
     model = build_transformer(config).eval()
     n = 6
     src, tgt = torch.randint(4, 40, (1, n)), torch.randint(4, 40, (1, n))

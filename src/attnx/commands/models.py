@@ -213,7 +213,7 @@ def describe(
     import yaml
 
     from attnx.model import TransformerConfig, build_transformer
-    from attnx.model.builders import count_parameters, training_flops_per_token
+    from attnx.model.builders import count_parameters, decoding_cache_values, training_flops_per_token
 
     if (config is None) == (preset is None):
         raise ConfigError("give either --config or --preset")
@@ -263,6 +263,12 @@ def describe(
     print(
         f"training FLOPs per token (source+target, length {seq_len} each): "
         f"{flops['per_token'] / 1e6:.1f} MFLOP; per target token: {flops['per_target_token'] / 1e6:.1f} MFLOP"
+    )
+    cache = decoding_cache_values(model_config)
+    print(
+        f"decoding cache per sentence (keys and values, 2 bytes each in bf16): "
+        f"{cache['per_target_token'] * 2:,} bytes per target token, "
+        f"{cache['per_source_token'] * 2:,} bytes per source token"
     )
     plan = batch_plan(values, path.parent) if config else None
     if plan:

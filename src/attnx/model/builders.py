@@ -250,6 +250,24 @@ def training_flops_per_token(
     return {"per_token": total / (src_len + tgt_len), "per_target_token": total / tgt_len}
 
 
+def decoding_cache_values(config: TransformerConfig) -> dict[str, int]:
+    """Numbers the decoding cache holds per sentence: `per_target_token`, the self-attention keys and values
+    each decoded position adds over the decoder's layers, and `per_source_token`, the encoder-decoder keys
+    and values of each source position. Only the key/value heads are cached: `kv_heads` in an attention's
+    args divides both by `n_heads / kv_heads` (d_k and d_v from its args, else `d_model / n_heads`)."""
+
+    def per_position(spec: ComponentSpec) -> int:
+        heads = spec.args.get("kv_heads") or config.n_heads
+        d_k = spec.args.get("d_k") or config.d_model // config.n_heads
+        d_v = spec.args.get("d_v") or config.d_model // config.n_heads
+        return config.decoder_layers * heads * (d_k + d_v)
+
+    return {
+        "per_target_token": per_position(config.self_attention),
+        "per_source_token": per_position(config.cross_attention),
+    }
+
+
 def count_parameters(model: nn.Module) -> int:
     """Trainable parameters, each shared tensor counted once."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
