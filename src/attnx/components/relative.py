@@ -27,7 +27,7 @@ def relative_buckets(relative: Tensor, bidirectional: bool, buckets: int, max_di
     wide = (
         exact
         + (
-            torch.log(distance.double().clamp(min=1) / exact)
+            torch.log(distance.float().clamp(min=1) / exact)  # float32, as T5's own code and CTranslate2
             / math.log(max_distance / exact)
             * (buckets - exact)
         ).long()
