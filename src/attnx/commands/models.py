@@ -264,12 +264,8 @@ def describe(
         f"training FLOPs per token (source+target, length {seq_len} each): "
         f"{flops['per_token'] / 1e6:.1f} MFLOP; per target token: {flops['per_target_token'] / 1e6:.1f} MFLOP"
     )
-    cache = decoding_cache_values(model_config)
-    print(
-        f"decoding cache per sentence (keys and values, 2 bytes each in bf16): "
-        f"{cache['per_target_token'] * 2:,} bytes per target token, "
-        f"{cache['per_source_token'] * 2:,} bytes per source token"
-    )
+    cache = {k: f"{2 * n:,} bytes per {k[4:].replace('_', ' ')}" for k, n in decoding_cache_values(c).items()}
+    print(f"decoding cache per sentence (keys and values, 2 bytes each in bf16): {', '.join(cache.values())}")
     plan = batch_plan(values, path.parent) if config else None
     if plan:
         print(plan)
