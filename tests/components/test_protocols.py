@@ -142,7 +142,8 @@ def test_score_bias_contract(name):
         assert bias.shape == (H, 6, 6) and torch.isfinite(bias).all()
         torch.testing.assert_close(pe(2, 6, 4, causal), bias[:, 4:])  # later queries at their offset
         assert not torch.allclose(bias[:, 3, :3], bias[:, 3, :3].flip(-1))  # distances differ
-    assert_gradients_flow(pe, pe(6, 6, 0, False), [])
+    if any(True for _ in pe.parameters()):  # a learned bias (T5's) trains; a fixed one (ALiBi) has nothing to
+        assert_gradients_flow(pe, pe(6, 6, 0, False), [])
     assert_state_dict_round_trip(Kind.POSITIONAL, name, pe, lambda m: m(6, 6, 0, False))
 
 

@@ -15,7 +15,7 @@ class GatedFeedForward(nn.Module):
     (`d_ff x d_model`), as in LLaMA and T5 v1.1: at the same `d_ff` it has 1.5x the parameters and FLOPs
     of the paper's two-matrix network; `d_ff = 2/3 · 4 · d_model` matches them (Shazeer's choice). `bias`
     (default off, as in the paper) adds biases to all three; `dropout` acts on the gated hidden activations.
-    [`activation`][attnx.components.gated.GatedFeedForward.activation] is SiLU for SwiGLU, GELU for GEGLU.
+    The gate's activation is each registered class's own: SiLU for SwiGLU, GELU for GEGLU.
     """
 
     matrices = 3
@@ -32,6 +32,7 @@ class GatedFeedForward(nn.Module):
                 nn.init.zeros_(layer.bias)
 
     def activation(self, x: Tensor) -> Tensor:
+        """The gate's activation; SwiGLU and GEGLU each define theirs."""
         raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:

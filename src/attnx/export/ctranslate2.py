@@ -17,7 +17,7 @@ shared weights, quantize) and save it. What needs care:
   source and decoding starts from `<s>`.
 * **Norms.** Post-norm maps to `pre_norm=False`; pre-norm to `pre_norm=True` with the stacks' final
   LayerNorm. The LayerNorm (or RMSNorm, `rms_norm`) epsilon is written to the model config.
-* **Today's components** ([`TARGET`][attnx.export.ctranslate2.TARGET]): rotary positions become
+* **Today's components** (`TARGET`): rotary positions become
   `rotary_dim` (0 for the whole head), `rotary_interleave` and `rotary_base`, with no position table; T5's
   relative bias becomes each self-attention's `relative_attention_bias` and its maximum distance; SwiGLU
   and GEGLU become `ffn_glu` with the SWISH or GELU activation (`linear_0` is W, `linear_0_noact` V);
