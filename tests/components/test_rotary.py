@@ -56,3 +56,11 @@ def test_partial_rotary_turns_the_first_dim_features_and_keeps_the_rest():
 def test_an_impossible_rotary_is_one_line_naming_the_value(args, message):
     with pytest.raises(ValueError, match=message):
         RotaryPositionalEncoding(8, 64, **args)
+
+
+def test_bf16_queries_are_turned_in_fp32_and_cast_back():
+    rope = RotaryPositionalEncoding(8, 64)
+    x = torch.randn(1, 1, 4, 8)
+    out = rope(x.bfloat16(), 500)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, rope(x.bfloat16().float(), 500).bfloat16(), rtol=0, atol=0)

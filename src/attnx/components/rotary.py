@@ -17,8 +17,9 @@ class RotaryPositionalEncoding(nn.Module):
     `cls(head_dim, max_len, base=10000.0, dim=None)`. `dim` turns only the first `dim` features of each head
     (partial rotary, CTranslate2's `rotary_dim`; default the whole head), `base` is the paper's 10000. Pairs are
     adjacent features (the paper's layout, CTranslate2's `rotary_interleave`). No parameters, no length limit:
-    `max_len` is not needed, positions beyond it work as any other. Angles are computed in float64 and cast,
-    so a float64 model gets exact rotations.
+    `max_len` is not needed, positions beyond it work as any other. Angles are computed in float64, the
+    rotation in fp32 at least (bf16 queries and keys are cast back after it), so a float64 model gets exact
+    rotations.
     """
 
     acts_on = "queries_keys"
@@ -41,11 +42,12 @@ class RotaryPositionalEncoding(nn.Module):
         t = x.shape[-2]
         position = torch.arange(offset, offset + t, dtype=torch.float64, device=x.device)
         angle = position.unsqueeze(1) * self.inv_freq.to(x.device)  # (T, dim/2)
-        cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-        turned, rest = x[..., : self.dim], x[..., self.dim :]
+        wide = torch.promote_types(x.dtype, torch.float32)  # bf16 queries are turned in fp32, then cast back
+        cos, sin = angle.cos().to(wide), angle.sin().to(wide)
+        turned, rest = x[..., : self.dim].to(wide), x[..., self.dim :]
         even, odd = turned[..., 0::2], turned[..., 1::2]  # (B, H, T, dim/2) each
         pairs = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)  # (B, H, T, dim/2, 2)
-        return torch.cat((pairs.flatten(-2), rest), dim=-1)  # (B, H, T, d_k)
+        return torch.cat((pairs.flatten(-2).to(x.dtype), rest), dim=-1)  # (B, H, T, d_k)
 
 
 @hookimpl
