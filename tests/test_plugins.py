@@ -120,8 +120,9 @@ class ThirdPartyBias:
 
 
 def third_party_attention():
-    """An attention component written against the public protocol and helpers alone: plain multi-head
-    attention that takes positions on queries and keys and on the scores, and reads its offset from the cache."""
+    """An attention component written against the public protocol and helpers alone: multi-query attention
+    that takes positions on queries and keys and on the scores, reads its offset from the cache, and caches
+    its one key/value head."""
     import math
 
     import torch
@@ -138,13 +139,16 @@ def third_party_attention():
     class Attention(nn.Module):
         positions_accepted = ("queries_keys", "scores")
 
-        def __init__(self, d_model: int, n_heads: int) -> None:
+        def __init__(self, d_model: int, n_heads: int, kv_heads: int = 1) -> None:
             super().__init__()
-            self.h, self.d_k = n_heads, d_model // n_heads
-            self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model) for _ in range(4))
+            self.h, self.g, self.d_k = n_heads, kv_heads, d_model // n_heads
+            self.q, self.o = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+            self.k, self.v = (
+                nn.Linear(d_model, kv_heads * self.d_k) for _ in range(2)
+            )  # fewer key/value heads
 
         def heads(self, x):
-            return x.view(x.shape[0], x.shape[1], self.h, self.d_k).transpose(1, 2)
+            return x.view(x.shape[0], x.shape[1], -1, self.d_k).transpose(1, 2)  # (B, heads, T, d_k)
 
         def forward(
             self,
@@ -162,7 +166,8 @@ def third_party_attention():
             if query is key_value:
                 q, k = positioned_queries_keys(positions, q, k, cache_offset(cache))
             new = (k, self.heads(self.v(key_value)))
-            k, v, offset = cached_keys_values(cache, lambda: new)
+            k, v, offset = cached_keys_values(cache, lambda: new)  # (B, g, S, d_k): the cache holds g heads
+            k, v = (x.repeat_interleave(self.h // self.g, dim=1) for x in (k, v))
             s = k.shape[2]
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, H, T, S)
             bias = score_bias(positions, t, s, offset, causal)
@@ -181,8 +186,9 @@ def third_party_attention():
 @pytest.mark.parametrize("positional", ["turn", "bias", "rotary", "t5_relative"])
 @pytest.mark.parametrize("attention", ["theirs", "multihead"])
 def test_third_party_positions_and_attention_work_through_the_public_seams(positional, attention):
-    """Each new seam (positions on queries and keys, on scores, an attention taking them, the cache's offset)
-    carries a component written against the public protocol alone, with the built-ins and with each other."""
+    """Each new seam (positions on queries and keys, on scores, an attention taking them, the cache's offset,
+    a cache of fewer key/value heads) carries a component written against the public protocol alone, with the
+    built-ins and with each other."""
     import torch
 
     from attnx.model.builders import ComponentSpec
@@ -219,6 +225,8 @@ def test_third_party_positions_and_attention_work_through_the_public_seams(posit
         state = model.start_decoding(memory, src_mask)
         for i in range(6):
             torch.testing.assert_close(model.decode_step(tgt[:, i], state), full[:, i], rtol=1e-9, atol=1e-9)
+        heads = 1 if attention == "theirs" else 4  # their attention keeps one key/value head in the cache
+        assert all(c.k.shape == (2, heads, 6, 8) for c, _ in state.caches)
         order = torch.tensor([3, 0, 1, 2, 4, 5, 6])  # positions count: moving a token is not a permutation
         everything = torch.ones(2, 7, dtype=torch.bool)
         assert not torch.allclose(
