@@ -25,7 +25,8 @@ def attnx_register_components(registry: ComponentRegistry) -> None:
     `registry.add_positional(name, cls)`, `registry.add_norm(name, cls)` or `registry.add_loss(name, cls)`
     once per component.
     A name must be unique within its kind across every installed plugin; a clash is an error naming both
-    plugins. The class is constructed with the model's shape arguments (see `attnx.components.protocols`)
-    plus the `args` mapping given for it in the config; a loss is built with the label smoothing ε and its
+    plugins. The class is constructed with the model's shape arguments (see `attnx.components.protocols`;
+    a positional component's depend on where its `acts_on` says it acts) plus the `args` mapping given for it
+    in the config; a loss is built with the label smoothing ε and its
     `args`, and called as `loss(model, batch)` returning `attnx.components.loss.LossSums`.
     """

@@ -12,13 +12,23 @@ from types import ModuleType
 import pluggy
 
 from attnx import hookspecs
-from attnx.components import attention, feedforward, loss, norm, positional
+from attnx.components import attention, feedforward, gated, loss, norm, positional, relative, rotary
 from attnx.registry import ComponentRegistry
 
-_BUILT_INS: tuple[ModuleType, ...] = (attention, feedforward, positional, norm, loss)
+_BUILT_INS: tuple[ModuleType, ...] = (
+    attention,
+    feedforward,
+    gated,
+    positional,
+    rotary,
+    relative,
+    norm,
+    loss,
+)
 
 DEFAULT_PLUGINS: tuple[str, ...] = tuple(module.__name__ for module in _BUILT_INS)
-"""The modules that register the paper's own components, loaded before any entry point (in this order)."""
+"""The modules that register the built-in components (the paper's and today's), loaded before any entry
+point (in this order)."""
 
 ENTRY_POINT_GROUP = "attnx"
 

@@ -113,3 +113,49 @@ def test_describe_counts_the_batches_of_the_prepared_corpus(corpus: Path, tmp_pa
     assert "shapes" in batches and "shape_buckets 8" in batches  # bf16: what `attnx fit` would choose
     assert "(cpu, bf16-mixed, 1 batch of 512 tokens per side a step on 1 device" in out
     assert "bf16-mixed peak of this CPU" in out and "(max_time)" in out
+
+
+def test_describe_counts_grouped_query_attention_and_a_gated_network(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """GQA shrinks the decoding cache and W^K, W^V; a gated network has three d x d_ff matrices."""
+    monkeypatch.chdir(tmp_path)
+
+    def described(transformer: str) -> dict[str, str]:
+        (tmp_path / "m.yaml").write_text(f"model:\n  transformer:\n{transformer}")
+        assert main(["describe", "--config", "tiny", "--config", "m.yaml", "--vocab_size", "300"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        return {line.split(":")[0]: line for line in lines if ":" in line}
+
+    paper = described("    dropout: 0.1\n")
+    gqa = described(
+        "    self_attention: {name: multihead, args: {kv_heads: 1}}\n"
+        "    cross_attention: {name: multihead, args: {kv_heads: 2}}\n"
+        "    feedforward: {name: swiglu}\n"
+    )
+    # tiny: d_model 32, 4 heads, 2 decoder layers: 2 layers x 4 heads x (8 + 8) values x 2 bytes = 256 bytes
+    assert (
+        "256 bytes per target token, 256 bytes per source token"
+        in paper["decoding cache per sentence (keys and values, 2 bytes each in bf16)"]
+    )
+    assert (
+        "64 bytes per target token, 128 bytes per source token"
+        in gqa["decoding cache per sentence (keys and values, 2 bytes each in bf16)"]
+    )
+    config = TransformerConfig.from_dict(
+        TransformerConfig(
+            vocab_size=300, d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2
+        ).to_dict()
+        | {
+            "self_attention": {"name": "multihead", "args": {"kv_heads": 1}},
+            "cross_attention": {"name": "multihead", "args": {"kv_heads": 2}},
+            "feedforward": {"name": "swiglu"},
+        }
+    )
+    model = build_transformer(config)
+    assert f"parameters: {count_parameters(model):,} " in gqa["parameters"]
+    ffn = model.encoder_layers[0].ffn
+    assert sum(p.numel() for p in ffn.parameters()) == 3 * 32 * 64
+    assert (
+        model.decoder_layers[0].self_attn.in_proj.out_features == 32 + 2 * 8
+    )  # W^Q, and one head of W^K, W^V

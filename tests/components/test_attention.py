@@ -436,3 +436,116 @@ def test_stacked_projection_gradients_equal_those_of_three_separate_projections(
     torch.testing.assert_close(x.grad, xr.grad, rtol=1e-10, atol=1e-10)
     if cross:
         torch.testing.assert_close(memory.grad, mr.grad, rtol=1e-10, atol=1e-10)
+
+
+def grouped_reference(attn, query, keys, allowed, bias=None, rotate=None):
+    """Grouped-query attention (Ainslie et al. 2023) one head at a time, float64: query head `i` uses key/value
+    head `i // (H / H_kv)`; `rotate(x, positions)` turns queries and keys, `bias` `(H, T, S)` joins the scores."""
+    w_q, w_k, w_v = (w for w, _ in attn.projections())
+    b_q, b_k, b_v = (b for _, b in attn.projections())
+    d_k, group = attn.d_k, attn.n_heads // attn.kv_heads
+    heads = []
+    for i in range(attn.n_heads):
+        j = i // group
+        q = query @ w_q[i * d_k : (i + 1) * d_k].T + b_q[i * d_k : (i + 1) * d_k]  # (T, d_k)
+        k = keys @ w_k[j * d_k : (j + 1) * d_k].T + b_k[j * d_k : (j + 1) * d_k]  # (S, d_k)
+        v = keys @ w_v[j * d_k : (j + 1) * d_k].T + b_v[j * d_k : (j + 1) * d_k]
+        if rotate is not None:
+            q, k = rotate(q, torch.arange(len(q))), rotate(k, torch.arange(len(k)))
+        scores = q @ k.T / math.sqrt(d_k) + (0 if bias is None else bias[i])
+        heads.append(torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v)
+    return torch.cat(heads, -1) @ attn.out_proj.weight.T + attn.out_proj.bias
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_grouped_query_attention_matches_its_definition_in_float64(kv_heads, need_weights):
+    attn = MultiHeadAttention(32, 4, kv_heads=kv_heads).double().eval()
+    assert attn.sizes == (32, 8 * kv_heads, 8 * kv_heads)  # W^K, W^V shrink with the key/value heads
+    x = torch.randn(1, 6, 32, dtype=torch.float64)
+    memory = torch.randn(1, 4, 32, dtype=torch.float64)
+    for query, keys, causal in ((x, x, True), (x, memory, False)):
+        out = attn(query, keys, causal=causal, need_weights=need_weights)
+        out = out[0] if need_weights else out
+        allowed = torch.ones(6, keys.shape[1], dtype=torch.bool)
+        allowed = torch.tril(allowed) if causal else allowed
+        torch.testing.assert_close(
+            out[0], grouped_reference(attn, query[0], keys[0], allowed), rtol=1e-10, atol=1e-10
+        )
+
+
+def test_the_cache_of_grouped_query_attention_holds_only_the_key_value_heads():
+    attn = MultiHeadAttention(32, 4, kv_heads=1).eval()
+    x = torch.randn(2, 5, 32)
+    full = attn(x, x, causal=True)
+    cache = AttentionCache()
+    steps = [attn(x[:, i : i + 1], x[:, i : i + 1], causal=True, cache=cache) for i in range(5)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+    assert cache.k.shape == (2, 1, 5, 8) and cache.v.shape == (2, 1, 5, 8)
+    with pytest.raises(ValueError, match=r"kv_heads \(3\) must divide n_heads \(4\)"):
+        MultiHeadAttention(32, 4, kv_heads=3)
+
+
+class ScoreBias(torch.nn.Module):
+    """A throwaway score bias: a random `(H, T, S)` table read at the query's absolute position."""
+
+    acts_on = "scores"
+
+    def __init__(self, heads: int, length: int) -> None:
+        super().__init__()
+        self.table = torch.randn(heads, length, length, dtype=torch.float64)
+
+    def forward(self, t, s, offset=0, causal=False):
+        return self.table[:, offset : offset + t, :s]
+
+
+class Turn(torch.nn.Module):
+    """A throwaway rotary-like position: each feature pair turned by `position` radians."""
+
+    acts_on = "queries_keys"
+
+    def forward(self, x, offset=0):
+        angle = torch.arange(offset, offset + x.shape[-2], dtype=x.dtype).unsqueeze(-1)  # (T, 1)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack(
+            (even * angle.cos() - odd * angle.sin(), even * angle.sin() + odd * angle.cos()), -1
+        ).flatten(-2)
+
+
+def turn_rows(x, positions):
+    """Each row of `x` `(T, d)` turned by its position in radians, pair by pair, written out."""
+    out = x.clone()
+    for t, angle in enumerate(positions.tolist()):
+        c, s = math.cos(angle), math.sin(angle)
+        out[t, 0::2] = x[t, 0::2] * c - x[t, 1::2] * s
+        out[t, 1::2] = x[t, 0::2] * s + x[t, 1::2] * c
+    return out
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_positions_inside_attention_act_on_the_scores_or_on_queries_and_keys(need_weights, padded):
+    attn = MultiHeadAttention(32, 4, kv_heads=2).double().eval()
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    key_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2]) if padded else None
+    bias = ScoreBias(4, 6)
+    for positions, kwargs in ((bias, {"bias": bias.table}), (Turn(), {"rotate": turn_rows})):
+        out = attn(x, x, key_mask=key_mask, positions=positions, need_weights=need_weights)
+        out = out[0] if need_weights else out
+        for b in range(2):
+            allowed = torch.ones(6, 6, dtype=torch.bool)
+            if padded and b == 1:
+                allowed[:, 4:] = False
+            expected = grouped_reference(attn, x[b], x[b], allowed, **kwargs)
+            torch.testing.assert_close(out[b], expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("positions", [ScoreBias(4, 7), Turn()])
+def test_positions_inside_attention_take_the_offset_of_incremental_decoding_from_the_cache(positions):
+    attn = MultiHeadAttention(32, 4, kv_heads=2).double().eval()
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    full = attn(x, x, causal=True, positions=positions)
+    cache = AttentionCache()
+    blocks = [x[:, :3]] + [x[:, i : i + 1] for i in range(3, 7)]  # a prefix, then one position a step
+    steps = torch.cat([attn(h, h, causal=True, cache=cache, positions=positions) for h in blocks], 1)
+    torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)

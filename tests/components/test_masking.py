@@ -49,3 +49,35 @@ def test_with_a_cache_the_cache_decides():
     k, _, offset = cached_keys_values(cache, lambda: (block + 1, block + 1))
     assert offset == 1 and k.shape == (1, 2, 2, 8)
     torch.testing.assert_close(k[:, :, 1:], block + 1)
+
+
+def test_a_score_bias_joins_the_mask_as_one_float_mask_minus_infinity_where_forbidden():
+    from attnx.components.masking import additive_mask
+
+    bias = torch.randn(2, 3, 4)  # (H, T, S)
+    mask = attention_mask(torch.tensor([[True, True, True, False]]), True, 3, 4, 1, torch.device("cpu"))
+    out = additive_mask(bias, mask, torch.float64)
+    assert out.shape == (1, 2, 3, 4) and out.dtype == torch.float64
+    torch.testing.assert_close(out[0][mask[0].expand(2, 3, 4)], bias.double()[mask[0].expand(2, 3, 4)])
+    assert bool((out[0][~mask[0].expand(2, 3, 4)] == float("-inf")).all())
+    torch.testing.assert_close(additive_mask(bias, None, torch.float32), bias.unsqueeze(0))
+
+
+def test_positions_are_applied_only_where_they_act():
+    from attnx.components.masking import cache_offset, positioned_queries_keys, score_bias
+    from attnx.model.cache import AttentionCache
+
+    class Shift(torch.nn.Module):
+        acts_on = "queries_keys"
+
+        def forward(self, x, offset=0):
+            return x + offset
+
+    q, k = torch.zeros(1, 2, 3, 4), torch.zeros(1, 1, 3, 4)
+    assert positioned_queries_keys(None, q, k, 5) == (q, k)
+    turned = positioned_queries_keys(Shift(), q, k, 5)
+    assert bool((turned[0] == 5).all()) and bool((turned[1] == 5).all())
+    assert score_bias(Shift(), 3, 3, 0, False) is None and score_bias(None, 3, 3, 0, False) is None
+    cache = AttentionCache(k=torch.zeros(1, 1, 6, 4), v=torch.zeros(1, 1, 6, 4))
+    assert cache_offset(None) == 0 and cache_offset(cache) == 6
+    assert cache_offset(AttentionCache(static=True, k=cache.k, v=cache.v)) == 0

@@ -33,3 +33,19 @@ def test_epsilon_is_the_papers_default_or_the_one_given():
 def test_it_is_the_registered_layernorm():
     entry = registry().entry(Kind.NORM, "layernorm")
     assert entry.factory is LayerNorm and entry.plugin == "attnx.components.norm"
+
+
+def test_rmsnorm_is_x_over_its_root_mean_square_times_the_gain_in_float64():
+    from attnx.components.norm import RMSNorm
+
+    norm = RMSNorm(16).double()
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = 5 + 3 * torch.randn(2, 4, 16, dtype=torch.float64)
+    rms = torch.sqrt((x**2).sum(-1, keepdim=True) / 16 + 1e-6)  # Zhang & Sennrich 2019, eq. 4
+    torch.testing.assert_close(norm(x), x / rms * norm.weight, rtol=1e-12, atol=1e-12)
+    assert [name for name, _ in norm.named_parameters()] == ["weight"]  # a gain, no bias
+    assert RMSNorm(16, eps=1e-5).eps == 1e-5
+    assert registry().get(Kind.NORM, "rmsnorm") is RMSNorm
+    half = norm.float()(x.float().bfloat16())  # bf16 in, bf16 out: the mean of squares is taken in fp32
+    assert half.dtype == torch.bfloat16

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnx.components.protocols import POSITIONAL_PLACES
 from attnx.plugins import registry
 from attnx.registry import Kind
 
@@ -38,7 +39,7 @@ def assert_gradients_flow(module, output, inputs):
 
 def assert_state_dict_round_trip(kind, name, module, run):
     torch.manual_seed(123)
-    fresh = build(kind, name)
+    fresh = build_positional(name) if kind is Kind.POSITIONAL else build(kind, name)
     fresh.load_state_dict(module.state_dict())
     torch.testing.assert_close(run(fresh.eval()), run(module.eval()))
 
@@ -81,10 +82,31 @@ def test_feedforward_contract(name):
     assert_state_dict_round_trip(Kind.FEEDFORWARD, name, ffn, lambda m: m(x.detach()))
 
 
-@pytest.mark.parametrize("name", names(Kind.POSITIONAL))
+def place(name: str) -> str:
+    return registry().get(Kind.POSITIONAL, name).acts_on
+
+
+def positional_names(where: str) -> list[str]:
+    return [name for name in names(Kind.POSITIONAL) if place(name) == where]
+
+
+def build_positional(name: str):
+    shape = {"embeddings": (D, MAX_LEN), "queries_keys": (D // H, MAX_LEN), "scores": (H, MAX_LEN)}
+    module = registry().build(Kind.POSITIONAL, name, *shape[place(name)])
+    with torch.no_grad():  # a table that starts at zero would hide whether positions differ
+        for p in module.parameters():
+            p.add_(torch.randn_like(p))
+    return module
+
+
+def test_every_positional_component_acts_where_the_model_applies_one():
+    for name in names(Kind.POSITIONAL):
+        assert place(name) in POSITIONAL_PLACES, name
+
+
+@pytest.mark.parametrize("name", positional_names("embeddings"))
 def test_positional_contract(name):
-    pe = build(Kind.POSITIONAL, name).eval()
-    assert pe.acts_on == "embeddings"
+    pe = build_positional(name).eval()
     x = torch.randn(2, 8, D, requires_grad=True)
     out = pe(x)
     assert out.shape == (2, 8, D)
@@ -96,6 +118,33 @@ def test_positional_contract(name):
     with pytest.raises(ValueError, match="max_len"):
         pe(torch.zeros(1, MAX_LEN + 1, D))
     assert_state_dict_round_trip(Kind.POSITIONAL, name, pe, lambda m: m(x.detach()))
+
+
+@pytest.mark.parametrize("name", positional_names("queries_keys"))
+def test_query_key_positional_contract(name):
+    pe = build_positional(name).eval()
+    x = torch.randn(2, H, 8, D // H, requires_grad=True)
+    out = pe(x, 0)
+    assert out.shape == x.shape
+    torch.testing.assert_close(pe(x[:, :, 5:], 5), out[:, :, 5:])  # a suffix at its offset: the whole's
+    same = x.detach()[:, :, :1].expand(2, H, 8, D // H)  # one vector at every position
+    turned = pe(same, 0)
+    assert not torch.allclose(turned[:, :, 0], turned[:, :, 1])  # positions differ
+    assert_gradients_flow(pe, out, [x])
+    assert_state_dict_round_trip(Kind.POSITIONAL, name, pe, lambda m: m(x.detach(), 0))
+
+
+@pytest.mark.parametrize("name", positional_names("scores"))
+def test_score_bias_contract(name):
+    pe = build_positional(name).eval()
+    for causal in (False, True):
+        bias = pe(6, 6, 0, causal)
+        assert bias.shape == (H, 6, 6) and torch.isfinite(bias).all()
+        torch.testing.assert_close(pe(2, 6, 4, causal), bias[:, 4:])  # later queries at their offset
+        assert not torch.allclose(bias[:, 3, :3], bias[:, 3, :3].flip(-1))  # distances differ
+    if any(True for _ in pe.parameters()):  # a learned bias (T5's) trains; a fixed one (ALiBi) has nothing to
+        assert_gradients_flow(pe, pe(6, 6, 0, False), [])
+    assert_state_dict_round_trip(Kind.POSITIONAL, name, pe, lambda m: m(6, 6, 0, False))
 
 
 @pytest.mark.parametrize("name", names(Kind.NORM))
@@ -111,6 +160,6 @@ def test_norm_contract(name):
 
 def test_every_kind_has_a_builtin():
     assert {"multihead"} <= set(names(Kind.ATTENTION))
-    assert {"relu"} <= set(names(Kind.FEEDFORWARD))
-    assert {"sinusoidal", "learned"} <= set(names(Kind.POSITIONAL))
-    assert {"layernorm"} <= set(names(Kind.NORM))
+    assert {"relu", "swiglu", "geglu"} <= set(names(Kind.FEEDFORWARD))
+    assert {"sinusoidal", "learned", "rotary", "t5_relative"} <= set(names(Kind.POSITIONAL))
+    assert {"layernorm", "rmsnorm"} <= set(names(Kind.NORM))

@@ -38,7 +38,7 @@ def test_every_packaged_yaml_is_available_by_name():
 
 def test_top_level_configs_come_first_and_numbers_sort_by_value():
     names = list(available())
-    assert names[:4] == ["base", "big", "multi30k_cpu", "tiny"]
+    assert names[:5] == ["base", "big", "modern_multi30k", "multi30k_cpu", "tiny"]
     heads = [n for n in names if n.startswith("table3/A_heads")]
     assert heads == ["table3/A_heads1", "table3/A_heads4", "table3/A_heads16", "table3/A_heads32"]
 

@@ -101,7 +101,7 @@ def test_page_has_the_quickstart_commands():
         assert command in text, f"{PAGE.name} lost its `{command}` step"
     assert "attnx translate" in text
     install = "\n".join(blocks("sh"))
-    assert 'pip install -e ".[dev,docs]" -e plugins/restricted_attention' in install
+    assert 'pip install -e ".[dev,docs]" -e plugins/restricted_attention -e plugins/alibi' in install
     assert f"attnx fit --config configs/{CONFIG.name}" in text
 
 

@@ -27,9 +27,10 @@ def _config(**changes) -> TransformerConfig:
     [
         ({"self_attention": {"name": "restricted", "args": {"window": 3}}}, "self_attention 'restricted' is not supported"),
         ({"cross_attention": {"name": "linear", "args": {}}}, "cross_attention 'linear' is not supported"),
-        ({"feedforward": {"name": "gelu", "args": {}}}, "feedforward 'gelu' is not supported (CTranslate2 export supports 'relu')"),
-        ({"positional": {"name": "rotary", "args": {}}}, "positional 'rotary' is not supported (CTranslate2 export supports 'sinusoidal' or 'learned')"),
-        ({"norm": {"name": "rmsnorm", "args": {}}}, "norm 'rmsnorm' is not supported"),
+        ({"feedforward": {"name": "gelu", "args": {}}}, "feedforward 'gelu' is not supported (CTranslate2 export supports 'relu' or 'swiglu' or 'geglu')"),
+        ({"positional": {"name": "alibi", "args": {}}}, "positional 'alibi' is not supported (CTranslate2 export supports 'sinusoidal' or 'learned' or 'rotary' or 't5_relative')"),
+        ({"norm": {"name": "scalenorm", "args": {}}}, "norm 'scalenorm' is not supported"),
+        ({"self_attention": {"name": "multihead", "args": {"kv_heads": 2}}}, "self_attention kv_heads=2 beside cross_attention kv_heads=4 is not supported (CTranslate2 gives a decoder layer's two attentions one count)"),
         ({"self_attention": {"name": "multihead", "args": {"d_k": 4}}}, "'multihead' with d_k=4"),
         ({"feedforward": {"name": "relu", "args": {"gate": True}}}, "'relu' with argument 'gate'"),
     ],
@@ -51,11 +52,38 @@ def test_every_problem_is_listed() -> None:
     assert "norm_position 'pre' is not supported (Hugging Face Marian supports 'post')" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"positional": {"name": "rotary", "args": {}}}, "positional 'rotary' is not supported (Hugging Face Marian export supports 'sinusoidal')"),
+        ({"positional": {"name": "t5_relative", "args": {}}}, "positional 't5_relative' is not supported"),
+        ({"feedforward": {"name": "swiglu", "args": {}}}, "feedforward 'swiglu' is not supported (Hugging Face Marian export supports 'relu')"),
+        ({"feedforward": {"name": "geglu", "args": {}}}, "feedforward 'geglu' is not supported"),
+        ({"norm": {"name": "rmsnorm", "args": {}}}, "norm 'rmsnorm' is not supported (Hugging Face Marian export supports 'layernorm')"),
+        ({"self_attention": {"name": "multihead", "args": {"kv_heads": 1}}}, "self_attention 'multihead' with kv_heads=1 is not supported (Hugging Face Marian has one key/value head per query head, 4)"),
+        ({"cross_attention": {"name": "multihead", "args": {"kv_heads": 2}}}, "cross_attention 'multihead' with kv_heads=2 is not supported"),
+    ],
+)  # fmt: skip
+def test_marian_refuses_each_component_it_cannot_express_in_one_line_naming_it(changes, message) -> None:
+    with pytest.raises(ExportError, match="cannot export to Hugging Face Marian") as err:
+        check_exportable(_config(**changes), MARIAN)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    check_exportable(_config(self_attention={"name": "multihead", "args": {"kv_heads": 4}}), MARIAN)
+
+
 def test_ctranslate2_takes_what_marian_cannot() -> None:
     for changes in [
         {"norm_position": "pre"},
         {"positional": {"name": "learned", "args": {}}},
         {"norm": {"name": "layernorm", "args": {"eps": 1e-6}}},
+        {"positional": {"name": "rotary", "args": {"dim": 4}}},
+        {"positional": {"name": "t5_relative", "args": {"buckets": 16}}},
+        {"feedforward": {"name": "swiglu", "args": {"bias": True}}},
+        {"norm": {"name": "rmsnorm", "args": {"eps": 1e-5}}},
+        {
+            "self_attention": {"name": "multihead", "args": {"kv_heads": 2}},
+            "cross_attention": {"name": "multihead", "args": {"kv_heads": 2}},
+        },
     ]:
         check_exportable(_config(**changes), CT2)
         with pytest.raises(ExportError):

@@ -39,22 +39,49 @@ def test_d_model_not_divisible_by_heads_is_a_clear_error():
         build_transformer(tiny_config(d_model=30))
 
 
-def test_a_positional_component_acting_elsewhere_than_the_embeddings_is_refused_by_name():
+def test_a_positional_component_acting_where_the_model_has_no_place_is_refused_by_name():
     from attnx.components.positional import SinusoidalPositionalEncoding
     from attnx.model.builders import ComponentSpec
     from attnx.plugins import collect, plugin_manager
     from attnx.registry import Kind
 
-    class ScoreBias(SinusoidalPositionalEncoding):
-        acts_on = "scores"  # would be added to attention scores: the Transformer has no such place
+    class OnValues(SinusoidalPositionalEncoding):
+        acts_on = "values"  # the Transformer applies positions to embeddings, queries and keys, or scores
 
     registry = collect(plugin_manager(entry_points=False))
-    registry.add(Kind.POSITIONAL, "score_bias", ScoreBias)
+    registry.add(Kind.POSITIONAL, "on_values", OnValues)
     config = tiny_config()
     build_transformer(config, registry)  # the built-in sinusoid acts on the embeddings
-    config.positional = ComponentSpec("score_bias")
-    with pytest.raises(ValueError, match="positional component 'score_bias' acts on 'scores'"):
+    config.positional = ComponentSpec("on_values")
+    with pytest.raises(ValueError, match="positional component 'on_values' acts on 'values'"):
         build_transformer(config, registry)
+
+
+@pytest.mark.parametrize(
+    ("positional", "words"),
+    [("rotary", "acts on the queries and keys"), ("t5_relative", "adds a bias to the attention scores")],
+)
+def test_positions_inside_attention_with_an_attention_that_takes_none_are_refused_naming_both(
+    positional, words
+):
+    from attnx.components.attention import MultiHeadAttention
+    from attnx.model.builders import ComponentSpec
+    from attnx.plugins import collect, plugin_manager
+    from attnx.registry import Kind
+
+    class Plain(MultiHeadAttention):
+        positions_accepted = ()  # as a component written before positions acted inside attention
+
+    registry = collect(plugin_manager(entry_points=False))
+    registry.add(Kind.ATTENTION, "plain", Plain)
+    config = tiny_config(positional=ComponentSpec(positional))
+    build_transformer(config, registry)
+    config.self_attention = ComponentSpec("plain")
+    with pytest.raises(ValueError, match=f"'{positional}' {words}, but attention component 'plain' takes no"):
+        build_transformer(config, registry)
+    config.cross_attention = config.self_attention  # cross-attention is never given positions
+    config.self_attention = ComponentSpec("multihead")
+    build_transformer(config, registry)
 
 
 def test_the_model_built_is_the_one_the_config_describes():
@@ -98,11 +125,22 @@ def test_architecture_leaves_out_only_what_acts_while_training():
     assert architecture(values) != architecture(tiny_config(dropout=0.3, d_ff=128).to_dict())
 
 
-def test_training_flops_per_token_are_three_times_the_forward_matmuls_torch_counts():
+@pytest.mark.parametrize(
+    "components",
+    [
+        {},
+        {"feedforward": {"name": "swiglu"}},  # three d x d_ff matrices
+        {"self_attention": {"name": "multihead", "args": {"kv_heads": 2}}},  # W^K, W^V of 2 heads of 4
+        {"cross_attention": {"name": "multihead", "args": {"kv_heads": 1}}, "feedforward": {"name": "geglu"}},
+    ],
+    ids=["paper", "swiglu", "gqa", "mqa-cross-geglu"],
+)
+def test_training_flops_per_token_are_three_times_the_forward_matmuls_torch_counts(components):
     """A forward pass with equal source and target lengths (the formula charges the encoder-decoder keys and
     values to target tokens), counted by torch; the decoder's self-attention runs on the fused kernel, which torch
     does not count, so its two matmuls per layer (`2·T·T·d` multiply-adds) are added by hand."""
-    config = tiny_config(d_ff=48, vocab_size=40, encoder_layers=2, decoder_layers=3)
+    values = tiny_config(d_ff=48, vocab_size=40, encoder_layers=2, decoder_layers=3).to_dict() | components
+    config = TransformerConfig.from_dict(values)
     model = build_transformer(config).eval()
     n = 6
     src, tgt = torch.randint(4, 40, (1, n)), torch.randint(4, 40, (1, n))

@@ -26,7 +26,7 @@ from tests.conftest import REPO
 
 CONFIGS = REPO / "configs"
 PAPER = {"base.yaml": (100_000, 0.1, 5, 63e6), "big.yaml": (300_000, 0.3, 20, 213e6)}
-ONE_MACHINE = ["multi30k_cpu.yaml", "tiny.yaml"]
+ONE_MACHINE = ["modern_multi30k.yaml", "multi30k_cpu.yaml", "tiny.yaml"]
 
 
 def test_every_config_is_covered() -> None:
@@ -95,4 +95,13 @@ def test_one_machine_config_instantiates(name: str, corpus: Path, tmp_path: Path
             4,
             1024,
         )
+        assert cli.trainer.max_steps == -1 and cli.datamodule.max_tokens == 2500
+    if name == "modern_multi30k.yaml":
+        model = cli.model.model
+        layer = model.decoder_layers[0]
+        assert model.encoder_layers[0].attn_residual.__class__.__name__ == "PreNorm"
+        assert type(layer.self_residual.norm).__name__ == "RMSNorm"
+        assert type(layer.ffn).__name__ == "SwiGLUFeedForward" and layer.ffn.w.out_features == 688
+        assert type(model.tgt_positional).__name__ == "RotaryPositionalEncoding"
+        assert (layer.self_attn.n_heads, layer.self_attn.kv_heads, layer.cross_attn.kv_heads) == (4, 2, 4)
         assert cli.trainer.max_steps == -1 and cli.datamodule.max_tokens == 2500

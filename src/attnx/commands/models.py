@@ -213,7 +213,7 @@ def describe(
     import yaml
 
     from attnx.model import TransformerConfig, build_transformer
-    from attnx.model.builders import count_parameters, training_flops_per_token
+    from attnx.model.builders import count_parameters, decoding_cache_values, training_flops_per_token
 
     if (config is None) == (preset is None):
         raise ConfigError("give either --config or --preset")
@@ -264,6 +264,8 @@ def describe(
         f"training FLOPs per token (source+target, length {seq_len} each): "
         f"{flops['per_token'] / 1e6:.1f} MFLOP; per target token: {flops['per_target_token'] / 1e6:.1f} MFLOP"
     )
+    cache = {k: f"{2 * n:,} bytes per {k[4:].replace('_', ' ')}" for k, n in decoding_cache_values(c).items()}
+    print(f"decoding cache per sentence (keys and values, 2 bytes each in bf16): {', '.join(cache.values())}")
     plan = batch_plan(values, path.parent) if config else None
     if plan:
         print(plan)

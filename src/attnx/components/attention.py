@@ -10,8 +10,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnx.components.masking import attention_mask, cached_keys_values
-from attnx.components.protocols import KeyValueCache
+from attnx.components.masking import (
+    additive_mask,
+    attention_mask,
+    cache_offset,
+    cached_keys_values,
+    positioned_queries_keys,
+    score_bias,
+)
+from attnx.components.protocols import KeyValueCache, PositionalEncoding
 from attnx.errors import ConfigError
 from attnx.hookspecs import hookimpl
 
@@ -98,7 +105,15 @@ class MultiHeadAttention(nn.Module):
     times); encoder-decoder attention projects the queries with W^Q and the memory with W^K and W^V stacked,
     two products. Checkpoints of the earlier layout, three separate projections, load unchanged
     ([`fuse_separate_projections`][attnx.components.attention.fuse_separate_projections]).
+
+    `kv_heads` (default `n_heads`): grouped-query attention (Ainslie et al. 2023), `kv_heads` key/value heads,
+    each shared by `n_heads / kv_heads` consecutive query heads; `kv_heads: 1` is multi-query attention
+    (Shazeer 2019). W^K and W^V shrink to `kv_heads * d_k` rows and the decoding cache holds only those
+    heads. Positions acting inside attention (rotary on queries and keys, ALiBi or T5 biases on the
+    scores) are taken through `positions` (`positions_accepted`).
     """
+
+    positions_accepted = ("queries_keys", "scores")
 
     def __init__(
         self,
@@ -108,6 +123,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         d_k: int | None = None,
         d_v: int | None = None,
+        kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         if n_heads <= 0 or (d_model % n_heads and (d_k is None or d_v is None)):
@@ -116,11 +132,18 @@ class MultiHeadAttention(nn.Module):
                 f"d_k = d_v = d_model / heads. Choose e.g. heads in "
                 f"{[h for h in (1, 2, 4, 8, 16, 32) if d_model % h == 0]}, or set d_k and d_v explicitly."
             )
+        kv_heads = n_heads if kv_heads is None else kv_heads
+        if kv_heads <= 0 or n_heads % kv_heads:
+            raise ConfigError(
+                f"kv_heads ({kv_heads}) must divide n_heads ({n_heads}): each key/value head serves "
+                f"n_heads / kv_heads query heads. Choose one of {[k for k in range(1, n_heads + 1) if n_heads % k == 0]}"
+            )
         self.n_heads = n_heads
+        self.kv_heads = kv_heads
         self.d_k = d_k or d_model // n_heads  # Table 3 (B) varies d_k alone
         self.d_v = d_v or d_model // n_heads
         self.dropout = dropout
-        self.sizes = (n_heads * self.d_k, n_heads * self.d_k, n_heads * self.d_v)  # rows of W^Q, W^K, W^V
+        self.sizes = (n_heads * self.d_k, kv_heads * self.d_k, kv_heads * self.d_v)  # rows of W^Q, W^K, W^V
         self.in_proj = nn.Linear(d_model, sum(self.sizes), bias=bias)  # (W^Q; W^K; W^V) stacked
         self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
         # each of W^Q, W^K, W^V, W^O initialized as its own matrix, in that order (as when they were four)
@@ -137,9 +160,14 @@ class MultiHeadAttention(nn.Module):
         biases = self.in_proj.bias.split(self.sizes) if self.in_proj.bias is not None else (None,) * 3
         return list(zip(weights, biases, strict=True))
 
-    def _heads(self, x: Tensor) -> Tensor:
+    def _heads(self, x: Tensor, heads: int) -> Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, -1).transpose(1, 2)  # (B, H, T, d_k or d_v)
+        return x.view(b, t, heads, -1).transpose(1, 2)  # (B, heads, T, d_k or d_v)
+
+    def _shared(self, x: Tensor) -> Tensor:
+        """Key/value heads `(B, H_kv, S, d)` repeated for the query heads they serve: `(B, H, S, d)`."""
+        group = self.n_heads // self.kv_heads
+        return x if group == 1 else x.repeat_interleave(group, dim=1)
 
     def forward(
         self,
@@ -150,11 +178,15 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         cache: KeyValueCache | None = None,
         need_weights: bool = False,
+        positions: PositionalEncoding | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         b, t, _ = query.shape
         if query is key_value:  # self-attention: Q, K and V in one matrix product
-            q, k, v = self.in_proj(query).split(self.sizes, dim=-1)  # (B, T, H*d_k), ..., (B, T, H*d_v)
-            kv = (self._heads(k), self._heads(v))
+            q, k, v = self.in_proj(query).split(self.sizes, dim=-1)  # (B, T, H*d_k), ..., (B, T, H_kv*d_v)
+            q, k = positioned_queries_keys(
+                positions, self._heads(q, self.n_heads), self._heads(k, self.kv_heads), cache_offset(cache)
+            )  # (B, H, T, d_k), (B, H_kv, T, d_k)
+            kv = (k, self._heads(v, self.kv_heads))
             k, v, offset = cached_keys_values(cache, lambda: kv)
         else:  # encoder-decoder attention: Q from the queries, K and V in one product from the memory
             rows = (self.sizes[0], self.sizes[1] + self.sizes[2])
@@ -164,29 +196,39 @@ class MultiHeadAttention(nn.Module):
 
             def project() -> tuple[Tensor, Tensor]:
                 k, v = F.linear(key_value, w_kv, b_kv).split(self.sizes[1:], dim=-1)
-                return self._heads(k), self._heads(v)
+                return self._heads(k, self.kv_heads), self._heads(v, self.kv_heads)
 
-            k, v, offset = cached_keys_values(cache, project)  # (B, H, S, d_k), (B, H, S, d_v)
-        q = self._heads(q)  # (B, H, T, d_k)
+            k, v, offset = cached_keys_values(cache, project)  # (B, H_kv, S, d_k), (B, H_kv, S, d_v)
+            q = self._heads(q, self.n_heads)  # (B, H, T, d_k)
+        k, v = self._shared(k), self._shared(v)  # (B, H, S, d_k), (B, H, S, d_v)
         s = k.shape[2]
+        bias = score_bias(positions, t, s, offset, causal)  # (H, T, S) or None
         dropout = self.dropout if self.training else 0.0
         weights = None
         slow_kernel = q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.requires_grad
         if need_weights or slow_kernel:
             mask = attention_mask(key_mask, causal, t, s, offset, query.device)
-            scores = q @ k.transpose(-2, -1)  # (B, H, T, S), bf16 under autocast
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
+            scores = (q @ k.transpose(-2, -1)) * (
+                1.0 / math.sqrt(self.d_k)
+            )  # (B, H, T, S), bf16 under autocast
             # softmax in fp32 (or wider); a fully masked row gives zeros, as the kernel's does
             wide = torch.promote_types(scores.dtype, torch.float32)
-            weights = torch.softmax(scores * (1.0 / math.sqrt(self.d_k)), dim=-1, dtype=wide)
+            if bias is not None:
+                scores = scores.to(wide) + bias.to(wide)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = torch.softmax(scores, dim=-1, dtype=wide)
             weights = weights.nan_to_num(0.0)
             out = F.dropout(weights.to(v.dtype), dropout, self.training) @ v
         else:
             # Query i sits at position offset + i and sees keys j <= offset + i: causality hides a key only
             # when the first query cannot see the last one.
             causal = causal and offset < s - 1
-            if causal and key_mask is None and offset == 0 and t == s:
+            if bias is not None:  # the bias rides in a float mask, -inf where padding or causality forbid
+                mask = attention_mask(key_mask, causal, t, s, offset, query.device)
+                mask = additive_mask(bias, mask, q.dtype)  # (B|1, H, T, S)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+            elif causal and key_mask is None and offset == 0 and t == s:
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
             else:
                 mask = attention_mask(

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from attnx.components.protocols import KeyValueCache
+from attnx.components.protocols import KeyValueCache, PositionalEncoding
 
 
 def cached_keys_values(
@@ -42,3 +42,43 @@ def attention_mask(
         keys = key_mask.view(key_mask.shape[0], 1, 1, s)  # (B, 1, 1, S)
         mask = keys if mask is None else mask & keys
     return mask
+
+
+def cache_offset(cache: KeyValueCache | None) -> int:
+    """The position of a call's first query before its keys are projected: 0 without a cache."""
+    return 0 if cache is None else cache.offset()
+
+
+def acts_on(positions: PositionalEncoding | None, place: str) -> bool:
+    """Whether `positions` is given and acts on `place` (`"queries_keys"` or `"scores"`)."""
+    return positions is not None and positions.acts_on == place
+
+
+def positioned_queries_keys(
+    positions: PositionalEncoding | None, q: Tensor, k: Tensor, offset: int
+) -> tuple[Tensor, Tensor]:
+    """Queries `(B, H, T, d)` and new keys `(B, H_kv, T, d)` with positions applied where they act on
+    queries and keys (at positions `offset..offset+T-1`); unchanged otherwise. Call it before the keys
+    go into the cache: cached keys keep the positions they were given."""
+    if not acts_on(positions, "queries_keys"):
+        return q, k
+    return positions(q, offset), positions(k, offset)
+
+
+def score_bias(
+    positions: PositionalEncoding | None, t: int, s: int, offset: int, causal: bool
+) -> Tensor | None:
+    """The `(H, T, S)` bias `positions` adds to the scaled scores, or None where it acts elsewhere."""
+    if not acts_on(positions, "scores"):
+        return None
+    return positions(t, s, offset, causal)
+
+
+def additive_mask(bias: Tensor, mask: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """A score bias `(H, T, S)` and a boolean mask `(B|1, 1, T|1, S)` (True = may attend) as one float mask
+    `(B|1, H, T, S)` in `dtype`, -inf where the mask forbids: what `scaled_dot_product_attention` adds to
+    its scaled scores."""
+    bias = bias.to(dtype).unsqueeze(0)  # (1, H, T, S)
+    if mask is None:
+        return bias
+    return bias.masked_fill(~mask, float("-inf"))

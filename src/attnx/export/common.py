@@ -13,6 +13,7 @@ target supports, instead of writing a model that silently computes something els
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +41,19 @@ class Target:
     """`post` (the paper's LayerNorm(x + Sublayer(x))) and/or `pre`."""
     layer_norm_eps: float | None = None
     """The only LayerNorm epsilon it computes with; None: any (the epsilon is part of the exported config)."""
+    feedforward: tuple[str, ...] = ("relu",)
+    """Feed-forward components it can carry."""
+    norm: tuple[str, ...] = ("layernorm",)
+    """Norm components it can carry."""
+    kv_heads: bool = False
+    """Whether attention may have fewer key/value heads than query heads (one count for a decoder layer's
+    self- and encoder-decoder attention alike)."""
 
 
 def _multihead_args(config: TransformerConfig, args: dict[str, Any]) -> list[str]:
-    problems = [f"argument {key!r}" for key in args if key not in ("dropout", "bias", "d_k", "d_v")]
+    """Arguments of `multihead` an exporter cannot reproduce; `kv_heads` is checked against the target apart."""
+    allowed = ("dropout", "bias", "d_k", "d_v", "kv_heads")
+    problems = [f"argument {key!r}" for key in args if key not in allowed]
     head = config.d_model // config.n_heads
     for key in ("d_k", "d_v"):
         if args.get(key) not in (None, head):
@@ -61,13 +71,34 @@ def _no_args(allowed: tuple[str, ...]) -> Callable[[TransformerConfig, dict[str,
 # Components an exporter maps, with the constructor arguments whose effect it reproduces. `dropout`
 # arguments only act in training.
 ATTENTION = {"multihead": _multihead_args}
-FEEDFORWARD = {"relu": _no_args(("dropout",))}
-POSITIONAL = {"sinusoidal": _no_args(()), "learned": _no_args(())}
-NORM = {"layernorm": _no_args(("eps",))}
+FEEDFORWARD = {
+    "relu": _no_args(("dropout",)),
+    "swiglu": _no_args(("dropout", "bias")),
+    "geglu": _no_args(("dropout", "bias")),
+}
+POSITIONAL = {
+    "sinusoidal": _no_args(()),
+    "learned": _no_args(()),
+    "rotary": _no_args(("base", "dim")),
+    "t5_relative": _no_args(("buckets", "max_distance")),
+}
+NORM = {"layernorm": _no_args(("eps",)), "rmsnorm": _no_args(("eps",))}
 
 
 def layer_norm_eps(config: TransformerConfig) -> float:
-    return float(config.norm.args.get("eps", 1e-5))
+    """The epsilon of the config's norm: its `eps` argument, else its class's default."""
+    if "eps" in config.norm.args:
+        return float(config.norm.args["eps"])
+    from attnx.plugins import registry
+    from attnx.registry import Kind
+
+    default = inspect.signature(registry().get(Kind.NORM, config.norm.name)).parameters["eps"].default
+    return float(default)
+
+
+def kv_heads(config: TransformerConfig, spec: ComponentSpec) -> int:
+    """The key/value heads of an attention config: its `kv_heads` argument, else one per query head."""
+    return int(spec.args.get("kv_heads") or config.n_heads)
 
 
 def check_exportable(config: TransformerConfig, target: Target) -> None:
@@ -89,9 +120,25 @@ def check_exportable(config: TransformerConfig, target: Target) -> None:
 
     component("self_attention", config.self_attention, ATTENTION, tuple(ATTENTION))
     component("cross_attention", config.cross_attention, ATTENTION, tuple(ATTENTION))
-    component("feedforward", config.feedforward, FEEDFORWARD, tuple(FEEDFORWARD))
+    component("feedforward", config.feedforward, FEEDFORWARD, target.feedforward)
     component("positional", config.positional, POSITIONAL, target.positional)
-    component("norm", config.norm, NORM, tuple(NORM))
+    component("norm", config.norm, NORM, target.norm)
+    heads = {
+        field: kv_heads(config, getattr(config, field)) for field in ("self_attention", "cross_attention")
+    }
+    if not target.kv_heads:
+        for field, count in heads.items():
+            if count != config.n_heads:
+                problems.append(
+                    f"{field} {getattr(config, field).name!r} with kv_heads={count} is not supported "
+                    f"({target.name} has one key/value head per query head, {config.n_heads})"
+                )
+    elif heads["self_attention"] != heads["cross_attention"]:
+        problems.append(
+            f"self_attention kv_heads={heads['self_attention']} beside cross_attention "
+            f"kv_heads={heads['cross_attention']} is not supported ({target.name} gives a decoder layer's "
+            "two attentions one count)"
+        )
     if config.norm_position not in target.norm_positions:
         supported = " or ".join(repr(n) for n in target.norm_positions)
         problems.append(

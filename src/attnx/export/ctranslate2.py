@@ -16,7 +16,12 @@ shared weights, quantize) and save it. What needs care:
   so piece `i` is attnx id `i` (pad 0, unk 1, `<s>` 2, `</s>` 3); `</s>` is appended to the
   source and decoding starts from `<s>`.
 * **Norms.** Post-norm maps to `pre_norm=False`; pre-norm to `pre_norm=True` with the stacks' final
-  LayerNorm. The LayerNorm epsilon is written to the model config.
+  LayerNorm. The LayerNorm (or RMSNorm, `rms_norm`) epsilon is written to the model config.
+* **Today's components** (`TARGET`): rotary positions become
+  `rotary_dim` (0 for the whole head), `rotary_interleave` and `rotary_base`, with no position table; T5's
+  relative bias becomes each self-attention's `relative_attention_bias` and its maximum distance; SwiGLU
+  and GEGLU become `ffn_glu` with the SWISH or GELU activation (`linear_0` is W, `linear_0_noact` V);
+  RMSNorm `rms_norm`; `kv_heads` `num_heads_kv`.
 
 The directory also holds `sentencepiece.model` (the checkpoint's tokenizer) and `attnx.json` (format
 version, the transformer config, the default search settings, the SentencePiece model's SHA-256 and that of
@@ -39,7 +44,14 @@ from torch import nn
 from attnx.checkpoint.digests import RECORD, file_digests
 from attnx.data.batch import BOS_ID, EOS_ID
 from attnx.data.tokenizer import Tokenizer
-from attnx.export.common import ExportError, Target, layer_norm_eps, load_exportable, staged_output
+from attnx.export.common import (
+    ExportError,
+    Target,
+    kv_heads,
+    layer_norm_eps,
+    load_exportable,
+    staged_output,
+)
 from attnx.inference.config import SearchConfig
 from attnx.inference.ctranslate2 import (
     DEFAULT_SEARCH,
@@ -64,7 +76,21 @@ QUANTIZATIONS = (
 )
 """Weight types CTranslate2 can store; `None` keeps the checkpoint's float32."""
 
-TARGET = Target("CTranslate2", positional=("sinusoidal", "learned"), norm_positions=("post", "pre"))
+TARGET = Target(
+    "CTranslate2",
+    positional=("sinusoidal", "learned", "rotary", "t5_relative"),
+    norm_positions=("post", "pre"),
+    feedforward=("relu", "swiglu", "geglu"),
+    norm=("layernorm", "rmsnorm"),
+    kv_heads=True,
+)
+"""What CTranslate2's `TransformerSpec` expresses of attnx's components: positions on the embeddings, rotary
+(`rotary_dim`, interleaved pairs, `rotary_base`) or T5's relative bias (`relative_attention_bias`), ReLU or
+gated (`ffn_glu`, SiLU or GELU) feed-forward networks, LayerNorm or RMSNorm (`rms_norm`), and grouped-query
+attention (`num_heads_kv`, one count for a decoder layer's two attentions)."""
+
+GATES = {"swiglu": "SWISH", "geglu": "GELU"}
+"""CTranslate2's activation of each gated feed-forward network (SiLU is Swish-1; GELU is the exact one)."""
 
 
 # ------------------------------------------------------------------------------------------------- export
@@ -83,9 +109,49 @@ def _linear(spec: Any, layers: Sequence[nn.Linear | tuple[torch.Tensor, torch.Te
         spec.bias = np.concatenate([_array(bias) for _, bias in pairs])
 
 
-def _norm(spec: Any, norm: nn.LayerNorm) -> None:
+def _norm(spec: Any, norm: nn.Module) -> None:
     spec.gamma = _array(norm.weight)
-    spec.beta = _array(norm.bias)
+    if getattr(norm, "bias", None) is not None:  # RMSNorm has a gain alone
+        spec.beta = _array(norm.bias)
+
+
+def _ffn(spec: Any, ffn: nn.Module) -> None:
+    if hasattr(ffn, "v"):  # gated: act(x W) ⊗ x V, then W2
+        _linear(spec.linear_0, [ffn.w])
+        _linear(spec.linear_0_noact, [ffn.v])
+    else:
+        _linear(spec.linear_0, [ffn.w1])
+    _linear(spec.linear_1, [ffn.w2])
+
+
+def _relative_bias(spec: Any, positional: nn.Module) -> None:
+    """T5's table, the same for every layer of a stack (CTranslate2 stores it once per layer, aliased)."""
+    if getattr(positional, "acts_on", None) == "scores":
+        spec.relative_attention_bias = _array(positional.bias.weight)  # (buckets, H)
+        spec.relative_attention_max_distance = np.dtype("int32").type(positional.max_distance)
+
+
+def _stack_options(config: TransformerConfig) -> dict[str, Any]:
+    """The keyword arguments CTranslate2's encoder and decoder specs take for the config's components."""
+    from ctranslate2.specs import common_spec
+
+    options: dict[str, Any] = {
+        "pre_norm": config.norm_position == "pre",
+        "activation": getattr(common_spec.Activation, GATES.get(config.feedforward.name, "RELU")),
+        "ffn_glu": config.feedforward.name in GATES,
+        "rms_norm": config.norm.name == "rmsnorm",
+        "num_heads_kv": kv_heads(config, config.self_attention),
+    }
+    if config.positional.name == "rotary":
+        args = config.positional.args
+        options |= {
+            "rotary_dim": int(args.get("dim") or 0),  # 0: the whole head
+            "rotary_interleave": True,  # adjacent pairs, as RoFormer
+            "rotary_base": float(args.get("base", 10000.0)),
+        }
+    elif config.positional.name == "t5_relative":
+        options["relative_attention_bias"] = True
+    return options
 
 
 def _positions(positional: nn.Module) -> np.ndarray:
@@ -98,22 +164,23 @@ def _positions(positional: nn.Module) -> np.ndarray:
 def _inputs(stack: Any, embeddings: Any, embedding: nn.Embedding, positional: nn.Module) -> None:
     embeddings.weight = _array(embedding.weight)
     stack.scale_embeddings = True  # × √d_model (§3.4)
-    stack.position_encodings.encodings = _positions(positional)
+    if positional.acts_on == "embeddings":  # else the stack's attention carries them (no table)
+        stack.position_encodings.encodings = _positions(positional)
 
 
 def transformer_spec(model: Transformer, config: TransformerConfig, tokenizer: Tokenizer) -> Any:
     """The CTranslate2 `TransformerSpec` of `model` (config already checked), vocabulary registered."""
     import_ctranslate2()
-    from ctranslate2.specs import common_spec, transformer_spec
+    from ctranslate2.specs import transformer_spec
 
-    pre_norm = config.norm_position == "pre"
-    spec = transformer_spec.TransformerSpec.from_config(
-        (config.encoder_layers, config.decoder_layers),
-        config.n_heads,
-        pre_norm=pre_norm,
-        activation=common_spec.Activation.RELU,
+    options = _stack_options(config)
+    pre_norm = options["pre_norm"]
+    decoder_kv = kv_heads(config, config.cross_attention)  # equal to self-attention's (checked)
+    encoder = transformer_spec.TransformerEncoderSpec(config.encoder_layers, config.n_heads, **options)
+    decoder = transformer_spec.TransformerDecoderSpec(
+        config.decoder_layers, config.n_heads, **(options | {"num_heads_kv": decoder_kv})
     )
-    encoder, decoder = spec.encoder, spec.decoder
+    spec = transformer_spec.TransformerSpec(encoder, decoder)
 
     _inputs(encoder, encoder.embeddings[0], model.src_embedding, model.src_positional)
     _inputs(decoder, decoder.embeddings, model.tgt_embedding, model.tgt_positional)
@@ -124,21 +191,21 @@ def transformer_spec(model: Transformer, config: TransformerConfig, tokenizer: T
         _linear(layer_spec.self_attention.linear[0], attn.projections())
         _linear(layer_spec.self_attention.linear[1], [attn.out_proj])
         _norm(layer_spec.self_attention.layer_norm, layer.attn_residual.norm)
-        _linear(layer_spec.ffn.linear_0, [layer.ffn.w1])
-        _linear(layer_spec.ffn.linear_1, [layer.ffn.w2])
+        _relative_bias(layer_spec.self_attention, model.src_positional)
+        _ffn(layer_spec.ffn, layer.ffn)
         _norm(layer_spec.ffn.layer_norm, layer.ffn_residual.norm)
     for layer_spec, layer in zip(decoder.layer, model.decoder_layers, strict=True):
         attn, cross = layer.self_attn, layer.cross_attn
         _linear(layer_spec.self_attention.linear[0], attn.projections())
         _linear(layer_spec.self_attention.linear[1], [attn.out_proj])
         _norm(layer_spec.self_attention.layer_norm, layer.self_residual.norm)
+        _relative_bias(layer_spec.self_attention, model.tgt_positional)
         q, k, v = cross.projections()
         _linear(layer_spec.attention.linear[0], [q])
         _linear(layer_spec.attention.linear[1], [k, v])
         _linear(layer_spec.attention.linear[2], [cross.out_proj])
         _norm(layer_spec.attention.layer_norm, layer.cross_residual.norm)
-        _linear(layer_spec.ffn.linear_0, [layer.ffn.w1])
-        _linear(layer_spec.ffn.linear_1, [layer.ffn.w2])
+        _ffn(layer_spec.ffn, layer.ffn)
         _norm(layer_spec.ffn.layer_norm, layer.ffn_residual.norm)
     if pre_norm:
         _norm(encoder.layer_norm, model.encoder_norm)

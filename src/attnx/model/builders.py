@@ -104,6 +104,39 @@ def _check(config: TransformerConfig) -> None:
         raise ConfigError(f"dropout must be in [0, 1), got {config.dropout}")
 
 
+PLACE_WORDS = {
+    "queries_keys": "acts on the queries and keys",
+    "scores": "adds a bias to the attention scores",
+}
+
+
+def positional_place(config: TransformerConfig, registry: ComponentRegistry) -> str:
+    """Where the config's positional component acts (its class's `acts_on`), refused in one line when the
+    Transformer has no such place."""
+    factory = registry.get(Kind.POSITIONAL, config.positional.name)
+    place = getattr(factory, "acts_on", None)
+    if place not in Transformer.POSITIONAL_ACTS_ON:
+        raise ConfigError(
+            f"positional component {config.positional.name!r} acts on {place!r}, but the Transformer "
+            f"applies positions only to the {', '.join(Transformer.POSITIONAL_ACTS_ON)} (a class attribute "
+            "acts_on); choose another positional component"
+        )
+    return place
+
+
+def refuse_positions(
+    attention: ComponentSpec, positional: ComponentSpec, place: str, registry: ComponentRegistry
+) -> None:
+    """One line naming both when self-attention `attention` cannot apply positions acting on `place`."""
+    accepted = getattr(registry.get(Kind.ATTENTION, attention.name), "positions_accepted", ())
+    if place not in accepted:
+        raise ConfigError(
+            f"positional component {positional.name!r} {PLACE_WORDS[place]}, but attention component "
+            f"{attention.name!r} takes no such positions (its positions_accepted: {tuple(accepted)}); "
+            "choose an attention component that does (e.g. multihead) or a positional one on the embeddings"
+        )
+
+
 def build_transformer(config: TransformerConfig, registry: ComponentRegistry | None = None) -> Transformer:
     """Assemble a Transformer from `config`, looking components up in `registry` (default: installed plugins)."""
     if registry is None:
@@ -120,16 +153,15 @@ def build_transformer(config: TransformerConfig, registry: ComponentRegistry | N
     def norm() -> nn.Module:
         return component(Kind.NORM, config.norm, d)
 
+    place = positional_place(config, registry)
+    if place != "embeddings":
+        refuse_positions(config.self_attention, config.positional, place, registry)
+
     def positional() -> nn.Module:
-        module = component(Kind.POSITIONAL, config.positional, d, config.max_len)
-        acts_on = getattr(module, "acts_on", None)
-        if acts_on not in Transformer.POSITIONAL_ACTS_ON:
-            raise ConfigError(
-                f"positional component {config.positional.name!r} acts on {acts_on!r}, but the Transformer "
-                f"applies positions only to the {' or '.join(Transformer.POSITIONAL_ACTS_ON)} (its acts_on); "
-                "choose another positional component"
-            )
-        return module
+        # what positions on queries and keys turn: one head's queries and keys (d_k, Table 3 (B) sets it)
+        head_dim = config.self_attention.args.get("d_k") or d // h
+        shape = {"embeddings": (d, config.max_len), "queries_keys": (head_dim, config.max_len)}
+        return component(Kind.POSITIONAL, config.positional, *shape.get(place, (h, config.max_len)))
 
     def wrap() -> nn.Module:
         return residual(norm(), config.dropout)
@@ -185,20 +217,55 @@ def build_transformer(config: TransformerConfig, registry: ComponentRegistry | N
     )
 
 
-def training_flops_per_token(config: TransformerConfig, src_len: float, tgt_len: float) -> dict[str, float]:
+def training_flops_per_token(
+    config: TransformerConfig, src_len: float, tgt_len: float, registry: ComponentRegistry | None = None
+) -> dict[str, float]:
     """Training FLOPs (forward + backward = 3 × forward, 2 FLOPs per multiply-add) per real token.
 
     Counts every matmul: projections and FFNs of each layer, attention scores and weighted sums
     (`2·len·d` each per query, full square as the kernels compute it), and the output projection.
+    Grouped-query attention (`kv_heads` in an attention's args) shrinks W^K and W^V to `kv_heads / n_heads`
+    of their rows; the feed-forward network multiplies by as many `d x d_ff` matrices as its class's
+    `matrices` says (3 for a gated one, 2 when absent), looked up in `registry` (default: installed plugins).
     `per_token` divides by source + target tokens, `per_target_token` by target tokens only.
     """
-    d, f, v = config.d_model, config.d_ff, config.vocab_size
-    enc_layer = 4 * d * d + 2 * d * f + 2 * src_len * d  # MACs per source token per layer
-    dec_layer = 8 * d * d + 2 * d * f + 2 * tgt_len * d + 2 * src_len * d
+    if registry is None:
+        from attnx.plugins import registry as installed
+
+        registry = installed()
+    d, f, v, h = config.d_model, config.d_ff, config.vocab_size, config.n_heads
+    ffn_matrices = getattr(registry.get(Kind.FEEDFORWARD, config.feedforward.name), "matrices", 2)
+
+    def projections(spec: ComponentSpec) -> float:  # W^Q, W^O, and W^K, W^V over kv_heads / n_heads
+        return 2 * d * d + 2 * d * d * (spec.args.get("kv_heads") or h) / h
+
+    ffn = ffn_matrices * d * f
+    enc_layer = projections(config.self_attention) + ffn + 2 * src_len * d  # MACs per source token per layer
+    dec_layer = (
+        projections(config.self_attention) + projections(config.cross_attention) + ffn + 2 * tgt_len * d
+    ) + 2 * src_len * d
     fwd_src = 2 * config.encoder_layers * enc_layer
     fwd_tgt = 2 * (config.decoder_layers * dec_layer + d * v)
     total = 3 * (fwd_src * src_len + fwd_tgt * tgt_len)
     return {"per_token": total / (src_len + tgt_len), "per_target_token": total / tgt_len}
+
+
+def decoding_cache_values(config: TransformerConfig) -> dict[str, int]:
+    """Numbers the decoding cache holds per sentence: `per_target_token`, the self-attention keys and values
+    each decoded position adds over the decoder's layers, and `per_source_token`, the encoder-decoder keys
+    and values of each source position. Only the key/value heads are cached: `kv_heads` in an attention's
+    args divides both by `n_heads / kv_heads` (d_k and d_v from its args, else `d_model / n_heads`)."""
+
+    def per_position(spec: ComponentSpec) -> int:
+        heads = spec.args.get("kv_heads") or config.n_heads
+        d_k = spec.args.get("d_k") or config.d_model // config.n_heads
+        d_v = spec.args.get("d_v") or config.d_model // config.n_heads
+        return config.decoder_layers * heads * (d_k + d_v)
+
+    return {
+        "per_target_token": per_position(config.self_attention),
+        "per_source_token": per_position(config.cross_attention),
+    }
 
 
 def count_parameters(model: nn.Module) -> int:

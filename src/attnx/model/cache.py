@@ -12,7 +12,8 @@ from torch import Tensor
 
 @dataclass
 class AttentionCache:
-    """Keys and values an attention layer has already computed, each `(B, H, S, d_k)`.
+    """Keys and values an attention layer has already computed, each `(B, H_kv, S, d_k)` (only the key/value
+    heads: grouped-query attention shrinks the cache by `n_heads / kv_heads`).
 
     `static` caches (encoder-decoder attention) are filled once from the encoder output and reused;
     the others (decoder self-attention) grow by one position per decoding step.
@@ -25,6 +26,10 @@ class AttentionCache:
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
+
+    def offset(self) -> int:
+        """Position of the next call's first query: the positions held, 0 for a static cache."""
+        return 0 if self.static else self.length
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (beam search reordering and finished-sentence removal)."""

@@ -54,6 +54,12 @@ class PreNorm(nn.Module):
 RESIDUALS: dict[str, type[nn.Module]] = {"post": PostNorm, "pre": PreNorm}
 
 
+def in_attention(positions: nn.Module | None) -> dict[str, nn.Module]:
+    """The keyword that hands self-attention a positional component acting inside it; none otherwise, so an
+    attention component that takes no positions is never passed the argument."""
+    return {} if positions is None else {"positions": positions}
+
+
 class EncoderLayer(nn.Module):
     """§3.1 Encoder layer: multi-head self-attention, then the position-wise FFN."""
 
@@ -66,11 +72,20 @@ class EncoderLayer(nn.Module):
         self.attn_residual = attn_residual
         self.ffn_residual = ffn_residual
 
-    def forward(self, x: Tensor, src_mask: Tensor | None, weights: list | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        src_mask: Tensor | None,
+        weights: list | None = None,
+        positions: nn.Module | None = None,
+    ) -> Tensor:
+        """`positions`: the encoder's positional component where it acts inside attention, else None."""
+        where = in_attention(positions)
+
         def attend(h: Tensor) -> Tensor:
             if weights is None:
-                return self.self_attn(h, h, key_mask=src_mask)
-            out, w = self.self_attn(h, h, key_mask=src_mask, need_weights=True)
+                return self.self_attn(h, h, key_mask=src_mask, **where)
+            out, w = self.self_attn(h, h, key_mask=src_mask, need_weights=True, **where)
             weights.append(w)
             return out
 
@@ -105,11 +120,15 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor | None,
         cache: tuple[AttentionCache, AttentionCache] | None = None,
         weights: list | None = None,
+        positions: nn.Module | None = None,
     ) -> Tensor:
+        """`positions`: the decoder's positional component where it acts inside attention, else None; it
+        reaches self-attention only (encoder-decoder attention compares positions of two sequences)."""
         self_cache, cross_cache = cache if cache is not None else (None, None)
+        where = in_attention(positions)
 
         def attend_self(h: Tensor) -> Tensor:
-            return self.self_attn(h, h, causal=True, cache=self_cache)
+            return self.self_attn(h, h, causal=True, cache=self_cache, **where)
 
         def attend_source(h: Tensor) -> Tensor:
             if weights is None:

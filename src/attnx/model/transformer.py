@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnx.components.attention import attention_backends
+from attnx.components.protocols import POSITIONAL_PLACES
 from attnx.model.cache import AttentionCache
 
 
@@ -55,8 +56,9 @@ class Transformer(nn.Module):
     once a pass, for every attention component alike, never inside an attention call.
     """
 
-    POSITIONAL_ACTS_ON = ("embeddings",)
-    """Where this Transformer applies a positional component (its `acts_on`): added to the scaled embeddings."""
+    POSITIONAL_ACTS_ON = POSITIONAL_PLACES
+    """Where this Transformer applies a positional component (its `acts_on`): added to the scaled embeddings,
+    or handed to every self-attention of its stack (queries and keys, or scores)."""
 
     def __init__(
         self,
@@ -105,14 +107,21 @@ class Transformer(nn.Module):
         self, tokens: Tensor, embedding: nn.Embedding, positional: nn.Module, offset: int = 0
     ) -> Tensor:
         x = embedding(tokens) * self.embed_scale  # (B, T, D)
-        return F.dropout(positional(x, offset), self.dropout, self.training)
+        if positional.acts_on == "embeddings":
+            x = positional(x, offset)
+        return F.dropout(x, self.dropout, self.training)
+
+    @staticmethod
+    def _inside(positional: nn.Module) -> nn.Module | None:
+        """The positional component to hand the layers' self-attention: itself when it acts inside attention."""
+        return None if positional.acts_on == "embeddings" else positional
 
     def encode(self, src: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
         """`src` `(B, S)` token ids, `src_mask` `(B, S)` True at real tokens -> memory `(B, S, D)`."""
         x = self._embed(src, self.src_embedding, self.src_positional)
         with attention_backends(x):
             for layer in self.encoder_layers:
-                x = layer(x, src_mask, weights)
+                x = layer(x, src_mask, weights, positions=self._inside(self.src_positional))
         return self.encoder_norm(x)
 
     def decode_features(
@@ -125,7 +134,7 @@ class Transformer(nn.Module):
         x = self._embed(tgt_in, self.tgt_embedding, self.tgt_positional)
         with attention_backends(x):
             for layer in self.decoder_layers:
-                x = layer(x, memory, src_mask, weights=weights)
+                x = layer(x, memory, src_mask, weights=weights, positions=self._inside(self.tgt_positional))
         return self.decoder_norm(x)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
@@ -160,6 +169,13 @@ class Transformer(nn.Module):
         )  # (B, 1, D)
         with attention_backends(x):
             for layer, cache in zip(self.decoder_layers, state.caches, strict=True):
-                x = layer(x, state.memory, state.src_mask, cache=cache, weights=weights)
+                x = layer(
+                    x,
+                    state.memory,
+                    state.src_mask,
+                    cache=cache,
+                    weights=weights,
+                    positions=self._inside(self.tgt_positional),
+                )
         state.offset += 1
         return F.linear(self.decoder_norm(x[:, 0]), self.output_weight)  # (B, V)

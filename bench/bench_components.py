@@ -1,0 +1,173 @@
+"""Today's components against the paper's model on Multi30k, each trained for the same budget on one machine
+(in the spirit of the paper's Table 3): the table and figure of docs/components.md.
+
+    python bench/bench_components.py --work comp_runs [--data DIR] [--minutes 30 | --steps N]
+        [--arms paper,modern,...] [--threads 2] [--output table.md] [--figure components.png]
+
+Every arm is `configs/multi30k_cpu.yaml` (3+3 layers, d_model 256, 4 heads) with one change of
+`model.transformer` (ARMS below; `modern` is configs/modern_multi30k.yaml's five at once), trained for the
+same `--minutes` of wall-clock time (or the same `--steps` optimizer updates), its last checkpoints averaged,
+then scored on test_2016_flickr with beam 4 (α 0.6) by `attnx score` (sacreBLEU BLEU and chrF2). The table
+gives, per arm: BLEU, chrF2, trainable parameters, training tokens/s (the median of the run's logged
+`train/tokens_per_s`, source + target tokens) and decoding sentences/s (`attnx translate` of the test set,
+the whole command's time). Arms run one after another, so a time budget gives each the same machine only
+on a machine nothing else loads; `--steps` gives each the same number of updates whatever the load.
+`alibi` needs the out-of-tree plugin installed (`pip install -e plugins/alibi`).
+
+Every step is an `attnx` command (logged in WORK/logs); a step already done is not repeated, so running the
+same command again continues an interrupted study. `--train_lines` and `--test_lines` cut the corpora, for a
+smoke test of the script only: their numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+from attnx_steps import Steps, add_step_options
+from harness import publish
+
+MODERN = {
+    "d_ff": 688,
+    "norm_position": "pre",
+    "norm": {"name": "rmsnorm"},
+    "feedforward": {"name": "swiglu"},
+    "positional": {"name": "rotary"},
+    "self_attention": {"name": "multihead", "args": {"kv_heads": 2}},
+}
+"""configs/modern_multi30k.yaml's model changes (checked against the file when the study starts)."""
+
+ARMS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "pre-norm + rmsnorm": {"norm_position": "pre", "norm": {"name": "rmsnorm"}},
+    "swiglu (d_ff 688)": {"d_ff": 688, "feedforward": {"name": "swiglu"}},
+    "geglu (d_ff 688)": {"d_ff": 688, "feedforward": {"name": "geglu"}},
+    "gqa (2 kv heads)": {"self_attention": {"name": "multihead", "args": {"kv_heads": 2}}},
+    "mqa (1 kv head)": {
+        "self_attention": {"name": "multihead", "args": {"kv_heads": 1}},
+        "cross_attention": {"name": "multihead", "args": {"kv_heads": 1}},
+    },
+    "rotary": {"positional": {"name": "rotary"}},
+    "t5_relative": {"positional": {"name": "t5_relative"}},
+    "alibi": {"positional": {"name": "alibi"}},
+    "modern": MODERN,
+}
+"""Each arm's change of multi30k_cpu.yaml's `model.transformer`."""
+
+COLUMNS = ["model", "BLEU", "chrF2", "parameters", "train tokens/s", "decode sentences/s (beam 4)"]
+
+
+def check_modern() -> None:
+    from importlib import resources
+
+    text = resources.files("attnx.configs").joinpath("modern_multi30k.yaml").read_text(encoding="utf-8")
+    preset = yaml.safe_load(text)["model"]["transformer"]
+    drifted = {key: value for key, value in MODERN.items() if preset.get(key) != value}
+    if drifted:
+        raise SystemExit(f"bench_components.MODERN differs from configs/modern_multi30k.yaml in {drifted}")
+
+
+def plain(source: Path, out: Path, lines: int | None) -> Path:
+    """`source` (a .gz corpus side) as plain text in `out`, its first `lines` lines when given."""
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(source, "rt", encoding="utf-8") as f:
+            kept = f if lines is None else (line for _, line in zip(range(lines), f, strict=False))
+            out.write_text("".join(kept), encoding="utf-8")
+    return out
+
+
+def tokens_per_s(run: Path) -> float:
+    """Median of the run's logged `train/tokens_per_s` (source + target real tokens)."""
+    rates = []
+    for metrics in sorted(run.glob("version_*/metrics.csv")):
+        with open(metrics, newline="") as f:
+            rates += [
+                float(r["train/tokens_per_s"]) for r in csv.DictReader(f) if r.get("train/tokens_per_s")
+            ]
+    return statistics.median(rates) if rates else float("nan")  # nan: none logged
+
+
+def parameters(checkpoint: Path) -> int:
+    from attnx.checkpoint import load_model
+    from attnx.model.builders import count_parameters
+
+    return count_parameters(load_model(checkpoint).model)
+
+
+def figure(rows: list[list[str]], path: Path) -> None:
+    """BLEU of each arm beside its training tokens/s: what each component gives for the same budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bleu, speed) = plt.subplots(1, 2, figsize=(10, 0.45 * len(rows) + 1.5), sharey=True)
+    names = [row[0] for row in rows][::-1]
+    bleu.barh(names, [float(row[1]) for row in rows][::-1], color="#4c72b0")
+    bleu.set_xlabel("BLEU, test_2016_flickr (beam 4)")
+    speed.barh(names, [float(row[4].replace(",", "")) for row in rows][::-1], color="#dd8452")
+    speed.set_xlabel("training tokens/s (source + target)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_step_options(parser)
+    parser.add_argument("--minutes", type=float, default=30, help="wall-clock training budget of every arm")
+    parser.add_argument(
+        "--steps", type=int, help="training budget in optimizer updates, instead of --minutes"
+    )
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
+    parser.add_argument("--figure", type=Path, help="also draw BLEU and training speed per arm here (PNG)")
+    parser.add_argument("--train_lines", type=int, help="smoke test only: train on the first N pairs")
+    parser.add_argument("--test_lines", type=int, help="smoke test only: score the first N test sentences")
+    args = parser.parse_args()
+    arms = [arm.strip() for arm in args.arms.split(",")]
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown:
+        parser.error(f"unknown arms {unknown}; choose among {', '.join(ARMS)}")
+    check_modern()
+    steps = Steps.from_args(args)
+    work = steps.work
+    raw = work / "raw"
+    train = steps.data / "train"
+    if args.train_lines:
+        for lang in ("en", "de"):
+            plain(steps.data / f"train.{lang}.gz", raw / f"train.{lang}", args.train_lines)
+        train = raw / "train"
+    data = steps.prepare("multi30k", "en", "de", [str(train)])
+    source = plain(steps.data / "test_2016_flickr.en.gz", raw / "test.en", args.test_lines)
+    reference = plain(steps.data / "test_2016_flickr.de.gz", raw / "test.de", args.test_lines)
+    sentences = len(source.read_text(encoding="utf-8").splitlines())
+    search = ("--search.beam", "4", "--search.alpha", "0.6")
+    rows = []
+    for i, arm in enumerate(arms):
+        name = f"arm{i}"
+        budget = {"steps": args.steps} if args.steps else {"minutes": args.minutes}
+        config = steps.arm_config(name, data, **budget)
+        values = yaml.safe_load(config.read_text(encoding="utf-8"))
+        values.setdefault("model", {})["transformer"] = ARMS[arm]
+        if args.steps:  # a short budget still logs its speed a few times
+            values["trainer"]["log_every_n_steps"] = max(1, min(25, args.steps // 10))
+        config.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+        averaged = steps.fit(name, config)
+        hypotheses, seconds = steps.translate(name, averaged, source, *search)
+        score = steps.score(name, hypotheses, reference)
+        rate = tokens_per_s(work / "runs" / name)
+        rows.append([arm, f"{score['bleu']:.2f}", f"{score['chrf']:.2f}", f"{parameters(averaged):,}",
+                     f"{rate:,.0f}", f"{sentences / seconds:.1f}"])  # fmt: skip
+    budget_text = f"{args.steps} updates" if args.steps else f"{args.minutes:g} minutes"
+    publish(f"Components on Multi30k en-de, {budget_text} of training each", COLUMNS, rows, args.output)
+    if args.figure:
+        figure(rows, args.figure)
+
+
+if __name__ == "__main__":
+    main()
