@@ -23,7 +23,8 @@ from lightning.pytorch.callbacks import Callback
 from attnx.data.batch import Batch
 from attnx.errors import ConfigError
 from attnx.evaluation.bleu import BleuReport, score
-from attnx.inference.config import PAPER_SEARCH, Precision, SearchConfig, check_precision
+from attnx.inference.config import AUTO, PAPER_SEARCH, Precision, SearchConfig
+from attnx.inference.precision import resolve_precision
 from attnx.inference.progress import Progress
 
 """§6.1's beam 4, α 0.6, maximum length input + 50 (copied, never modified)."""
@@ -45,7 +46,7 @@ class TranslationEvaluator(Callback):
         bleu_samples: int = 500,
         valid_beam: int = 1,
         output_file: str | None = None,
-        precision: Precision = "32-true",
+        precision: Precision = AUTO,
     ) -> None:
         """
         Args:
@@ -57,8 +58,10 @@ class TranslationEvaluator(Callback):
             valid_beam: Beam size for validation BLEU (1 = greedy, the cheapest).
             output_file: Where `test` and `predict` write translations, one a line in corpus order. None:
                 `<log_dir>/test.<split>.hyp` and `<log_dir>/predict.<split>.hyp`.
-            precision: What decoding runs in, as `attnx translate --precision`: 32-true (the default, whatever
-                `trainer.precision` trains in), bf16-mixed, or 16-mixed on CUDA.
+            precision: What decoding runs in, as `attnx translate --precision`, whatever `trainer.precision`
+                trains in: 32-true, bf16-mixed, 16-mixed on CUDA, or auto (the default): bf16-mixed where a
+                probe finds the device's bf16 units make decoding faster, else 32-true, chosen when the run
+                starts and said on standard error.
         """
         if bleu_samples < 0 or valid_beam < 1:
             raise ConfigError(
@@ -74,6 +77,8 @@ class TranslationEvaluator(Callback):
         self.valid_beam = valid_beam
         self.output_file = output_file
         self.precision = precision
+        self.decodes_in: str | None = None
+        """The precision decoding runs in, `auto` resolved (set when a run starts)."""
         self.report: BleuReport | None = None
         self.written: Path | None = None
         """The file the last `test` or `predict` wrote its translations to (rank 0)."""
@@ -112,13 +117,13 @@ class TranslationEvaluator(Callback):
         on_device = rows.to(batch.src.device)
         src, src_mask = batch.src[on_device], batch.src_mask[on_device]
         width = int(src_mask.sum(1).max())  # the selected rows may need fewer columns
-        translator = module.translator(search, precision=self.precision)
+        translator = module.translator(search, precision=self.decodes_in or self.precision)
         hyps = translator.translate_tensors(src[:, :width], src_mask[:, :width])
         self._translations.extend(zip(index[rows].tolist(), hyps, strict=True))
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # before any step: a precision the device cannot decode in is a usage error, not a failure hours in
-        check_precision(self.precision, trainer.strategy.root_device.type)
+        self.decodes_in = resolve_precision(self.precision, trainer.strategy.root_device)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._translations = []
