@@ -97,12 +97,24 @@ def test_bad_settings_are_refused() -> None:
 def test_decoding_runs_in_the_evaluation_precision_and_a_device_without_it_is_refused_first() -> None:
     import pytest
 
+    from attnx.inference.precision import PrecisionChoice, decoding_probe
+
     module = Module()
-    TranslationEvaluator(bleu_samples=0).on_test_batch_end(stage(0, 1, False), module, None, batch_of([1]), 0)
-    evaluator = TranslationEvaluator(bleu_samples=0, precision="bf16-mixed")
-    evaluator.on_test_batch_end(stage(0, 1, False), module, None, batch_of([1]), 0)
-    assert module.precisions == ["32-true", "bf16-mixed"]  # fp32 unless asked, whatever trains
     on_cpu = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")))
-    evaluator.setup(on_cpu, module, "test")
+    for chosen in ("bf16-mixed", "32-true"):  # auto (the default): the probe's choice, whatever trains
+        with decoding_probe(lambda device, c=chosen: PrecisionChoice(c, "injected")):
+            evaluator = TranslationEvaluator(bleu_samples=1)
+            evaluator.setup(on_cpu, module, "fit")
+            evaluator.on_validation_batch_end(
+                stage(0, 1, True), module, None, batch_of([0]), 0
+            )  # validate's BLEU
+            evaluator.on_test_batch_end(stage(0, 1, False), module, None, batch_of([1]), 0)  # test
+            evaluator.on_predict_batch_end(stage(0, 1, False), module, None, batch_of([2]), 0)  # predict
+    assert module.precisions == ["bf16-mixed"] * 3 + ["32-true"] * 3
+    evaluator = TranslationEvaluator(bleu_samples=0, precision="bf16-mixed")
+    with decoding_probe(lambda device: pytest.fail("probed")):
+        evaluator.setup(on_cpu, module, "test")
+    evaluator.on_test_batch_end(stage(0, 1, False), module, None, batch_of([1]), 0)
+    assert module.precisions[-1] == "bf16-mixed"
     with pytest.raises(ConfigError, match="16-mixed decodes on CUDA devices"):
         TranslationEvaluator(precision="16-mixed").setup(on_cpu, module, "fit")
