@@ -146,10 +146,12 @@ SOURCES = ["A dog runs.", "", "Two men sit on a bench.", "A girl in a red coat."
 
 
 def run_translate(*argv: str, stdin: bytes | None = None, cwd: Path | None = None, check: bool = True):
-    """`attnx translate ARGV` in a subprocess (one thread), with stdout and stderr as text."""
+    """`attnx translate ARGV` in a subprocess (one thread), with stdout and stderr as text; in 32-true unless
+    ARGV says otherwise, as the test process's expectations are (its `auto` is pinned to fp32)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    fp32 = [] if "--precision" in argv else ["--precision", "32-true"]
     result = subprocess.run(
-        [sys.executable, "-m", "attnx", "translate", *argv],
+        [sys.executable, "-m", "attnx", "translate", *argv, *fp32],
         input=stdin,
         capture_output=True,
         env=env,

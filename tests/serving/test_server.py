@@ -342,9 +342,12 @@ def start_server(checkpoint: Path, log: Path, *options: str) -> Served:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "attnx", "serve", "--model", str(checkpoint), "--port", str(port)]
+    fp32 = (
+        [] if "--precision" in options else ["--precision", "32-true"]
+    )  # as the test process's expectations
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            [*command, *FAST_ARGS, "--threads", "1", *options],
+            [*command, *FAST_ARGS, "--threads", "1", *fp32, *options],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=stderr,

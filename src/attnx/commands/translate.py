@@ -164,6 +164,7 @@ def translate(
                     precision=runs_in.precision,
                     compute_type=runs_in.compute_type,
                 )
+                runs_in.say()  # once the model has loaded: a model that fails to is one line
                 if chosen:  # once the model is on it
                     print(chosen, file=sys.stderr, flush=True)
                 job = TranslationJob(translator, format, token_scores, buffer_size)

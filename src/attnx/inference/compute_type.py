@@ -24,7 +24,10 @@ from typing import Any
 
 import torch
 
+from attnx.checkpoint.digests import check_digests
+from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import AUTO, check_precision
+from attnx.inference.ctranslate2 import METADATA, SPM_MODEL, import_ctranslate2, read_metadata
 
 COMPUTE_TYPES = {"32-true": "float32", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
 """The CTranslate2 compute type an export is loaded with for each precision a checkpoint decodes in."""
@@ -33,6 +36,7 @@ PROBE_SOURCE_PIECES = 20
 PROBE_TARGET_TOKENS = 16
 PROBE_BEAM = 4
 PROBE_REPEATS = 3
+"""Timed searches per compute type (after a warm-up); the fastest counts, as a busy machine slows some runs."""
 
 Timer = Callable[[Path, torch.device, int, str], float]
 """Seconds one compute type takes on the probe batch: `(directory, device, threads, compute_type)`."""
@@ -54,8 +58,6 @@ class ComputeTypeChoice:
 
 def supported_compute_types(device: torch.device) -> list[str]:
     """The compute types CTranslate2 runs on `device`, float32 first, then by name."""
-    from attnx.inference.ctranslate2 import import_ctranslate2
-
     ct2 = import_ctranslate2()
     types = set(ct2.get_supported_compute_types(device.type, device.index or 0))
     return sorted(types, key=lambda t: (t != "float32", t))
@@ -72,9 +74,6 @@ def probe_batch(vocab_size: int) -> list[list[int]]:
 def time_compute_type(directory: Path, device: torch.device, threads: int, compute_type: str) -> float:
     """Best of [`PROBE_REPEATS`][attnx.inference.compute_type.PROBE_REPEATS] seconds a beam search of the
     probe batch takes with the export loaded in `compute_type` (after one warm-up search)."""
-    from attnx.data.tokenizer import Tokenizer
-    from attnx.inference.ctranslate2 import SPM_MODEL, import_ctranslate2, read_metadata
-
     ct2 = import_ctranslate2()
     meta = read_metadata(directory) or {}
     tokenizer = Tokenizer.load(directory / meta.get("tokenizer", SPM_MODEL))
@@ -115,57 +114,54 @@ def fastest(seconds: dict[str, float]) -> ComputeTypeChoice:
 
 _timer: Timer = time_compute_type
 _chosen: dict[tuple[str, str, int], ComputeTypeChoice] = {}
+_said: set[tuple[str, str, int]] = set()
 
 
 @contextlib.contextmanager
 def compute_type_probe(timer: Timer) -> Iterator[None]:
     """Within the block, `auto` times compute types with `timer` (afresh, cached for the block)."""
     global _timer
-    saved, cached = _timer, dict(_chosen)
+    saved, cached, said = _timer, dict(_chosen), set(_said)
     _timer = timer
     _chosen.clear()
+    _said.clear()
     try:
         yield
     finally:
         _timer = saved
         _chosen.clear()
         _chosen.update(cached)
+        _said.clear()
+        _said.update(said)
 
 
 def auto_compute_type(
-    directory: str | Path, device: str | torch.device, threads: int = 0, types: Sequence[str] | None = None
+    directory: str | Path,
+    device: str | torch.device,
+    threads: int = 0,
+    types: Sequence[str] | None = None,
+    say: bool = True,
 ) -> ComputeTypeChoice:
     """What `auto` decodes the export `directory` in on `device`: probed on the first call for this export,
-    device and thread count, then the same answer for the rest of the process; the first call prints its
-    line on standard error. `types`: the candidates (default: those CTranslate2 supports on `device`)."""
+    device and thread count, then the same answer for the rest of the process; with `say`, its line goes to
+    standard error once. `types`: the candidates (default: those CTranslate2 supports on `device`)."""
     directory, device = Path(directory), torch.device(device)
     key = (str(directory.resolve()), str(device), threads)
     if key not in _chosen:
-        from attnx.checkpoint.digests import check_digests
-        from attnx.inference.ctranslate2 import METADATA, read_metadata
-
         check_digests(directory, read_metadata(directory) or {}, METADATA)  # a damaged model.bin is not timed
         candidates = list(types) if types is not None else supported_compute_types(device)
         choice = fastest({t: _timer(directory, device, threads, t) for t in candidates})
         _chosen[key] = choice
-        print(choice.line(), file=sys.stderr, flush=True)
+    if say and key not in _said:
+        _said.add(key)
+        print(_chosen[key].line(), file=sys.stderr, flush=True)
     return _chosen[key]
 
 
 def resolve_compute_type(precision: str | None, device: str | torch.device) -> str:
     """The compute type an export decodes in: the one matching `precision`, or `auto` for `auto` (and None),
-    which [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] resolves once it has
-    checked the export ([`auto_compute_type`][attnx.inference.compute_type.auto_compute_type])."""
+    which [`auto_compute_type`][attnx.inference.compute_type.auto_compute_type] then measures."""
     if precision is None or precision == AUTO:
         return AUTO
     check_precision(precision, torch.device(device).type)
     return COMPUTE_TYPES[precision]
-
-
-def chosen_compute_type(
-    compute_type: str, directory: str | Path, device: str | torch.device, threads: int
-) -> str:
-    """`compute_type` itself, or for `auto` [`auto_compute_type`][attnx.inference.compute_type.auto_compute_type]'s."""
-    return (
-        auto_compute_type(directory, device, threads).compute_type if compute_type == AUTO else compute_type
-    )

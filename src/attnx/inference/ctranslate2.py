@@ -51,7 +51,6 @@ from attnx.checkpoint.digests import check_digests
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.errors import ConfigError
-from attnx.inference.compute_type import chosen_compute_type
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig, changed_search
 from attnx.inference.hypothesis import Hypothesis
 from attnx.inference.lengths import length_penalty, max_output_length
@@ -167,7 +166,7 @@ class CTranslate2Translator(Translator):
         search: Search settings; default: those stored at export.
         max_tokens: Source tokens per CTranslate2 batch, padding included.
         compute_type: CTranslate2's compute type (`default`: the stored weight type where the device
-            supports it; `auto`: the fastest here, measured once the export is known to be sound).
+            supports it).
         threads: CTranslate2 threads per translation (`intra_threads`; 0: its default).
         patience: CTranslate2's beam `patience`: a sentence stops once `beam * patience` hypotheses
             have finished. At 1 (CTranslate2's default) it can stop before a live hypothesis that would
@@ -214,8 +213,8 @@ class CTranslate2Translator(Translator):
             search = SearchConfig(**meta.get("search", {})) if meta.get("search") else DEFAULT_SEARCH
         self.search = self._capped(search)
         self.max_tokens = max_tokens
+        self.compute_type = compute_type
         self.threads = threads
-        self.compute_type = chosen_compute_type(compute_type, directory, device, threads)
         self.patience = patience
         self._translator: Any = None
         self.to(device)

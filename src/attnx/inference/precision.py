@@ -43,10 +43,14 @@ DECODING_SHAPE = (256, 512, 2048)
 """`(M, K, N)` of the product the decoding probe times: one beam-search step of 64 sentences × beam 4 through a
 base model's feed-forward layer. Decoding runs products this small at every step, where a bf16 unit gains less
 than on training's large ones."""
-MIN_DECODE_BF16_SPEEDUP = 1.5
+MIN_DECODE_BF16_SPEEDUP = 1.3
 """bf16 decoding-shaped products (their input's cast included) must run at least this many times fp32's for
-`auto` to decode in bf16-mixed without AMX: a search step also spends time that bf16 does not shorten
-(log-softmax and scores in float32, picking the beam, the cache's bookkeeping)."""
+`auto` to decode in bf16-mixed without AMX. The cast is in the ratio already, so any ratio above 1 shortens the
+products; the margin is for what the probe leaves out (autocast's bookkeeping on each small product of a
+search step) and for a probe that a busy machine slows unevenly."""
+DECODE_PROBE_SECONDS = 0.3
+"""How long the decoding probe times products: twice training's, as its products are smaller and a busy
+machine's noise weighs more on each."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,7 @@ def choose_bf16(
 
 def decoding_speedup(device: str | torch.device = "cpu") -> float:
     """bf16 over fp32 rate of decoding-shaped products on `device`, their input's cast included."""
-    return bf16_matmul_speedup(shape=DECODING_SHAPE, cast_input=True, device=device)
+    return bf16_matmul_speedup(DECODE_PROBE_SECONDS, DECODING_SHAPE, cast_input=True, device=device)
 
 
 def probe_device(device: torch.device) -> PrecisionChoice:
@@ -164,32 +168,38 @@ Probe = Callable[[torch.device], PrecisionChoice]
 
 _probe: Probe = probe_device
 _chosen: dict[str, PrecisionChoice] = {}
+_said: set[str] = set()
 
 
 @contextlib.contextmanager
 def decoding_probe(probe: Probe) -> Iterator[None]:
     """Within the block, `auto` asks `probe` (measured afresh, cached for the block) instead of this device."""
     global _probe
-    saved, cached = _probe, dict(_chosen)
+    saved, cached, said = _probe, dict(_chosen), set(_said)
     _probe = probe
     _chosen.clear()
+    _said.clear()
     try:
         yield
     finally:
         _probe = saved
         _chosen.clear()
         _chosen.update(cached)
+        _said.clear()
+        _said.update(said)
 
 
-def auto_precision(device: str | torch.device) -> PrecisionChoice:
+def auto_precision(device: str | torch.device, say: bool = True) -> PrecisionChoice:
     """What `auto` decodes in on `device`: probed on the first call for its kind (and CUDA index), then the
-    same answer for the rest of the process; the first call prints its line on standard error."""
+    same answer for the rest of the process. With `say`, its line goes to standard error, once per process
+    (a command that resolves `auto` before loading says it once the model has loaded)."""
     device = torch.device(device)
     key = str(device) if device.type == "cuda" else device.type
     if key not in _chosen:
-        choice = _probe(device)
-        _chosen[key] = choice
-        print(announcement(choice), file=sys.stderr, flush=True)
+        _chosen[key] = _probe(device)
+    if say and key not in _said:
+        _said.add(key)
+        print(announcement(_chosen[key]), file=sys.stderr, flush=True)
     return _chosen[key]
 
 
@@ -199,11 +209,11 @@ def announcement(choice: PrecisionChoice) -> str:
     return f"decoding in {choice.precision}: {choice.reason} (--precision {other} to override)"
 
 
-def resolve_precision(precision: str | None, device: str | torch.device) -> str:
+def resolve_precision(precision: str | None, device: str | torch.device, say: bool = True) -> str:
     """The precision a checkpoint decodes in on `device`: `precision` itself, checked, or for `auto` (and
-    None) [`auto_precision`][attnx.inference.precision.auto_precision]'s choice."""
+    None) [`auto_precision`][attnx.inference.precision.auto_precision]'s choice (said with `say`)."""
     device = torch.device(device)
     if precision is None or precision == AUTO:
-        return auto_precision(device).precision
+        return auto_precision(device, say).precision
     check_precision(precision, device.type)
     return precision

@@ -351,6 +351,7 @@ def resolved_precision(model: str, settings: ServeSettings) -> ServeSettings:
     from attnx.inference.load import decoding_precision
 
     runs_in = decoding_precision(model, settings.precision, settings.device)
+    runs_in.say()
     return dataclasses.replace(settings, precision=runs_in.precision, compute_type=runs_in.compute_type)
 
 
