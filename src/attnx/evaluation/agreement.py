@@ -1,9 +1,10 @@
 """How far a faster precision's translations stray from fp32's: BLEU and chrF of both against the references,
 and the share of lines they translate identically.
 
-`bench/bench_decode_precision.py` reports it for every precision and compute type it runs; a reduced
-precision whose BLEU or chrF falls more than [`MAX_SCORE_DROP`][attnx.evaluation.agreement.MAX_SCORE_DROP]
-points below fp32's is flagged, with what to do.
+`attnx test --evaluation.compare_fp32 true` reports it for the test split, and
+`bench/bench_decode_precision.py` for every precision and compute type it runs; a reduced precision whose
+BLEU or chrF falls more than [`MAX_SCORE_DROP`][attnx.evaluation.agreement.MAX_SCORE_DROP] points below
+fp32's is flagged, with what to do (`attnx test` warns on standard error).
 """
 
 from __future__ import annotations
