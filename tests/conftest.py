@@ -64,10 +64,11 @@ FP32_PROBE = PrecisionChoice("32-true", "the tests' probe")
 def _decode_in_fp32() -> Iterator[None]:
     """Decoding's `auto` measures nothing in the test process: checkpoints decode in 32-true and exports in
     float32 whatever this CPU's bf16 or int8 units, so outputs compared between engines or with expectations do
-    not depend on the machine. A test of the choice injects its own probe inside; commands the tests start as
-    processes probe the machine (give them --precision where their output is compared)."""
+    not depend on the machine, and it is not said (tests that count output lines predate the choice). A test of
+    the choice injects its own probe inside, which says it; commands the tests start as processes probe the
+    machine (give them --precision where their output is compared)."""
     float32_first = lambda directory, device, threads, compute_type: float(compute_type != "float32")  # noqa: E731
-    with decoding_probe(lambda device: FP32_PROBE), compute_type_probe(float32_first):
+    with decoding_probe(lambda device: FP32_PROBE, say=False), compute_type_probe(float32_first, say=False):
         yield
 
 

@@ -114,17 +114,20 @@ def fastest(seconds: dict[str, float]) -> ComputeTypeChoice:
 
 _timer: Timer = time_compute_type
 _chosen: dict[tuple[str, str, int], ComputeTypeChoice] = {}
+_quiet = False
 _said: set[tuple[str, str, int]] = set()
 
 
 @contextlib.contextmanager
-def compute_type_probe(timer: Timer) -> Iterator[None]:
-    """Within the block, `auto` times compute types with `timer` (afresh, cached for the block)."""
-    global _timer
+def compute_type_probe(timer: Timer, say: bool = True) -> Iterator[None]:
+    """Within the block, `auto` times compute types with `timer` (afresh, cached for the block); without
+    `say`, nothing is said in the block."""
+    global _timer, _quiet
     saved, cached, said = _timer, dict(_chosen), set(_said)
     _timer = timer
     _chosen.clear()
     _said.clear()
+    quiet, _quiet = _quiet, not say
     try:
         yield
     finally:
@@ -133,6 +136,7 @@ def compute_type_probe(timer: Timer) -> Iterator[None]:
         _chosen.update(cached)
         _said.clear()
         _said.update(said)
+        _quiet = quiet
 
 
 def auto_compute_type(
@@ -152,7 +156,7 @@ def auto_compute_type(
         candidates = list(types) if types is not None else supported_compute_types(device)
         choice = fastest({t: _timer(directory, device, threads, t) for t in candidates})
         _chosen[key] = choice
-    if say and key not in _said:
+    if say and not _quiet and key not in _said:
         _said.add(key)
         print(_chosen[key].line(), file=sys.stderr, flush=True)
     return _chosen[key]

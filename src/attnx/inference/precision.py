@@ -168,17 +168,20 @@ Probe = Callable[[torch.device], PrecisionChoice]
 
 _probe: Probe = probe_device
 _chosen: dict[str, PrecisionChoice] = {}
+_quiet = False
 _said: set[str] = set()
 
 
 @contextlib.contextmanager
-def decoding_probe(probe: Probe) -> Iterator[None]:
-    """Within the block, `auto` asks `probe` (measured afresh, cached for the block) instead of this device."""
-    global _probe
+def decoding_probe(probe: Probe, say: bool = True) -> Iterator[None]:
+    """Within the block, `auto` asks `probe` (measured afresh, cached for the block) instead of this device; without
+    `say`, nothing is said in the block (a test process whose other tests count output lines)."""
+    global _probe, _quiet
     saved, cached, said = _probe, dict(_chosen), set(_said)
     _probe = probe
     _chosen.clear()
     _said.clear()
+    quiet, _quiet = _quiet, not say
     try:
         yield
     finally:
@@ -187,6 +190,7 @@ def decoding_probe(probe: Probe) -> Iterator[None]:
         _chosen.update(cached)
         _said.clear()
         _said.update(said)
+        _quiet = quiet
 
 
 def auto_precision(device: str | torch.device, say: bool = True) -> PrecisionChoice:
@@ -197,7 +201,7 @@ def auto_precision(device: str | torch.device, say: bool = True) -> PrecisionCho
     key = str(device) if device.type == "cuda" else device.type
     if key not in _chosen:
         _chosen[key] = _probe(device)
-    if say and key not in _said:
+    if say and not _quiet and key not in _said:
         _said.add(key)
         print(announcement(_chosen[key]), file=sys.stderr, flush=True)
     return _chosen[key]
