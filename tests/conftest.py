@@ -67,7 +67,7 @@ def _decode_in_fp32() -> Iterator[None]:
     not depend on the machine, and it is not said (tests that count output lines predate the choice). A test of
     the choice injects its own probe inside, which says it; commands the tests start as processes probe the
     machine (give them --precision where their output is compared)."""
-    float32_first = lambda directory, device, threads, compute_type: float(compute_type != "float32")  # noqa: E731
+    float32_first = lambda directory, device, threads, types: {t: float(t != "float32") for t in types}  # noqa: E731
     with decoding_probe(lambda device: FP32_PROBE, say=False), compute_type_probe(float32_first, say=False):
         yield
 

@@ -17,7 +17,7 @@ from attnx.inference.compute_type import (
     fastest,
     probe_batch,
     resolve_compute_type,
-    time_compute_type,
+    time_compute_types,
 )
 
 
@@ -33,9 +33,9 @@ def test_the_fastest_type_wins_and_the_others_are_named_as_multiples_of_its_spee
 def test_auto_is_timed_once_per_export_device_and_threads(ct2_export: Path, capsys) -> None:
     timed: list[tuple[int, str]] = []
 
-    def timer(directory, device, threads, compute_type):
-        timed.append((threads, compute_type))
-        return {"float32": 1.0, "int8": 0.8}[compute_type]
+    def timer(directory, device, threads, types):
+        timed.extend((threads, t) for t in types)
+        return {t: {"float32": 1.0, "int8": 0.8}[t] for t in types}
 
     with compute_type_probe(timer):
         for _ in range(2):
@@ -74,9 +74,10 @@ def test_a_precision_given_takes_its_type_and_auto_is_left_to_the_engine() -> No
 
 
 def test_the_probe_times_each_type_on_the_model_itself(ct2_export: Path) -> None:
-    """How long it takes depends on the machine; that it runs the export and answers, does not."""
+    """How long it takes depends on the machine; that it runs the export in each type and answers, does not."""
     assert probe_batch(1000) == probe_batch(1000) and all(
         4 <= i < 1000 for row in probe_batch(1000) for i in row
     )
-    seconds = time_compute_type(ct2_export, torch.device("cpu"), 1, "float32")
-    assert math.isfinite(seconds) and seconds > 0
+    seconds = time_compute_types(ct2_export, torch.device("cpu"), 1, ["float32", "int8"])
+    assert list(seconds) == ["float32", "int8"]
+    assert all(math.isfinite(s) and s > 0 for s in seconds.values())

@@ -176,7 +176,9 @@ def test_auto_is_resolved_once_before_the_workers_and_info_says_what_runs(checkp
     assert model_info(str(checkpoint), FAST, settings)["precision"] == "bf16-mixed"
     assert server_module.build_server(str(checkpoint), FAST, settings).lit_api.precision == "bf16-mixed"
     assert capsys.readouterr().err == "decoding in bf16-mixed: injected (--precision 32-true to override)\n"
-    with compute_type_probe(lambda directory, device, threads, t: 0.5 if t == "int8" else 1.0):
+    with compute_type_probe(
+        lambda directory, device, threads, types: {t: 0.5 if t == "int8" else 1.0 for t in types}
+    ):
         exported = server_module.resolved_precision(str(ct2_export), ServeSettings())
     assert (
         exported.compute_type == "int8" and model_info(str(ct2_export), FAST, exported)["precision"] == "int8"

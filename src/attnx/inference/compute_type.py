@@ -3,8 +3,8 @@ those CTranslate2 supports on the device, timed by a short probe of the model it
 its matching type ([`COMPUTE_TYPES`][attnx.inference.compute_type.COMPUTE_TYPES]).
 
 The probe loads the export in each supported type and times a beam search of a fixed batch (16 sentences of 20
-pieces, 16 output tokens each, ends forbidden until then, so every type does the same work), best of
-[`PROBE_REPEATS`][attnx.inference.compute_type.PROBE_REPEATS]. Which type wins depends on the CPU: CTranslate2's
+pieces, 16 output tokens each, ends forbidden until then, so every type does the same work), the types in
+turns, best of [`PROBE_REPEATS`][attnx.inference.compute_type.PROBE_REPEATS]. Which type wins depends on the CPU: CTranslate2's
 int8 needs fast integer dot products (AVX512-VNNI, AMX) to beat its float32, and on some CPUs with them it
 still does not. The choice is said on standard error in one line, measured once per process for each export,
 device and thread count; [`compute_type_probe`][attnx.inference.compute_type.compute_type_probe] replaces
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from attnx.checkpoint.digests import check_digests
+from attnx.data.batch import EOS_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import AUTO, check_precision
 from attnx.inference.ctranslate2 import METADATA, SPM_MODEL, import_ctranslate2, read_metadata
@@ -38,8 +39,8 @@ PROBE_BEAM = 4
 PROBE_REPEATS = 3
 """Timed searches per compute type (after a warm-up); the fastest counts, as a busy machine slows some runs."""
 
-Timer = Callable[[Path, torch.device, int, str], float]
-"""Seconds one compute type takes on the probe batch: `(directory, device, threads, compute_type)`."""
+Timer = Callable[[Path, torch.device, int, Sequence[str]], dict[str, float]]
+"""Seconds each compute type takes on the probe batch: `(directory, device, threads, types)` → by type."""
 
 
 @dataclass(frozen=True)
@@ -71,34 +72,42 @@ def probe_batch(vocab_size: int) -> list[list[int]]:
     ]
 
 
-def time_compute_type(directory: Path, device: torch.device, threads: int, compute_type: str) -> float:
-    """Best of [`PROBE_REPEATS`][attnx.inference.compute_type.PROBE_REPEATS] seconds a beam search of the
-    probe batch takes with the export loaded in `compute_type` (after one warm-up search)."""
+def time_compute_types(
+    directory: Path, device: torch.device, threads: int, types: Sequence[str]
+) -> dict[str, float]:
+    """Seconds a beam search of the probe batch takes with the export loaded in each of `types`: every type
+    loaded and warmed up first, then timed in turns (so a busy machine, or a cost the process pays once,
+    slows all alike), the best of [`PROBE_REPEATS`][attnx.inference.compute_type.PROBE_REPEATS] each."""
     ct2 = import_ctranslate2()
     meta = read_metadata(directory) or {}
     tokenizer = Tokenizer.load(directory / meta.get("tokenizer", SPM_MODEL))
     sp = tokenizer.sp
-    sources = [[sp.id_to_piece(i) for i in ids] + ["</s>"] for ids in probe_batch(tokenizer.vocab_size)]
-    translator = ct2.Translator(
-        str(directory),
-        device=device.type,
-        device_index=device.index or 0,
-        compute_type=compute_type,
-        intra_threads=threads,
-    )
+    end = sp.id_to_piece(EOS_ID)
+    sources = [[sp.id_to_piece(i) for i in ids] + [end] for ids in probe_batch(tokenizer.vocab_size)]
     options: dict[str, Any] = dict(
         beam_size=PROBE_BEAM,
         max_decoding_length=PROBE_TARGET_TOKENS,
-        min_decoding_length=PROBE_TARGET_TOKENS,
+        min_decoding_length=PROBE_TARGET_TOKENS,  # the same work in every type: no sentence ends early
         max_input_length=0,
     )
-    translator.translate_batch(sources, **options)  # warm-up: thread pool, kernel selection
-    best = float("inf")
+    translators = {
+        t: ct2.Translator(
+            str(directory),
+            device=device.type,
+            device_index=device.index or 0,
+            compute_type=t,
+            intra_threads=threads,
+        )
+        for t in types
+    }
+    for translator in translators.values():
+        translator.translate_batch(sources, **options)  # warm-up: thread pool, kernel selection
+    best = dict.fromkeys(types, float("inf"))
     for _ in range(PROBE_REPEATS):
-        start = time.perf_counter()
-        translator.translate_batch(sources, **options)
-        best = min(best, time.perf_counter() - start)
-    del translator
+        for t, translator in translators.items():
+            start = time.perf_counter()
+            translator.translate_batch(sources, **options)
+            best[t] = min(best[t], time.perf_counter() - start)
     return best
 
 
@@ -112,7 +121,7 @@ def fastest(seconds: dict[str, float]) -> ComputeTypeChoice:
     return ComputeTypeChoice(best, f"the fastest here by a probe ({', '.join(others)} its speed)")
 
 
-_timer: Timer = time_compute_type
+_timer: Timer = time_compute_types
 _chosen: dict[tuple[str, str, int], ComputeTypeChoice] = {}
 _quiet = False
 _said: set[tuple[str, str, int]] = set()
@@ -154,7 +163,7 @@ def auto_compute_type(
     if key not in _chosen:
         check_digests(directory, read_metadata(directory) or {}, METADATA)  # a damaged model.bin is not timed
         candidates = list(types) if types is not None else supported_compute_types(device)
-        choice = fastest({t: _timer(directory, device, threads, t) for t in candidates})
+        choice = fastest(_timer(directory, device, threads, candidates))
         _chosen[key] = choice
     if say and not _quiet and key not in _said:
         _said.add(key)
