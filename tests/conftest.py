@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from attnx.cli import main as attnx
+from attnx.inference.compute_type import compute_type_probe
+from attnx.inference.precision import PrecisionChoice, decoding_probe
 from attnx.model import TransformerConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,6 +55,21 @@ def free_port() -> int:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+FP32_PROBE = PrecisionChoice("32-true", "the tests' probe")
+
+
+@pytest.fixture(autouse=True)
+def _decode_in_fp32() -> Iterator[None]:
+    """Decoding's `auto` measures nothing in the test process: checkpoints decode in 32-true and exports in
+    float32 whatever this CPU's bf16 or int8 units, so outputs compared between engines or with expectations do
+    not depend on the machine, and it is not said (tests that count output lines predate the choice). A test of
+    the choice injects its own probe inside, which says it; commands the tests start as processes probe the
+    machine (give them --precision where their output is compared)."""
+    float32_first = lambda directory, device, threads, types: {t: float(t != "float32") for t in types}  # noqa: E731
+    with decoding_probe(lambda device: FP32_PROBE, say=False), compute_type_probe(float32_first, say=False):
+        yield
 
 
 def one_thread() -> Iterator[None]:

@@ -55,7 +55,8 @@ def test_serve_offers_every_server_setting_with_the_servers_default():
     from attnx.commands.deploy import serve
     from attnx.serving.settings import RequestLimits, ServeSettings
 
-    defaults = {f.name: f.default for f in dataclasses.fields(ServeSettings) if f.name != "limits"}
+    resolved = ("limits", "compute_type")  # the limits' own fields are options; compute_type is resolved
+    defaults = {f.name: f.default for f in dataclasses.fields(ServeSettings) if f.name not in resolved}
     defaults |= {f.name: f.default for f in dataclasses.fields(RequestLimits)}
     options = {
         name: p.default

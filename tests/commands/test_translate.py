@@ -146,10 +146,12 @@ SOURCES = ["A dog runs.", "", "Two men sit on a bench.", "A girl in a red coat."
 
 
 def run_translate(*argv: str, stdin: bytes | None = None, cwd: Path | None = None, check: bool = True):
-    """`attnx translate ARGV` in a subprocess (one thread), with stdout and stderr as text."""
+    """`attnx translate ARGV` in a subprocess (one thread), with stdout and stderr as text; in 32-true unless
+    ARGV says otherwise, as the test process's expectations are (its `auto` is pinned to fp32)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    fp32 = [] if "--precision" in argv else ["--precision", "32-true"]
     result = subprocess.run(
-        [sys.executable, "-m", "attnx", "translate", *argv],
+        [sys.executable, "-m", "attnx", "translate", *argv, *fp32],
         input=stdin,
         capture_output=True,
         env=env,
@@ -734,3 +736,30 @@ def test_device_auto_decodes_on_cuda_where_there_is_one_and_says_so(
     assert attnx_main(["translate", "--model", str(checkpoint), "--input", str(source), *FAST]) == 0
     err = capsys.readouterr().err
     assert "attnx translate: decoding on cpu (--device auto: no CUDA device here)" in err.splitlines()
+
+
+@pytest.mark.parametrize(
+    "search",
+    [FAST, [*FAST, "--search.mbr", "2", "--search.mbr_candidates", "nbest"]],  # beam search, MBR decoding
+    ids=["beam", "mbr"],
+)
+def test_translate_decodes_in_the_precision_auto_chooses_and_records_it(
+    search, checkpoint, tmp_path, capsys, monkeypatch
+):
+    import attnx.inference.load as loading
+    from attnx.inference.precision import PrecisionChoice, decoding_probe
+
+    used = []
+    real_load = loading.load
+    monkeypatch.setattr(loading, "load", lambda *a, **kw: used.append(real_load(*a, **kw)) or used[-1])
+    source, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("A dog runs.\nTwo cats.\n", encoding="utf-8")
+    argv = ["translate", "--model", str(checkpoint), "--input", str(source), "--device", "cpu", *search]
+    with decoding_probe(lambda device: PrecisionChoice("bf16-mixed", "bf16 products 3.1x fp32 (injected)")):
+        assert attnx_main([*argv, "--output", str(out)]) == 0
+        assert capsys.readouterr().err.splitlines()[0] == (
+            "decoding in bf16-mixed: bf16 products 3.1x fp32 (injected) (--precision 32-true to override)"
+        )
+        assert attnx_main([*argv, "--precision", "32-true"]) == 0  # given: not probed, not said
+        assert "decoding in" not in capsys.readouterr().err
+    assert [t.precision for t in used] == ["bf16-mixed", "32-true"]

@@ -296,7 +296,11 @@ def test_a_swapped_sentencepiece_model_is_refused_in_one_line(
     shutil.copy(ct2_export / "sentencepiece.model", swapped / "sentencepiece.model")
     done = translate(swapped)
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done.stderr
-    assert re.fullmatch(r"attnx translate: decoding on (cpu|cuda) \(--device auto: .*\)\n", done.stderr)
+    assert re.fullmatch(
+        r"decoding in CTranslate2 \w+: .* \(--precision 32-true to decode in float32\)\n"  # auto, said once loaded
+        r"attnx translate: decoding on (cpu|cuda) \(--device auto: .*\)\n",
+        done.stderr,
+    ), done.stderr
 
 
 def test_mbr_ranks_the_engines_own_samples_and_epsilon_is_one_line(

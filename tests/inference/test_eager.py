@@ -182,7 +182,7 @@ def test_bf16_mixed_decodes_its_matrix_products_in_bf16_and_scores_as_it_searche
 def test_16_mixed_needs_a_cuda_device_and_an_unknown_precision_is_named(checkpoint):
     with pytest.raises(ConfigError, match="16-mixed decodes on CUDA devices"):
         attnx.load(checkpoint, precision="16-mixed")
-    with pytest.raises(ConfigError, match="choose one of 32-true, bf16-mixed, 16-mixed"):
+    with pytest.raises(ConfigError, match="choose one of auto, 32-true, bf16-mixed, 16-mixed"):
         attnx.load(checkpoint, precision="bf16")
 
 

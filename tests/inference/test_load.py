@@ -13,6 +13,7 @@ from attnx.inference.load import load
 from attnx.inference.translator import Translator
 
 FAST = SearchConfig(beam=2, max_len_b=6)
+GREEDY = SearchConfig(beam=1, max_len_b=6)
 LINES = ["A man rides a bike.", "", "Two dogs play in the snow."]
 
 
@@ -84,7 +85,7 @@ def test_an_export_takes_the_compute_type_of_the_precision_asked(checkpoint, tmp
 
     exported = export_ctranslate2(checkpoint, tmp_path / "ct2")
     search = SearchConfig(beam=1, max_len_b=6)
-    assert load(exported, search=search).compute_type == "default"  # as exported
+    assert load(exported, search=search).compute_type == "float32"  # auto: the tests' timer puts it first
     fp32 = load(exported, search=search, precision="32-true")
     assert fp32.compute_type == "float32"
     assert fp32.translate_ids([[5, 6, 7]]) == load(exported, search=search).translate_ids([[5, 6, 7]])
@@ -93,7 +94,7 @@ def test_an_export_takes_the_compute_type_of_the_precision_asked(checkpoint, tmp
     else:
         with pytest.raises(ConfigError, match="cannot compute in bfloat16 on this cpu device .*float32"):
             load(exported, search=search, precision="bf16-mixed")
-    with pytest.raises(ConfigError, match="choose one of 32-true, bf16-mixed, 16-mixed"):
+    with pytest.raises(ConfigError, match="choose one of auto, 32-true, bf16-mixed, 16-mixed"):
         load(exported, precision="fp8")
 
 
@@ -108,3 +109,48 @@ def test_the_averaged_checkpoint_of_a_stopped_run_says_how_to_make_it(checkpoint
         attnx.load(folder / "averaged.ckpt")
     message = str(err.value)
     assert f"attnx average --dir {folder}" in message and f"or use {folder / 'last.ckpt'}" in message
+
+
+def test_a_checkpoint_decodes_in_the_precision_auto_chooses_for_its_device(checkpoint, capsys):
+    from attnx.inference.precision import PrecisionChoice, decoding_probe
+
+    asked = []
+    for chosen in ("bf16-mixed", "32-true"):
+        with decoding_probe(lambda device, c=chosen: asked.append(device) or PrecisionChoice(c, "injected")):
+            assert load(checkpoint, search=FAST).precision == chosen
+            assert load([checkpoint, checkpoint], search=FAST).precision == chosen  # an ensemble too
+            assert load(checkpoint, search=FAST, precision="32-true").precision == "32-true"  # given: kept
+        assert capsys.readouterr().err.splitlines() == [
+            f"decoding in {chosen}: injected (--precision {'32-true' if chosen != '32-true' else 'bf16-mixed'} "
+            "to override)"
+        ]
+    assert [d.type for d in asked] == ["cpu", "cpu"]  # once per process and device kind
+
+
+def test_an_export_decodes_in_the_compute_type_a_probe_finds_fastest(checkpoint, tmp_path, capsys):
+    pytest.importorskip("ctranslate2")
+    from attnx.export import export_ctranslate2
+    from attnx.inference.compute_type import compute_type_probe
+
+    exported = export_ctranslate2(checkpoint, tmp_path / "ct2")
+    timed = []
+    seconds = {"float32": 1.0, "int8": 0.5, "int8_float32": 0.6}
+
+    def timer(directory, device, threads, types):
+        timed.extend(types)
+        return {t: seconds.get(t, 2.0) for t in types}
+
+    with compute_type_probe(timer):
+        assert load(exported, search=GREEDY).compute_type == "int8"
+        assert load(exported, search=GREEDY, precision="32-true").compute_type == "float32"
+        assert load(exported, search=GREEDY, compute_type="int8_float32").compute_type == "int8_float32"
+        assert load(exported, search=GREEDY).compute_type == "int8"  # measured once
+    assert sorted(timed) == sorted(ctranslate2_types())
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("decoding in CTranslate2 int8: the fastest here by a probe (float32 0.50x")
+
+
+def ctranslate2_types() -> list[str]:
+    import ctranslate2
+
+    return list(ctranslate2.get_supported_compute_types("cpu"))

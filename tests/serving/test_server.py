@@ -166,6 +166,26 @@ def test_a_worker_decodes_in_the_precision_asked_and_info_says_which(api, checkp
     assert server_module.build_server(str(checkpoint), FAST, settings).lit_api.precision == "bf16-mixed"
 
 
+def test_auto_is_resolved_once_before_the_workers_and_info_says_what_runs(checkpoint, ct2_export, capsys):
+    from attnx.inference.compute_type import compute_type_probe
+    from attnx.inference.precision import PrecisionChoice, decoding_probe
+
+    with decoding_probe(lambda device: PrecisionChoice("bf16-mixed", "injected")):
+        settings = server_module.resolved_precision(str(checkpoint), ServeSettings())
+    assert ServeSettings().precision == "auto" and settings.precision == "bf16-mixed"
+    assert model_info(str(checkpoint), FAST, settings)["precision"] == "bf16-mixed"
+    assert server_module.build_server(str(checkpoint), FAST, settings).lit_api.precision == "bf16-mixed"
+    assert capsys.readouterr().err == "decoding in bf16-mixed: injected (--precision 32-true to override)\n"
+    with compute_type_probe(
+        lambda directory, device, threads, types: {t: 0.5 if t == "int8" else 1.0 for t in types}
+    ):
+        exported = server_module.resolved_precision(str(ct2_export), ServeSettings())
+    assert (
+        exported.compute_type == "int8" and model_info(str(ct2_export), FAST, exported)["precision"] == "int8"
+    )
+    assert server_module.build_server(str(ct2_export), FAST, exported).lit_api.compute_type == "int8"
+
+
 def test_split_as_keeps_order_and_empty_pieces():
     assert split_as(["a", "b", "c"], [2, 0, 1]) == [["a", "b"], [], ["c"]]
 
@@ -324,9 +344,12 @@ def start_server(checkpoint: Path, log: Path, *options: str) -> Served:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "attnx", "serve", "--model", str(checkpoint), "--port", str(port)]
+    fp32 = (
+        [] if "--precision" in options else ["--precision", "32-true"]
+    )  # as the test process's expectations
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            [*command, *FAST_ARGS, "--threads", "1", *options],
+            [*command, *FAST_ARGS, "--threads", "1", *fp32, *options],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=stderr,

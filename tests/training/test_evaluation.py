@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from attnx.data.batch import collate
@@ -97,12 +98,103 @@ def test_bad_settings_are_refused() -> None:
 def test_decoding_runs_in_the_evaluation_precision_and_a_device_without_it_is_refused_first() -> None:
     import pytest
 
+    from attnx.inference.precision import PrecisionChoice, decoding_probe
+
     module = Module()
-    TranslationEvaluator(bleu_samples=0).on_test_batch_end(stage(0, 1, False), module, None, batch_of([1]), 0)
-    evaluator = TranslationEvaluator(bleu_samples=0, precision="bf16-mixed")
-    evaluator.on_test_batch_end(stage(0, 1, False), module, None, batch_of([1]), 0)
-    assert module.precisions == ["32-true", "bf16-mixed"]  # fp32 unless asked, whatever trains
     on_cpu = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")))
-    evaluator.setup(on_cpu, module, "test")
+    for chosen in ("bf16-mixed", "32-true"):  # auto (the default): the probe's choice, whatever trains
+        with decoding_probe(lambda device, c=chosen: PrecisionChoice(c, "injected")):
+            evaluator = TranslationEvaluator(bleu_samples=1)
+            evaluator.setup(on_cpu, module, "fit")
+            evaluator.on_validation_batch_end(
+                stage(0, 1, True), module, None, batch_of([0]), 0
+            )  # validate's BLEU
+            evaluator.on_test_batch_end(stage(0, 1, False), module, None, batch_of([1]), 0)  # test
+            evaluator.on_predict_batch_end(stage(0, 1, False), module, None, batch_of([2]), 0)  # predict
+    assert module.precisions == ["bf16-mixed"] * 3 + ["32-true"] * 3
+    evaluator = TranslationEvaluator(bleu_samples=0, precision="bf16-mixed")
+    with decoding_probe(lambda device: pytest.fail("probed")):
+        evaluator.setup(on_cpu, module, "test")
+    evaluator.on_test_batch_end(stage(0, 1, False), module, None, batch_of([1]), 0)
+    assert module.precisions[-1] == "bf16-mixed"
     with pytest.raises(ConfigError, match="16-mixed decodes on CUDA devices"):
         TranslationEvaluator(precision="16-mixed").setup(on_cpu, module, "fit")
+
+
+class TwoPrecisions:
+    """A module whose translations in bf16-mixed drop the last word of every second sentence."""
+
+    REFERENCES = ["ein Hund läuft im Park .", "zwei Kinder spielen am Strand .", "eine Frau liest ein Buch ."]
+
+    def __init__(self) -> None:
+        self.logged: dict[str, float] = {}
+
+    def translator(self, search: SearchConfig | None = None, precision: str = "32-true"):
+        references = self.REFERENCES
+
+        class Translating:
+            def translate_tensors(self, src, src_mask):
+                rows = [int(x) - 10 for x in src[:, 0]]  # batch_of's sources start with 10 + index
+                return [[i, int(precision == "bf16-mixed" and i % 2 == 1)] for i in rows]
+
+            def decode(self, ids):
+                words = references[ids[0]].split()
+                return " ".join(words[:2] if ids[1] else words)
+
+        return Translating()
+
+    def log(self, name: str, value: float, **kw) -> None:
+        self.logged[name] = value
+
+
+def on_test(tmp_path) -> SimpleNamespace:
+    corpus = SimpleNamespace(references=lambda split: TwoPrecisions.REFERENCES, tgt_lang="de")
+    return SimpleNamespace(
+        world_size=1,
+        global_rank=0,
+        is_global_zero=True,
+        testing=True,
+        validating=False,
+        sanity_checking=False,
+        datamodule=SimpleNamespace(corpus=corpus, test_split="test"),
+        log_dir=str(tmp_path),
+        default_root_dir=str(tmp_path),
+        progress_bar_callback=None,
+        test_dataloaders=None,
+        strategy=SimpleNamespace(broadcast=lambda value, src=0: value, root_device=torch.device("cpu")),
+    )
+
+
+def test_test_compares_a_reduced_precision_with_fp32_when_asked_and_warns_where_it_falls_behind(
+    tmp_path, capsys
+) -> None:
+    from attnx.inference.precision import PrecisionChoice, decoding_probe
+
+    trainer, module = on_test(tmp_path), TwoPrecisions()
+    with decoding_probe(lambda device: PrecisionChoice("bf16-mixed", "injected")):
+        for compare in (False, True):
+            evaluator = TranslationEvaluator(bleu_samples=0, compare_fp32=compare)
+            evaluator.setup(trainer, module, "test")
+            evaluator.on_test_epoch_start(trainer, module)
+            evaluator.on_test_batch_end(trainer, module, None, batch_of([0, 1, 2]), 0)
+            evaluator.on_test_epoch_end(trainer, module)
+    assert evaluator.agreement is not None and evaluator.agreement.identical == pytest.approx(2 / 3)
+    assert evaluator.agreement.fp32_bleu == pytest.approx(100.0) and not evaluator.agreement.holds
+    out, err = capsys.readouterr()
+    compared = [line for line in out.splitlines() if line.startswith("bf16-mixed against 32-true on 3 lines")]
+    assert len(compared) == 1 and "66.7% of lines identical" in compared[0]  # only when asked
+    assert f"attnx test: warning: {compared[0]}" in err.splitlines()
+    assert (tmp_path / "test.test.hyp").read_text().splitlines()[1] == "zwei Kinder"  # what ran: bf16
+
+
+def test_a_test_in_fp32_has_nothing_to_compare(tmp_path, capsys) -> None:
+    from attnx.inference.precision import PrecisionChoice, decoding_probe
+
+    trainer, module = on_test(tmp_path), TwoPrecisions()
+    with decoding_probe(lambda device: PrecisionChoice("32-true", "injected")):
+        evaluator = TranslationEvaluator(bleu_samples=0, compare_fp32=True)
+        evaluator.setup(trainer, module, "test")
+        evaluator.on_test_epoch_start(trainer, module)
+        evaluator.on_test_batch_end(trainer, module, None, batch_of([0, 1, 2]), 0)
+        evaluator.on_test_epoch_end(trainer, module)
+    assert evaluator.agreement is None and "against 32-true" not in capsys.readouterr().out

@@ -29,7 +29,7 @@ def serve(
     workers: int = SERVE.workers,
     threads: int = SERVE.threads,
     timeout: float = SERVE.timeout,
-    precision: Precision | None = None,
+    precision: Precision = SERVE.precision,
 ) -> int:
     """Serve a trained model over HTTP: POST /translate, with concurrent requests translated together.
 
@@ -62,8 +62,9 @@ def serve(
         threads: Torch threads per worker on CPU; 0: torch's default (all cores) for one worker, cores /
             workers for several.
         timeout: Seconds a request may wait in the queue before it is answered 504.
-        precision: As attnx translate's: a checkpoint decodes in 32-true (the default), bf16-mixed or 16-mixed
-            (CUDA only); an export loads with the matching CTranslate2 compute type.
+        precision: As attnx translate's: a checkpoint decodes in 32-true, bf16-mixed or 16-mixed (CUDA only);
+            an export loads with the matching CTranslate2 compute type; auto (the default): chosen by a probe
+            of the device once, before the workers start, and said on standard error.
     """
     import os
 

@@ -101,7 +101,8 @@ def run_options(
         "search": dataclasses.asdict(search) if search is not None else None,
         "format": format,
         "token_scores": token_scores,
-        **({"precision": precision} if precision is not None else {}),  # records before this option match
+        # fp32 is what a run decoded in before the option existed: its records continue
+        **({"precision": precision} if precision not in (None, "32-true") else {}),
         **({"buffer_size": buffer_size, "max_tokens": max_tokens} if seeded else {}),
     }
 

@@ -10,7 +10,14 @@ from typing import Literal
 from attnx.commands.resumable import ResumableOutput, StreamOutput
 from attnx.commands.text_input import TextInput
 from attnx.errors import ConfigError
-from attnx.inference.config import DEFAULT_MAX_TOKENS, PAPER_SEARCH, Precision, SearchConfig, check_precision
+from attnx.inference.config import (
+    AUTO,
+    DEFAULT_MAX_TOKENS,
+    PAPER_SEARCH,
+    Precision,
+    SearchConfig,
+    check_precision,
+)
 from attnx.inference.formats import OutputFormat
 
 
@@ -62,7 +69,7 @@ def translate(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     buffer_size: int = 2000,
     device: str = "auto",
-    precision: Precision | None = None,
+    precision: Precision = AUTO,
     force: bool = False,
 ) -> int:
     """Translate text with a trained model: one segment a line in, one translation a line out, same order.
@@ -103,10 +110,12 @@ def translate(
             translated as they arrive, up to this many together.
         device: Where to decode: auto (CUDA where this machine has it, else the CPU; the choice is said on
             standard error), cpu, cuda, cuda:1, ...
-        precision: A checkpoint decodes in 32-true (the default), bf16-mixed or 16-mixed (CUDA only): the
-            matrix products under autocast in bf16 or fp16, softmax and scores in float32; faster where the
-            device has units for them, and a translation may differ from fp32's. An export loads with the
-            matching CTranslate2 compute type (default: the one it was exported with).
+        precision: A checkpoint decodes in 32-true, bf16-mixed or 16-mixed (CUDA only): the matrix products
+            under autocast in bf16 or fp16, softmax and scores in float32; faster where the device has units
+            for them, and a translation may differ from fp32's. An export loads with the matching CTranslate2
+            compute type. auto (the default): bf16-mixed where a probe finds the device's bf16 units make
+            decoding faster, else 32-true; an export, the compute type a probe finds fastest here; the
+            choice is said on standard error.
         force: Replace the --output file if it exists (otherwise an existing file is left and the command stops).
     """
     from attnx.commands.spellings import ensemble_members
@@ -130,8 +139,7 @@ def translate(
         refuse_to_replace(output, force)
     device, chosen = decoding_device(device, model if isinstance(model, list) else [model])
     check_device(device)
-    if precision is not None:
-        check_precision(precision, device.split(":")[0])
+    check_precision(precision, device.split(":")[0])
     for path in model if isinstance(model, list) else [model]:
         if is_ctranslate2_model(path):
             require_extra("ct2", f"attnx translate --model {path} (a CTranslate2 model)")
@@ -139,21 +147,24 @@ def translate(
         try:
             with PairedInputs(input, target=target, prefix=prefix) as inputs:
                 inputs.check_line_counts()
+                from attnx.inference.load import decoding_precision, load
+
+                runs_in = decoding_precision(model, precision, device)  # `auto` measured and said once
                 options = run_options(
-                    model, weights, search, format, token_scores, precision, buffer_size, max_tokens
+                    model, weights, search, format, token_scores, runs_in.label, buffer_size, max_tokens
                 )
                 sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
                 sink.prepare()
-                from attnx.inference.load import load
-
                 translator = load(
                     model,
                     device=device,
                     search=search,
                     max_tokens=max_tokens,
                     weights=weights,
-                    precision=precision,
+                    precision=runs_in.precision,
+                    compute_type=runs_in.compute_type,
                 )
+                runs_in.say()  # once the model has loaded: a model that fails to is one line
                 if chosen:  # once the model is on it
                     print(chosen, file=sys.stderr, flush=True)
                 job = TranslationJob(translator, format, token_scores, buffer_size)

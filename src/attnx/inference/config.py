@@ -18,11 +18,16 @@ LengthPenalty = Literal["gnmt", "fairseq"]
 MBRUtility = Literal["chrf", "bleu"]
 MBRCandidates = Literal["sample", "epsilon", "nbest"]
 
-Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
-"""What a checkpoint decodes in (`attnx translate --precision`), named as `attnx fit`'s `--trainer.precision`."""
+Precision = Literal["auto", "32-true", "bf16-mixed", "16-mixed"]
+"""What a checkpoint decodes in (`attnx translate --precision`), named as `attnx fit`'s `--trainer.precision`;
+`auto` is chosen from the device ([`attnx.inference.precision`][attnx.inference.precision])."""
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 """The values of [`Precision`][attnx.inference.config.Precision], in the order usage errors list them."""
+
+AUTO = "auto"
+"""The precision every decoding entry point defaults to: bf16-mixed where the device's bf16 units make decoding
+faster, else 32-true, chosen once per process and said on standard error."""
 
 
 def check_precision(precision: str, device_type: str) -> None:

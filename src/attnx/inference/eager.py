@@ -28,6 +28,7 @@ from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig, changed_sea
 from attnx.inference.decoder import Decoder, EnsembleDecoder, ModelDecoder
 from attnx.inference.hypothesis import Hypothesis
 from attnx.inference.mbr import candidate_search, rerank
+from attnx.inference.precision import resolve_precision
 from attnx.inference.scoring import force_decode
 from attnx.inference.search import generate
 from attnx.inference.translator import Translator, blank, fitted_search
@@ -87,7 +88,8 @@ class EagerTranslator(Translator):
         weights: An ensemble's weights, one per model (default: equal).
         precision: `32-true` (default), `bf16-mixed` or `16-mixed` (CUDA only): the matrix products under
             autocast in bf16 or fp16, softmax and scores in float32
-            ([`DECODING_PRECISIONS`][attnx.inference.eager.DECODING_PRECISIONS]).
+            ([`DECODING_PRECISIONS`][attnx.inference.eager.DECODING_PRECISIONS]); `auto`: chosen from the
+            device ([`attnx.inference.precision`][attnx.inference.precision]).
     """
 
     def __init__(
@@ -116,8 +118,7 @@ class EagerTranslator(Translator):
         self.max_positions = min(int(m.max_positions) for m in models)
         self.search = fitted_search(search or SearchConfig(), self.max_positions)
         self.max_tokens = max_tokens
-        self.precision = precision
-        autocast_dtype(precision, self.device)
+        self.precision = resolve_precision(precision, self.device)
 
     @classmethod
     def from_checkpoint(

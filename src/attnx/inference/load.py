@@ -4,21 +4,66 @@ directory, whichever engine reads it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from attnx.checkpoint import CheckpointError
 from attnx.errors import ConfigError
-from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig, check_precision
+from attnx.inference.compute_type import auto_compute_type, resolve_compute_type
+from attnx.inference.config import AUTO, DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.ctranslate2 import CTranslate2Translator, is_ctranslate2_model
 from attnx.inference.eager import EagerTranslator
+from attnx.inference.precision import auto_precision, resolve_precision
 from attnx.inference.translator import Translator
 
-__all__ = ["load"]
+__all__ = ["DecodingPrecision", "decoding_precision", "load"]
 
-COMPUTE_TYPES = {"32-true": "float32", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
-"""The CTranslate2 compute type an export is loaded with for each precision a checkpoint decodes in."""
+
+@dataclass(frozen=True)
+class DecodingPrecision:
+    """What a model decodes in once `auto` is resolved: a checkpoint's precision, or an export's compute type."""
+
+    precision: str
+    """What a checkpoint decodes in (`32-true`, `bf16-mixed`, `16-mixed`); for an export, the one asked for."""
+    compute_type: str | None = None
+    """An export's CTranslate2 compute type; None for checkpoints."""
+    chosen_on: tuple[str, str] | None = None
+    """`(path, device)` where `auto` chose it; None where the precision was given."""
+
+    @property
+    def label(self) -> str:
+        """What runs: the compute type of an export, else the precision."""
+        return self.compute_type or self.precision
+
+    def say(self) -> None:
+        """Say on standard error what `auto` chose and why, once per process (nothing for a precision given)."""
+        if self.chosen_on is None:
+            return
+        path, device = self.chosen_on
+        if self.compute_type is not None:
+            auto_compute_type(path, device)
+        else:
+            auto_precision(device)
+
+
+def decoding_precision(
+    path: str | Path | Sequence[str | Path], precision: str | None, device: str | torch.device
+) -> DecodingPrecision:
+    """What `path` (as [`load`][attnx.inference.load.load] takes it) decodes in on `device` with `precision`:
+    `auto` (and None) is measured now, once per process, and said by
+    [`DecodingPrecision.say`][attnx.inference.load.DecodingPrecision.say]. Commands resolve it before loading,
+    to record it with their output or hand it to worker processes, and say it once the model has loaded."""
+    paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
+    auto = precision is None or precision == AUTO
+    chosen_on = (str(paths[0]), str(device)) if auto else None
+    if len(paths) == 1 and is_ctranslate2_model(paths[0]):
+        compute_type = resolve_compute_type(precision, device)
+        if compute_type == AUTO:
+            compute_type = auto_compute_type(paths[0], device, say=False).compute_type
+        return DecodingPrecision(precision or AUTO, compute_type, chosen_on)
+    return DecodingPrecision(resolve_precision(precision, device, say=False), None, chosen_on)
 
 
 def load(
@@ -27,7 +72,8 @@ def load(
     search: SearchConfig | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     weights: Sequence[float] | None = None,
-    precision: str | None = None,
+    precision: str = AUTO,
+    compute_type: str | None = None,
 ) -> Translator:
     """A translator for `path`: a checkpoint file of `attnx fit`/`attnx average` (decoded by
     [`EagerTranslator`][attnx.inference.eager.EagerTranslator]), a directory written by
@@ -36,9 +82,13 @@ def load(
     files decoded as one ensemble (optionally `weights`, one per checkpoint; they must share their
     SentencePiece model).
 
-    `precision` (`32-true`, `bf16-mixed`, `16-mixed`): a checkpoint decodes under autocast in it (default
-    32-true); an export is loaded with the matching CTranslate2 compute type (float32, bfloat16, float16;
-    default: the type it was exported with).
+    `precision` (`32-true`, `bf16-mixed`, `16-mixed`): a checkpoint decodes under autocast in it; an export
+    is loaded with the matching CTranslate2 compute type (float32, bfloat16, float16). `auto` (the default):
+    a checkpoint decodes in bf16-mixed where the device's bf16 units make decoding faster, else 32-true
+    ([`attnx.inference.precision`][attnx.inference.precision]); an export in the fastest compute type
+    CTranslate2 supports on the device ([`attnx.inference.compute_type`][attnx.inference.compute_type]);
+    the choice is said once on standard error. `compute_type`: an export's CTranslate2 compute type
+    (`int8`, `float32`, ...), which `precision` then does not choose.
 
     Every kind answers the same calls: `generate(lines)`, `score(sources, targets)`, `translate(lines)`,
     `translate_ids(ids)`, `to(device)`, `with_search(**changes)`, `search`, `tokenizer`.
@@ -46,7 +96,7 @@ def load(
     if not isinstance(path, (str, Path)):
         paths = [Path(p) for p in path]
         if len(paths) == 1 and weights is None:
-            return load(paths[0], device, search, max_tokens, precision=precision)
+            return load(paths[0], device, search, max_tokens, precision=precision, compute_type=compute_type)
         exported = [p for p in paths if p.is_dir()]
         if exported:
             raise ConfigError(
@@ -59,23 +109,23 @@ def load(
             search=search,
             max_tokens=max_tokens,
             weights=weights,
-            precision=precision or "32-true",
+            precision=precision,
         )
     path = Path(path)
     if weights is not None:
         raise ConfigError("ensemble weights need an ensemble: give a list of checkpoints")
     if path.is_dir():
         if is_ctranslate2_model(path):
-            if precision is not None:
-                check_precision(precision, torch.device(device).type)
-            options = {} if precision is None else {"compute_type": COMPUTE_TYPES[precision]}
+            compute_type = compute_type or resolve_compute_type(precision, device)
+            if compute_type == AUTO:
+                compute_type = auto_compute_type(path, device).compute_type
             return CTranslate2Translator.load(
-                path, device=device, search=search, max_tokens=max_tokens, **options
+                path, device=device, search=search, max_tokens=max_tokens, compute_type=compute_type
             )
         raise CheckpointError(
             f"{path} is a directory but not a model exported by `attnx export --format ctranslate2`; "
             "give a checkpoint file (*.ckpt) or an exported CTranslate2 directory"
         )
     return EagerTranslator.from_checkpoint(
-        path, device=device, search=search, max_tokens=max_tokens, precision=precision or "32-true"
+        path, device=device, search=search, max_tokens=max_tokens, precision=precision
     )

@@ -112,7 +112,8 @@ class TranslationAPI(ls.LitAPI):
         threads: int = 0,
         max_batch_size: int = 32,
         batch_timeout: float = 0.01,
-        precision: str | None = None,
+        precision: str = "32-true",
+        compute_type: str | None = None,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=API_PATH)
         self.model = model
@@ -120,6 +121,7 @@ class TranslationAPI(ls.LitAPI):
         self.max_tokens = max_tokens
         self.threads = threads
         self.precision = precision
+        self.compute_type = compute_type
 
     def setup(self, device: str) -> None:
         import torch
@@ -141,6 +143,7 @@ class TranslationAPI(ls.LitAPI):
             search=self.search,
             max_tokens=self.max_tokens,
             precision=self.precision,
+            compute_type=self.compute_type,
         )
 
     # No annotation on purpose: LitServe turns an annotated `request` into a FastAPI parameter; unannotated,
@@ -237,7 +240,7 @@ def model_info(model: str, search: SearchConfig, settings: ServeSettings) -> dic
         "format": "ctranslate2" if Path(model).is_dir() else "checkpoint",
         "attnx": __version__,
         "device": settings.device,
-        "precision": settings.precision,
+        "precision": settings.compute_type or settings.precision,
         "search": dataclasses.asdict(search),
         "max_tokens": settings.max_tokens,
         "batching": {"max_batch_size": settings.max_batch_size, "batch_timeout": settings.batch_timeout},
@@ -257,6 +260,7 @@ def build_server(model: str, search: SearchConfig, settings: ServeSettings) -> l
         max_batch_size=settings.max_batch_size,
         batch_timeout=settings.batch_timeout,
         precision=settings.precision,
+        compute_type=settings.compute_type,
     )
     return ls.LitServer(
         api,
@@ -341,14 +345,26 @@ def stop_processes(processes: Iterable[multiprocessing.process.BaseProcess]) -> 
         process.join(timeout=5)
 
 
+def resolved_precision(model: str, settings: ServeSettings) -> ServeSettings:
+    """`settings` with `auto` resolved on their device (measured and said once, here): every worker then
+    decodes in the same precision, and `/info` names it."""
+    from attnx.inference.load import decoding_precision
+
+    runs_in = decoding_precision(model, settings.precision, settings.device)
+    runs_in.say()
+    return dataclasses.replace(settings, precision=runs_in.precision, compute_type=runs_in.compute_type)
+
+
 def serve(model: str, search: SearchConfig, settings: ServeSettings) -> None:
     """Check `model` loads, then serve it until SIGTERM or SIGINT; returns after a clean shutdown."""
     from attnx.inference.load import load
 
     check_port_free(settings.host, settings.port)
     # Load once here so a bad model or search setting is a one-line error, not a worker's traceback; the
-    # workers load their own copy.
-    resolved = load(model, device="cpu", search=search, max_tokens=settings.max_tokens).search
+    # workers load their own copy, in the precision chosen here once for all of them.
+    check = load(model, device="cpu", search=search, max_tokens=settings.max_tokens, precision="32-true")
+    resolved = check.search
+    settings = resolved_precision(model, settings)
     server = build_server(model, resolved, settings)
     ready = threading.Event()
     announce_when_ready(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnx.errors import ConfigError
-from attnx.inference.config import DEFAULT_MAX_TOKENS, check_precision
+from attnx.inference.config import AUTO, DEFAULT_MAX_TOKENS, check_precision
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 """Interfaces LitServe binds to: loopback only (the default), every IPv4 interface, every interface."""
@@ -44,8 +44,11 @@ class ServeSettings:
     timeout: float = 30.0
     workers: int = 1
     threads: int = 0
-    precision: str | None = None
-    """What a checkpoint decodes in (`32-true` when None) or an export's compute type; as attnx translate's."""
+    precision: str = AUTO
+    """What a checkpoint decodes in, or an export's compute type, as attnx translate's; `auto` is resolved once,
+    in the serving process, before the workers start."""
+    compute_type: str | None = None
+    """An export's CTranslate2 compute type, once `auto` is resolved (None: the one `precision` names)."""
     limits: RequestLimits = RequestLimits()
 
     def __post_init__(self) -> None:
@@ -63,8 +66,7 @@ class ServeSettings:
             raise ConfigError(f"--threads must be 0 (torch's default) or more, got {self.threads}")
         if self.timeout <= 0:
             raise ConfigError(f"--timeout must be positive, got {self.timeout}")
-        if self.precision is not None:
-            check_precision(self.precision, self.device.split(":")[0])
+        check_precision(self.precision, self.device.split(":")[0])
         if not 0 <= self.batch_timeout < self.timeout:
             raise ConfigError(
                 f"--batch_timeout {self.batch_timeout} must be at least 0 and below --timeout {self.timeout}"

@@ -22,8 +22,10 @@ from lightning.pytorch.callbacks import Callback
 
 from attnx.data.batch import Batch
 from attnx.errors import ConfigError
+from attnx.evaluation.agreement import Agreement, agreement
 from attnx.evaluation.bleu import BleuReport, score
-from attnx.inference.config import PAPER_SEARCH, Precision, SearchConfig, check_precision
+from attnx.inference.config import AUTO, PAPER_SEARCH, Precision, SearchConfig
+from attnx.inference.precision import resolve_precision
 from attnx.inference.progress import Progress
 
 """§6.1's beam 4, α 0.6, maximum length input + 50 (copied, never modified)."""
@@ -45,7 +47,8 @@ class TranslationEvaluator(Callback):
         bleu_samples: int = 500,
         valid_beam: int = 1,
         output_file: str | None = None,
-        precision: Precision = "32-true",
+        precision: Precision = AUTO,
+        compare_fp32: bool = False,
     ) -> None:
         """
         Args:
@@ -57,8 +60,14 @@ class TranslationEvaluator(Callback):
             valid_beam: Beam size for validation BLEU (1 = greedy, the cheapest).
             output_file: Where `test` and `predict` write translations, one a line in corpus order. None:
                 `<log_dir>/test.<split>.hyp` and `<log_dir>/predict.<split>.hyp`.
-            precision: What decoding runs in, as `attnx translate --precision`: 32-true (the default, whatever
-                `trainer.precision` trains in), bf16-mixed, or 16-mixed on CUDA.
+            precision: What decoding runs in, as `attnx translate --precision`, whatever `trainer.precision`
+                trains in: 32-true, bf16-mixed, 16-mixed on CUDA, or auto (the default): bf16-mixed where a
+                probe finds the device's bf16 units make decoding faster, else 32-true, chosen when the run
+                starts and said on standard error.
+            compare_fp32: `test` in a reduced precision also translates the split in 32-true and prints how
+                far its translations stray: BLEU and chrF of both, the share of identical lines, and a warning
+                where the reduced precision falls more than 1 point below fp32's BLEU or chrF
+                ([`agreement`][attnx.evaluation.agreement.agreement]; then decode that model in 32-true).
         """
         if bleu_samples < 0 or valid_beam < 1:
             raise ConfigError(
@@ -74,6 +83,12 @@ class TranslationEvaluator(Callback):
         self.valid_beam = valid_beam
         self.output_file = output_file
         self.precision = precision
+        self.compare_fp32 = compare_fp32
+        self.agreement: Agreement | None = None
+        """How the last `test`'s translations compared with fp32's (rank 0, with `compare_fp32`)."""
+        self._fp32: list[tuple[int, list[int]]] = []
+        self.decodes_in: str | None = None
+        """The precision decoding runs in, `auto` resolved (set when a run starts)."""
         self.report: BleuReport | None = None
         self.written: Path | None = None
         """The file the last `test` or `predict` wrote its translations to (rank 0)."""
@@ -112,13 +127,23 @@ class TranslationEvaluator(Callback):
         on_device = rows.to(batch.src.device)
         src, src_mask = batch.src[on_device], batch.src_mask[on_device]
         width = int(src_mask.sum(1).max())  # the selected rows may need fewer columns
-        translator = module.translator(search, precision=self.precision)
+        translator = module.translator(search, precision=self.decodes_in or self.precision)
         hyps = translator.translate_tensors(src[:, :width], src_mask[:, :width])
         self._translations.extend(zip(index[rows].tolist(), hyps, strict=True))
+        if self._comparing(trainer):
+            fp32 = module.translator(search, precision="32-true").translate_tensors(
+                src[:, :width], src_mask[:, :width]
+            )
+            self._fp32.extend(zip(index[rows].tolist(), fp32, strict=True))
+
+    def _comparing(self, trainer: pl.Trainer) -> bool:
+        """Whether this stage also decodes in fp32 to compare (`test`, `compare_fp32`, a reduced precision)."""
+        reduced = (self.decodes_in or self.precision) != "32-true"
+        return self.compare_fp32 and reduced and bool(trainer.testing)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # before any step: a precision the device cannot decode in is a usage error, not a failure hours in
-        check_precision(self.precision, trainer.strategy.root_device.type)
+        self.decodes_in = resolve_precision(self.precision, trainer.strategy.root_device)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._translations = []
@@ -132,7 +157,7 @@ class TranslationEvaluator(Callback):
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.bleu_samples == 0:
             return
-        report = self._score(trainer, pl_module, "valid")
+        report = self._score(trainer, self._gather(trainer, pl_module, "valid"), "valid")
         bleu = trainer.strategy.broadcast(report.bleu if report is not None else 0.0, src=0)
         pl_module.log("val/bleu", bleu, prog_bar=True, sync_dist=True)
 
@@ -162,6 +187,7 @@ class TranslationEvaluator(Callback):
 
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start_progress(trainer, "test")
+        self._fp32, self.agreement = [], None
 
     def on_test_batch_end(self, trainer, pl_module, outputs: Any, batch: Batch, batch_idx, dataloader_idx=0):
         self._translate(trainer, pl_module, batch, None)
@@ -169,9 +195,12 @@ class TranslationEvaluator(Callback):
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._end_progress()
-        self.report = self._score(trainer, pl_module, "test", write=True)
+        translations = self._gather(trainer, pl_module, "test", write=True)
+        self.report = self._score(trainer, translations, "test")
         if self.report is not None:  # rank 0: the scores are the command's result, printed to stdout
             print("\n".join(self.report.lines()), flush=True)
+        if self._comparing(trainer):
+            self._compare(trainer, pl_module, translations)
         for name in ("bleu", "chrf"):
             value = getattr(self.report, name) if self.report is not None else 0.0
             pl_module.log(f"test/{name}", trainer.strategy.broadcast(value, src=0), sync_dist=True)
@@ -190,6 +219,21 @@ class TranslationEvaluator(Callback):
         self._gather(trainer, pl_module, "predict", write=True)
 
     # ----------------------------------------------------------------------------- gather, write, score
+
+    def _compare(self, trainer: pl.Trainer, module: pl.LightningModule, translations) -> None:
+        """Print how this test's translations compare with fp32's of the same lines (rank 0)."""
+        self._translations, self._fp32 = self._fp32, []
+        fp32 = self._gather(trainer, module, "test")
+        if translations is None or fp32 is None:
+            return
+        corpus, split = corpus_split(trainer, "test")
+        references = corpus.references(split)
+        ours, theirs = [text for _, text in translations], [text for _, text in fp32]
+        refs = [references[i] for i, _ in translations]
+        self.agreement = agreement(str(self.decodes_in), ours, theirs, refs, lang=corpus.tgt_lang)
+        print(self.agreement.line(), flush=True)
+        if not self.agreement.holds:
+            print(f"attnx test: warning: {self.agreement.line()}", file=sys.stderr, flush=True)
 
     def _gather(
         self, trainer: pl.Trainer, module: pl.LightningModule, stage: str, write: bool = False
@@ -219,9 +263,8 @@ class TranslationEvaluator(Callback):
         log_dir = trainer.log_dir or trainer.default_root_dir
         return Path(log_dir) / f"{stage}.{split or 'data'}.hyp"
 
-    def _score(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str, write: bool = False):
-        """sacreBLEU of this epoch's translations against the raw references of `stage`'s split (rank 0)."""
-        translations = self._gather(trainer, module, stage, write=write)
+    def _score(self, trainer: pl.Trainer, translations: list[tuple[int, str]] | None, stage: str):
+        """sacreBLEU of `translations` against the raw references of `stage`'s split (rank 0)."""
         if translations is None:
             return None
         corpus, split = corpus_split(trainer, stage)

@@ -152,7 +152,8 @@ class TranslationTask(pl.LightningModule):
     def translator(
         self, search: SearchConfig | None = None, max_tokens: int | None = None, precision: str = "32-true"
     ) -> EagerTranslator:
-        """An [EagerTranslator][attnx.inference.eager.EagerTranslator] over the model being trained."""
+        """An [EagerTranslator][attnx.inference.eager.EagerTranslator] over the model being trained, decoding in
+        `precision` (`auto`: chosen from the device, [`attnx.inference.precision`][attnx.inference.precision])."""
         if max_tokens is None:
             return EagerTranslator(self.model, self.tokenizer, search, precision=precision)
         return EagerTranslator(self.model, self.tokenizer, search, max_tokens, precision=precision)

@@ -1,0 +1,107 @@
+"""`auto`: what a checkpoint decodes in, chosen once per process from a probe of the device (injected here),
+and bf16 decoding of a trained model held against fp32's."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnx.errors import ConfigError
+from attnx.evaluation.agreement import agreement
+from attnx.inference.eager import EagerTranslator
+from attnx.inference.precision import (
+    BF16,
+    FP32,
+    MIN_DECODE_BF16_SPEEDUP,
+    PrecisionChoice,
+    auto_precision,
+    bf16_matmul_speedup,
+    choose_bf16,
+    cpu_model,
+    decoding_probe,
+    probe_device,
+    resolve_precision,
+)
+
+ZEN4 = {"avx512f", "avx512_bf16", "avx2"}
+
+
+def never_probed() -> float:
+    raise AssertionError("the probe ran")
+
+
+def test_amx_decodes_in_bf16_and_avx2_in_fp32_without_probing() -> None:
+    assert choose_bf16({"amx_bf16", "amx_tile"}, never_probed, 1.5).precision == BF16
+    assert choose_bf16({"avx2"}, never_probed, 1.5) == PrecisionChoice(FP32, "CPU has no bf16 units")
+
+
+@pytest.mark.parametrize(("ratio", "expected"), [(3.1, BF16), (MIN_DECODE_BF16_SPEEDUP, BF16), (1.2, FP32)])
+def test_avx512_bf16_alone_follows_the_probe(ratio: float, expected: str) -> None:
+    choice = choose_bf16(ZEN4, lambda: ratio, MIN_DECODE_BF16_SPEEDUP, "bf16 decoding-shaped matrix products")
+    assert choice.precision == expected
+    assert f"bf16 decoding-shaped matrix products measured {'only ' * (expected == FP32)}{ratio:.1f}x" in (
+        choice.reason
+    )
+
+
+def test_auto_is_probed_once_per_device_kind_and_said_once(capsys) -> None:
+    asked: list[torch.device] = []
+
+    def probe(device: torch.device) -> PrecisionChoice:
+        asked.append(device)
+        return PrecisionChoice(BF16, "bf16 matrix products 3.1x fp32 on this CPU")
+
+    with decoding_probe(probe):
+        assert [resolve_precision("auto", "cpu"), resolve_precision(None, "cpu")] == [BF16, BF16]
+        assert auto_precision("cpu").precision == BF16
+    assert asked == [torch.device("cpu")]
+    assert capsys.readouterr().err == (
+        "decoding in bf16-mixed: bf16 matrix products 3.1x fp32 on this CPU (--precision 32-true to override)\n"
+    )
+
+
+def test_a_precision_given_is_kept_checked_and_not_probed(capsys) -> None:
+    with decoding_probe(lambda device: pytest.fail("probed")):
+        assert resolve_precision("32-true", "cpu") == FP32
+        assert resolve_precision("bf16-mixed", "cpu") == BF16
+        with pytest.raises(ConfigError, match="16-mixed decodes on CUDA devices"):
+            resolve_precision("16-mixed", "cpu")
+        with pytest.raises(ConfigError, match="choose one of auto, 32-true, bf16-mixed, 16-mixed"):
+            resolve_precision("bf16", "cpu")
+    assert capsys.readouterr().err == ""
+
+
+def test_the_probe_of_this_machine_gives_a_precision_and_its_reason() -> None:
+    """What it chooses depends on the CPU; that it answers, with a reason, does not."""
+    choice = probe_device(torch.device("cpu"))
+    assert choice.precision in (FP32, BF16) and choice.reason
+    assert cpu_model()
+    ratio = bf16_matmul_speedup(seconds=0.01, shape=(8, 16, 32), cast_input=True)
+    assert math.isfinite(ratio) and ratio > 0
+
+
+def test_a_cuda_device_without_bf16_decodes_in_fp32(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    assert probe_device(torch.device("cuda")) == PrecisionChoice(FP32, "Tesla T4 has no bf16 units")
+
+
+MAX_BLEU_DIFFERENCE = 2.0
+MAX_CHRF_DIFFERENCE = 2.0
+MIN_IDENTICAL = 0.6
+
+
+def test_bf16_decoding_of_a_trained_model_holds_against_fp32(trained: Path, test_set, trained_corpus) -> None:
+    """The trained fixture's 200 test sentences, beam 4, in bf16-mixed and in 32-true: corpus BLEU and chrF
+    within 2 points of each other and at least 60% of the lines identical. bf16 moves a line only where two
+    hypotheses' scores were within its rounding (the search's scores stay float32), so most lines agree."""
+    references = trained_corpus.references("test")
+    fp32 = EagerTranslator.from_checkpoint(trained, precision="32-true").translate(test_set.lines)
+    bf16 = EagerTranslator.from_checkpoint(trained, precision="bf16-mixed").translate(test_set.lines)
+    result = agreement(BF16, bf16, fp32, references)
+    assert abs(result.bleu - result.fp32_bleu) <= MAX_BLEU_DIFFERENCE, result.line()
+    assert abs(result.chrf - result.fp32_chrf) <= MAX_CHRF_DIFFERENCE, result.line()
+    assert result.identical >= MIN_IDENTICAL, result.line()
