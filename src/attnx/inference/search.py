@@ -218,7 +218,9 @@ def generate(
                 lexical.follow(rows, history, row_sent)
 
         # A hypothesis with every phrase it must contain ranks before one the maximum length ended first.
-        return [sorted(h, key=lambda h: (-len(h.unmet or ()), h.score), reverse=True)[:nbest] for h in finished]
+        return [
+            sorted(h, key=lambda h: (-len(h.unmet or ()), h.score), reverse=True)[:nbest] for h in finished
+        ]
 
 
 # ------------------------------------------------------------------------------------ shorthands
