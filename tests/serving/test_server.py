@@ -115,6 +115,36 @@ def test_a_request_may_ask_for_an_nbest_list_or_samples_with_scores(api, checkpo
     assert answers[3] == {"translations": attnx.load(checkpoint, search=FAST).translate(["A cat."])}
 
 
+def test_a_request_s_constraints_are_met_per_line_and_a_line_they_cannot_fit_is_refused_alone(trained):
+    """Each line's phrases to include appear and those to exclude do not, as the Python API gives them; a
+    request whose phrases are longer than its line may be is answered 422 alone, its neighbours served."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        lit = TranslationAPI(str(trained), SearchConfig(beam=4), max_tokens=4096, max_batch_size=8)
+        lit.pre_setup()
+        lit.setup("cpu")
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    lines = ["A man is walking a dog.", "Two children play with a ball."]
+    requests = [
+        {"text": lines, "constraints": [{"include": ["Katze"], "exclude": ["Hund"]}, ["Ball", "Kinder"]]},
+        {"text": "A woman reads a book.", "constraints": {"include": [" ".join(["Buch"] * 40)]}},
+        {"text": lines},
+    ]
+    answers = lit.unbatch(lit.predict(lit.batch([lit.decode_request(r) for r in requests])))
+    first = answers[0]["translations"]
+    assert "Katze" in first[0] and "Hund" not in first[0]
+    assert "Ball" in first[1] and "Kinder" in first[1]
+    expected = attnx.load(trained, search=SearchConfig(beam=4)).translate(
+        lines, constraints=requests[0]["constraints"]
+    )
+    assert first == expected
+    refused = lit.encode_response(answers[1])
+    assert refused.status_code == 422 and b"more than the" in refused.body
+    assert answers[2] == {"translations": attnx.load(trained, search=SearchConfig(beam=4)).translate(lines)}
+
+
 def test_a_request_that_fails_while_decoding_fails_alone(api, checkpoint, monkeypatch):
     """A failing `generate` call is made again per request: the neighbours get their translations, the
     request that fails by itself a 500 naming its error (LitServe answers every request of a batch whose

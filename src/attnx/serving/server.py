@@ -42,7 +42,7 @@ from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.formats import hypothesis_fields
 from attnx.serving.settings import ServeSettings
-from attnx.serving.validation import FIELD, SCORES, SEARCH, RequestLimitsMiddleware
+from attnx.serving.validation import CONSTRAINTS, FIELD, SCORES, SEARCH, RequestLimitsMiddleware
 
 API_PATH = "/translate"
 log = logging.getLogger(__name__)
@@ -54,9 +54,15 @@ def lines_of(payload: dict[str, Any]) -> list[str]:
     return [text] if isinstance(text, str) else list(text)
 
 
-def request_of(payload: dict[str, Any]) -> tuple[list[str], dict[str, Any], bool]:
-    """A checked request as (lines, search settings it changes, whether it wants the hypotheses)."""
-    return lines_of(payload), dict(payload.get(SEARCH, {})), bool(payload.get(SCORES, False))
+def request_of(payload: dict[str, Any]) -> tuple[list[str], dict[str, Any], bool, list[Any]]:
+    """A checked request as (lines, search settings it changes, whether it wants the hypotheses, each line's
+    constraints)."""
+    lines = lines_of(payload)
+    given = payload.get(CONSTRAINTS)
+    constraints = (
+        [None] * len(lines) if given is None else [given] if isinstance(payload[FIELD], str) else given
+    )
+    return lines, dict(payload.get(SEARCH, {})), bool(payload.get(SCORES, False)), constraints
 
 
 def split_as(flat: list[str], counts: list[int]) -> list[list[str]]:
@@ -73,6 +79,8 @@ class Failed:
     """The answer to a request that failed while decoding, alone (not the fault of a batch it was in)."""
 
     message: str
+    status: int = 500
+    """422 for settings that cannot work for this request (a phrase longer than its line may be), else 500."""
 
 
 EXIT_GRACE_S = 3.0
@@ -153,10 +161,12 @@ class TranslationAPI(ls.LitAPI):
         then one answer per request. A call that raises is made again for each of its requests alone, so a
         request that fails (a case the HTTP process's checks did not foresee) fails by itself: it is answered
         500 with its error, its neighbours as if it had not been sent."""
-        requests: list[tuple[list[str], dict[str, Any], bool]] = x if self.max_batch_size > 1 else [x]
+        requests: list[tuple[list[str], dict[str, Any], bool, list[Any]]] = (
+            x if self.max_batch_size > 1 else [x]
+        )
         answers: list[dict[str, Any] | Failed] = [Failed("not translated") for _ in requests]
         groups: dict[str, list[int]] = {}
-        for i, (_, changes, _) in enumerate(requests):
+        for i, (_, changes, *_) in enumerate(requests):
             groups.setdefault(json.dumps(changes, sort_keys=True), []).append(i)
         for key, members in groups.items():
             try:
@@ -175,16 +185,22 @@ class TranslationAPI(ls.LitAPI):
     def answer(
         self,
         changes: dict[str, Any],
-        requests: list[tuple[list[str], dict[str, Any], bool]],
+        requests: list[tuple[list[str], dict[str, Any], bool, list[Any]]],
         members: list[int],
         answers: list[dict[str, Any] | Failed],
     ) -> None:
         """Translate `requests` (asking for `changes`) in one `generate` call; answers[members[j]] is the answer
         to requests[j]."""
         translator = self.translator.with_search(**changes) if changes else self.translator
-        flat = translator.generate([line for lines, _, _ in requests for line in lines])
-        pieces = split_as(flat, [len(lines) for lines, _, _ in requests])
-        for i, (_, _, scores), results in zip(members, requests, pieces, strict=True):
+        lines = [line for request in requests for line in request[0]]
+        constraints = [c for request in requests for c in request[3]]
+        flat = (
+            translator.generate(lines, constraints=constraints)
+            if any(constraints)
+            else translator.generate(lines)
+        )
+        pieces = split_as(flat, [len(request[0]) for request in requests])
+        for i, (_, _, scores, _), results in zip(members, requests, pieces, strict=True):
             answer: dict[str, Any] = {"translations": [hyps[0].text for hyps in results]}
             if scores or translator.search.nbest > 1:
                 answer["hypotheses"] = [[hypothesis_fields(h) for h in hyps] for hyps in results]
@@ -193,13 +209,15 @@ class TranslationAPI(ls.LitAPI):
     @staticmethod
     def failed(err: Exception) -> Failed:
         log.error("a request failed while decoding; answered 500 alone", exc_info=err)
+        if isinstance(err, ConfigError):
+            return Failed(str(err), 422)
         return Failed(f"translating this request failed: {type(err).__name__}: {err}")
 
     def encode_response(self, output: dict[str, Any] | Failed) -> Any:
         if isinstance(output, Failed):
             from starlette.responses import JSONResponse
 
-            return JSONResponse({"detail": output.message}, status_code=500)
+            return JSONResponse({"detail": output.message}, status_code=output.status)
         return output
 
 
