@@ -134,3 +134,17 @@ def test_a_ctranslate2_model_hands_phrases_to_the_checkpoint_beside_it_or_refuse
     assert translate(export, inputs, out2, "--constraint", '{"exclude": ["Mann"]}', *argv[2:]) == 0
     assert "own engine" not in capsys.readouterr().err
     assert all("Mann" not in line for line in out2.read_text().splitlines())
+
+
+def test_a_translation_the_maximum_length_ends_before_its_phrases_says_so(trained, tmp_path, capsys):
+    """A phrase no hypothesis can write (its token twice under no_repeat_ngram 1) ends at the maximum length:
+    the jsonl names the phrase unmet and one warning line names the input line."""
+    inputs = write(tmp_path / "in.en", ["A dog.", "A cat."])
+    out = tmp_path / "out.jsonl"
+    argv = ["--constraints", str(write(tmp_path / "c.txt", ["", "Katze Katze"])), "--format", "jsonl"]
+    argv += ["--search.no_repeat_ngram", "1", "--search.max_len_b", "8"]
+    assert translate(trained, inputs, out, *argv) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert "unmet" not in rows[0]["hypotheses"][0] and rows[1]["hypotheses"][0]["unmet"] == [0]
+    err = [line for line in capsys.readouterr().err.splitlines() if "maximum output length" in line]
+    assert len(err) == 1 and err[0].endswith("line 2"), err

@@ -223,6 +223,7 @@ class TranslationJob:
     ) -> None:
         self.translator = translator
         self.constraints = constraints  # each line's phrases to include and exclude
+        self.unmet: list[int] = []  # lines whose best translation the maximum length ended before its phrases
         self.phrase_engine = (
             phrase_engine  # the engine for phrases to include, asked the first time a line has some
         )
@@ -264,6 +265,7 @@ class TranslationJob:
         if search.samples and search.seed is not None:
             translator = translator.with_search(seed=chunk_seed(search.seed, first))
         results = translator.generate_ids(sources, prefixes, constraints=phrases)
+        self.unmet += [first + i for i, hyps in enumerate(results) if hyps and hyps[0].unmet]
         for line, hyps in zip(lines, results, strict=True):
             for hyp in hyps:
                 hyp.text = translator.decode(hyp.tokens) if line.strip() else ""
@@ -290,7 +292,14 @@ class TranslationJob:
         return text.encode("utf-8")
 
     def warnings(self) -> list[str]:
-        return [w for w in (t.warning() for t in self.truncated.values()) if w]
+        said = [w for w in (t.warning() for t in self.truncated.values()) if w]
+        if self.unmet:
+            shown = ", ".join(map(str, self.unmet[:10])) + (" ..." if len(self.unmet) > 10 else "")
+            said.append(
+                f"{len(self.unmet)} translation(s) reached the maximum output length before writing all their "
+                f"phrases to include (raise --search.max_len_b): line {shown}"
+            )
+        return said
 
 
 class Stop(KeyboardInterrupt):

@@ -197,6 +197,13 @@ class Translator(Protocol):
             phrase_ids = encode_phrases(self.encode, items, where)
             check_phrases(phrase_ids, sources, prefix_ids, self.search, where)
         results = self.generate_ids(sources, prefix_ids, progress, scores, constraints=phrase_ids)
+        if unmet := [i + 1 for i, hyps in enumerate(results) if hyps and hyps[0].unmet]:
+            log.warning(
+                "%d translation(s) reached the maximum output length before writing all their phrases to include "
+                "(raise search.max_len_b; Hypothesis.unmet names them): line %s",
+                len(unmet),
+                ", ".join(map(str, unmet[:10])),
+            )
         for line, hyps in zip(lines, results, strict=True):
             for hyp in hyps:
                 hyp.text = self.decode(hyp.tokens) if line.strip() else ""
