@@ -188,6 +188,20 @@ def test_n_best_length_penalty_and_ensembles_work_with_phrases():
                     assert hyp.score == pytest.approx(hyp.log_prob / lp, rel=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_constrained_beam_on_cuda_equals_cpu_in_float64():
+    model = make_model().double()
+    src, src_mask = sources(5, 7, 3)
+    config = SearchConfig(beam=4, nbest=2, max_len_a=0, max_len_b=12)
+    on_cpu = generate(model, src, src_mask, config, constraints=PHRASES)
+    on_gpu = generate(model.cuda(), src.cuda(), src_mask.cuda(), config, constraints=PHRASES)
+    assert [[h.tokens for h in hyps] for hyps in on_gpu] == [[h.tokens for h in hyps] for hyps in on_cpu]
+    assert [h.score for hyps in on_gpu for h in hyps] == pytest.approx(
+        [h.score for hyps in on_cpu for h in hyps], abs=1e-9
+    )
+
+
 def test_phrases_refuse_sampling():
     model = make_model()
     src, src_mask = sources(5)
