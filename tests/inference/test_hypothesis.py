@@ -25,6 +25,7 @@ def test_fields_in_order_and_what_is_left_out_by_default():
         "alignment",
         "text",
         "expected_utility",
+        "unmet",
     ]
     h = Hypothesis([5, 6], -0.5, -1.0)
     assert (h.token_log_probs, h.alignment, h.text, h.expected_utility) == (None, None, "", None)

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import types
 import urllib.error
@@ -28,11 +27,8 @@ import attnx  # noqa: E402
 from attnx.inference.config import SearchConfig  # noqa: E402
 from attnx.serving import server as server_module  # noqa: E402
 from attnx.serving.server import (  # noqa: E402
-    GracefulStop,
     ServeSettings,
     TranslationAPI,
-    announce_when_ready,
-    check_port_free,
     device_placement,
     model_info,
     serve,
@@ -113,6 +109,36 @@ def test_a_request_may_ask_for_an_nbest_list_or_samples_with_scores(api, checkpo
     )
     assert len(answers[2]["hypotheses"][0]) == 3  # three samples
     assert answers[3] == {"translations": attnx.load(checkpoint, search=FAST).translate(["A cat."])}
+
+
+def test_a_request_s_constraints_are_met_per_line_and_a_line_they_cannot_fit_is_refused_alone(trained):
+    """Each line's phrases to include appear and those to exclude do not, as the Python API gives them; a
+    request whose phrases are longer than its line may be is answered 422 alone, its neighbours served."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        lit = TranslationAPI(str(trained), SearchConfig(beam=4), max_tokens=4096, max_batch_size=8)
+        lit.pre_setup()
+        lit.setup("cpu")
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    lines = ["A man is walking a dog.", "Two children play with a ball."]
+    requests = [
+        {"text": lines, "constraints": [{"include": ["Katze"], "exclude": ["Hund"]}, ["Ball", "Kinder"]]},
+        {"text": "A woman reads a book.", "constraints": {"include": [" ".join(["Buch"] * 40)]}},
+        {"text": lines},
+    ]
+    answers = lit.unbatch(lit.predict(lit.batch([lit.decode_request(r) for r in requests])))
+    first = answers[0]["translations"]
+    assert "Katze" in first[0] and "Hund" not in first[0]
+    assert "Ball" in first[1] and "Kinder" in first[1]
+    expected = attnx.load(trained, search=SearchConfig(beam=4)).translate(
+        lines, constraints=requests[0]["constraints"]
+    )
+    assert first == expected
+    refused = lit.encode_response(answers[1])
+    assert refused.status_code == 422 and b"more than the" in refused.body
+    assert answers[2] == {"translations": attnx.load(trained, search=SearchConfig(beam=4)).translate(lines)}
 
 
 def test_a_request_that_fails_while_decoding_fails_alone(api, checkpoint, monkeypatch):
@@ -196,15 +222,6 @@ def test_device_placement_names_one_device():
     assert device_placement("cuda:1") == ("cuda", [1])
 
 
-def test_a_busy_port_is_named():
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1 port {port}"):
-            check_port_free("127.0.0.1", port)
-
-
 def test_model_info_is_json(checkpoint):
     info = json.loads(json.dumps(model_info(str(checkpoint), FAST, ServeSettings())))
     assert info["format"] == "checkpoint" and info["search"]["beam"] == 2
@@ -214,58 +231,6 @@ def test_model_info_is_json(checkpoint):
         "max_body_bytes": 1_000_000,
         "max_beam": 16,
     }
-
-
-def test_the_ready_line_waits_for_health_and_sends_litserves_api_key(monkeypatch, capsys):
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Health(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            ok = self.headers.get("X-API-Key") == "sekret"
-            self.send_response(200 if ok else 401)
-            self.end_headers()
-            self.wfile.write(b"ok" if ok else b"Not authenticated")
-
-        def log_message(self, *args):
-            pass
-
-    monkeypatch.setenv("LIT_SERVER_API_KEY", "sekret")
-    with ThreadingHTTPServer(("127.0.0.1", 0), Health) as http:
-        threading.Thread(target=http.serve_forever, daemon=True).start()
-        stop = threading.Event()
-        waiter = announce_when_ready(f"http://127.0.0.1:{http.server_address[1]}", "up and running", stop)
-        waiter.join(timeout=30)
-        http.shutdown()
-    stop.set()
-    assert not waiter.is_alive() and capsys.readouterr().err == "up and running\n"
-
-
-def test_a_worker_told_to_stop_exits_before_litserve_would_kill_it_even_where_its_exit_hangs():
-    """A worker's clean exit that does not end (here an exit handler that sleeps a minute) is ended by the
-    kernel after EXIT_GRACE_S, before LitServe's 5 s, after which it SIGKILLs the worker with a warning."""
-    assert server_module.EXIT_GRACE_S < 5
-    script = (
-        "import atexit, os, signal, time\n"
-        "from attnx.serving.server import exit_quietly\n"
-        "atexit.register(time.sleep, 60)\n"
-        "signal.signal(signal.SIGTERM, exit_quietly)\n"
-        "os.kill(os.getpid(), signal.SIGTERM)\n"
-        "time.sleep(60)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
-    assert done.returncode == -signal.SIGALRM, done.stderr
-    assert done.stderr == ""
-
-
-def test_the_first_signal_interrupts_and_a_second_is_ignored():
-    before = signal.getsignal(signal.SIGTERM)
-    with GracefulStop() as stop:
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler runs at once; this is never waited out
-        os.kill(os.getpid(), signal.SIGINT)  # ignored: shutdown is under way
-        assert stop.stopping
-    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_a_signal_before_serving_stops_the_processes_the_server_started_and_no_other(monkeypatch):

@@ -192,3 +192,40 @@ def test_a_request_that_samples_is_served_by_a_server_of_another_beam():
     assert parse_body(b'{"text": "a", "search": {"sampling": true, "nbest": 3}}', LIMITS, server) == ["a"]
     with pytest.raises(RequestError, match=r"search.beam \(2\) is not used by sampling"):
         parse_body(b'{"text": "a", "search": {"sampling": true, "beam": 2}}', LIMITS, server)
+
+
+# --- terminology constraints ---------------------------------------------------------------------------------
+
+CONSTRAINED = b'{"text": ["a", "b"], "constraints": %s}'
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (CONSTRAINED % b'[{"include": ["x"]}]', '"constraints" has 1 items for 2 lines'),
+        (CONSTRAINED % b'{"include": ["x"]}', '"constraints" has an object items for 2 lines'),
+        (CONSTRAINED % b'[{"include": [""]}, null]', '"constraints" item 0: an empty phrase in "include"'),
+        (CONSTRAINED % b'[null, {"include": "x"}]', '"constraints" item 1: "include" must be a list'),
+        (CONSTRAINED % b'[null, {"ordered": 1}]', '"ordered" must be true or false'),
+        (CONSTRAINED % b'[null, {"must": ["x"]}]', "unknown constraint key 'must'"),
+        (
+            CONSTRAINED % b'[["a", "b", "c", "d"], null]',
+            "item 0: 4 phrases to include need a beam of at least 5",
+        ),
+        (
+            b'{"text": "a", "constraints": ["x"], "search": {"sampling": true}}',
+            "item 0: phrases to include need beam search",
+        ),
+    ],
+)
+def test_a_request_s_constraints_are_checked_in_one_line(body, words):
+    with pytest.raises(RequestError) as err:
+        parse_body(body, RequestLimits(max_body_bytes=1000), SearchConfig(beam=4))
+    assert err.value.status == 422 and words in err.value.message, err.value.message
+    assert "\n" not in err.value.message
+
+
+def test_a_request_may_give_each_line_its_constraints():
+    body = b'{"text": ["a", "b"], "constraints": [{"include": ["x"], "exclude": ["y"]}, null]}'
+    assert parse_body(body, RequestLimits(max_body_bytes=1000), SearchConfig(beam=4)) == ["a", "b"]
+    assert parse_body(b'{"text": "a", "constraints": ["x", "z"]}', LIMITS, SearchConfig(beam=4)) == ["a"]

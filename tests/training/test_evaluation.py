@@ -198,3 +198,47 @@ def test_a_test_in_fp32_has_nothing_to_compare(tmp_path, capsys) -> None:
         evaluator.on_test_batch_end(trainer, module, None, batch_of([0, 1, 2]), 0)
         evaluator.on_test_epoch_end(trainer, module)
     assert evaluator.agreement is None and "against 32-true" not in capsys.readouterr().out
+
+
+# --- terminology constraints beside the test set ---------------------------------------------------------------
+
+
+def test_test_meets_the_phrases_of_a_constraints_file_beside_the_test_set(
+    trained, trained_corpus, tmp_path
+) -> None:
+    import pytest
+
+    from attnx.data.batch import collate as collate_pairs
+    from attnx.inference.eager import EagerTranslator
+
+    translator = EagerTranslator.from_checkpoint(trained, search=SearchConfig(beam=4))
+    module = SimpleNamespace(
+        translator=lambda search=None, precision="32-true": translator.with_search(beam=4)
+    )
+    references = trained_corpus.references("test")
+    trainer = SimpleNamespace(
+        **vars(stage(0, 1, False)), datamodule=SimpleNamespace(corpus=trained_corpus, test_split="test")
+    )
+    lines = [""] * len(references)
+    lines[0], lines[3] = '{"include": ["Hund"], "exclude": ["Mann"]}', "Katze\tBall"
+    path = tmp_path / "test.constraints"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    evaluator = TranslationEvaluator(search=SearchConfig(beam=4), bleu_samples=0, constraints=str(path))
+    evaluator._read_constraints(trainer, module, "test")
+    test = trained_corpus.dataset("test")
+    batch = collate_pairs(
+        [(test[i][0].tolist(), test[i][1].tolist()) for i in range(5)], index=list(range(5))
+    )
+    evaluator.on_test_batch_end(trainer, module, None, batch, 0)
+    texts = {i: translator.decode(ids) for i, ids in evaluator._translations}
+    assert "Hund" in texts[0] and "Mann" not in texts[0]
+    assert "Katze" in texts[3] and "Ball" in texts[3]
+    assert texts[1] == translator.translate([trained_corpus.sources("test")[1]])[0]
+    path.write_text("Hund\n", encoding="utf-8")
+    with pytest.raises(
+        ConfigError, match=rf"^evaluation.constraints {path} has 1 lines but the test split has"
+    ):
+        evaluator._read_constraints(trainer, module, "test")
+    path.write_text("\n".join(["{bad"] + [""] * (len(references) - 1)) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^evaluation.constraints {path} line 1: not a JSON object"):
+        evaluator._read_constraints(trainer, module, "test")

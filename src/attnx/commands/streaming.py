@@ -1,6 +1,6 @@
-"""The loop behind `attnx translate`: read a chunk of input lines (with the `--target` or `--prefix` lines
-beside them), search or score it, write it in the output format, in input order, until the input ends or a
-signal stops it. Memory holds one chunk, whatever the size of the input.
+"""The loop behind `attnx translate`: read a chunk of input lines (with the `--target`, `--prefix` or
+`--constraints` lines beside them), search or score it, write it in the output format, in input order, until
+the input ends or a signal stops it. Memory holds one chunk, whatever the size of the input.
 """
 
 from __future__ import annotations
@@ -11,16 +11,18 @@ import hashlib
 import logging
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnx.commands.constraint_lines import ConstraintLines
 from attnx.commands.resumable import ResumableOutput, StreamOutput
 from attnx.commands.text_input import TextInput
 from attnx.errors import ConfigError, UsageError
 from attnx.inference.config import SearchConfig
 from attnx.inference.formats import OutputFormat, render
+from attnx.inference.phrases import check_phrases, encode_phrases
 from attnx.inference.progress import Progress
 
 if TYPE_CHECKING:
@@ -110,7 +112,9 @@ def run_options(
 class PairedInputs:
     """`--input`, with the `--target` or `--prefix` file read beside it line for line."""
 
-    def __init__(self, input: str, target: str | None = None, prefix: str | None = None) -> None:
+    def __init__(
+        self, input: str, target: str | None = None, prefix: str | None = None, constraints: str | None = None
+    ) -> None:
         self.texts: dict[str, TextInput] = {}
         try:
             self.texts["input"] = TextInput(input)
@@ -118,6 +122,8 @@ class PairedInputs:
                 self.texts["target"] = TextInput(target, "--target")
             if prefix is not None:
                 self.texts["prefix"] = TextInput(prefix, "--prefix")
+            if constraints is not None:
+                self.texts["constraints"] = TextInput(constraints, "--constraints")
         except BaseException:
             self.close()
             raise
@@ -208,9 +214,20 @@ class TranslationJob:
     """How one chunk is decoded and written: the translator, the output format, what to score."""
 
     def __init__(
-        self, translator: Translator, format: OutputFormat, token_scores: bool, buffer_size: int
+        self,
+        translator: Translator,
+        format: OutputFormat,
+        token_scores: bool,
+        buffer_size: int,
+        constraints: ConstraintLines | None = None,
+        phrase_engine: Callable[[Translator], Translator] | None = None,
     ) -> None:
         self.translator = translator
+        self.constraints = constraints  # each line's phrases to include and exclude
+        self.unmet: list[int] = []  # lines whose best translation the maximum length ended before its phrases
+        self.phrase_engine = (
+            phrase_engine  # the engine for phrases to include, asked the first time a line has some
+        )
         self.format = format
         self.token_scores = token_scores
         self.buffer_size = buffer_size
@@ -236,10 +253,20 @@ class TranslationJob:
         prefixes = None
         if "prefix" in chunk:
             prefixes = self.truncated["prefix"].cut(translator.encode(chunk["prefix"]), first)
+        phrases = None
+        if self.constraints is not None and self.constraints.given:
+            items = self.constraints.parse(chunk.get("constraints"), first, len(lines)) or []
+            where = [self.constraints.where(first + i) for i in range(len(lines))]
+            if self.phrase_engine is not None and any(c.include for c in items):
+                translator = self.translator = self.phrase_engine(translator)
+                self.phrase_engine = None
+            phrases = encode_phrases(translator.encode, items, where)
+            check_phrases(phrases, sources, prefixes, translator.search, where)
         search = translator.search
         if search.samples and search.seed is not None:
             translator = translator.with_search(seed=chunk_seed(search.seed, first))
-        results = translator.generate_ids(sources, prefixes)
+        results = translator.generate_ids(sources, prefixes, constraints=phrases)
+        self.unmet += [first + i for i, hyps in enumerate(results) if hyps and hyps[0].unmet]
         for line, hyps in zip(lines, results, strict=True):
             for hyp in hyps:
                 hyp.text = translator.decode(hyp.tokens) if line.strip() else ""
@@ -266,7 +293,14 @@ class TranslationJob:
         return text.encode("utf-8")
 
     def warnings(self) -> list[str]:
-        return [w for w in (t.warning() for t in self.truncated.values()) if w]
+        said = [w for w in (t.warning() for t in self.truncated.values()) if w]
+        if self.unmet:
+            shown = ", ".join(map(str, self.unmet[:10])) + (" ..." if len(self.unmet) > 10 else "")
+            said.append(
+                f"{len(self.unmet)} translation(s) reached the maximum output length before writing all their "
+                f"phrases to include (raise --search.max_len_b): line {shown}"
+            )
+        return said
 
 
 class Stop(KeyboardInterrupt):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from attnx.commands.resumable import ResumableOutput, StreamOutput
 from attnx.commands.text_input import TextInput
@@ -19,6 +19,9 @@ from attnx.inference.config import (
     check_precision,
 )
 from attnx.inference.formats import OutputFormat
+
+if TYPE_CHECKING:
+    from attnx.inference.translator import Translator
 
 
 def check_device(device: str) -> None:
@@ -63,6 +66,8 @@ def translate(
     format: OutputFormat = "text",
     target: str | None = None,
     prefix: str | None = None,
+    constraints: str | None = None,
+    constraint: str | None = None,
     token_scores: bool = False,
     weights: list[float] | None = None,
     search: SearchConfig | None = None,
@@ -100,6 +105,12 @@ def translate(
             (log_prob / length penalty), log_prob the total log-probability in nats.
         target: File of translations, one per --input line, to score instead of searching (forced decoding).
         prefix: File of target prefixes, one per --input line (blank: none), every translation must start with.
+        constraints: File of terminology constraints, one line per --input line (blank: none): a JSON object
+            {"include": ["phrase", ...], "exclude": ["phrase", ...], "ordered": false} or tab-separated
+            phrases to include. Every translation contains each phrase to include (in the given order with
+            "ordered": true) and none to exclude; docs/decoding.md.
+        constraint: The same constraints for every input line, written as one line of --constraints, e.g.
+            --constraint Bestellnummer or --constraint '{"exclude": ["Auftragsnummer"]}'.
         token_scores: Also write each target piece's log-probability (jsonl: pieces and token_log_probs;
             moses: a WordScores= field).
         weights: Ensemble weights, one per --model checkpoint (default: equal), e.g. "[0.6,0.4]".
@@ -124,6 +135,7 @@ def translate(
         Stop,
         TranslationJob,
         check_output_options,
+        content_digest,
         run_options,
         run_translation,
         stop_on_sigterm,
@@ -143,9 +155,14 @@ def translate(
     for path in model if isinstance(model, list) else [model]:
         if is_ctranslate2_model(path):
             require_extra("ct2", f"attnx translate --model {path} (a CTranslate2 model)")
+    from attnx.commands.constraint_lines import ConstraintLines, phrase_engine
+
+    terms = ConstraintLines(constraints, constraint)
+    if target is not None and terms.given:
+        raise ConfigError("--target scores given translations: --constraints and --constraint do not apply")
     with stop_on_sigterm():
         try:
-            with PairedInputs(input, target=target, prefix=prefix) as inputs:
+            with PairedInputs(input, target=target, prefix=prefix, constraints=constraints) as inputs:
                 inputs.check_line_counts()
                 from attnx.inference.load import decoding_precision, load
 
@@ -153,6 +170,9 @@ def translate(
                 options = run_options(
                     model, weights, search, format, token_scores, runs_in.label, buffer_size, max_tokens
                 )
+                if terms.given:  # a continued run must decode with the same constraints
+                    file = constraints if constraints and Path(constraints).is_file() else None
+                    options["constraints"] = {"file": file and content_digest(file), "inline": constraint}
                 sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
                 sink.prepare()
                 translator = load(
@@ -167,7 +187,16 @@ def translate(
                 runs_in.say()  # once the model has loaded: a model that fails to is one line
                 if chosen:  # once the model is on it
                     print(chosen, file=sys.stderr, flush=True)
-                job = TranslationJob(translator, format, token_scores, buffer_size)
+
+                def own_engine(ckpt: Path) -> Translator:
+                    return load(
+                        ckpt, device=device, search=search, max_tokens=max_tokens, precision=precision
+                    )
+
+                def switch(translator: Translator) -> Translator:
+                    return phrase_engine(translator, model, own_engine, "attnx translate")
+
+                job = TranslationJob(translator, format, token_scores, buffer_size, terms, switch)
                 return run_translation(job, inputs, sink)
         except Stop:  # before the first line was read: nothing to keep
             print(

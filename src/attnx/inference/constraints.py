@@ -4,6 +4,10 @@ log-probabilities before the token selection ([`selection`][attnx.inference.sele
 * `<pad>` and `<s>` are never generated; `<unk>` is allowed.
 * `min_length` bans `</s>` before that many tokens.
 * `no_repeat_ngram` bans any token that would repeat an n-gram of the hypothesis.
+* Banned phrases (a sentence's `exclude` constraints, [`PhraseIds`][attnx.inference.lexical.PhraseIds]): the
+  last token of a phrase is banned wherever the hypothesis ends with the rest of it, so the phrase never
+  appears.
+* Until a hypothesis contains every phrase it must ([`lexical`][attnx.inference.lexical]), `</s>` is banned.
 * A forced prefix allows only its next token until it is written (its log-probabilities count in the score);
   the maximum length is never below the prefix's length.
 * At the maximum length ([`max_output_lengths`][attnx.inference.lengths.max_output_lengths]) `</s>` is the
@@ -30,19 +34,48 @@ __all__ = ["Constraints", "prefix_table"]
 class Constraints:
     """What a step may generate, per row: the bans of the module docstring, applied to log-probabilities."""
 
-    def __init__(self, config: SearchConfig, prefixes: Tensor | None, prefix_lengths: Tensor | None) -> None:
+    def __init__(
+        self,
+        config: SearchConfig,
+        prefixes: Tensor | None,
+        prefix_lengths: Tensor | None,
+        bans: tuple[Tensor, Tensor] | None = None,
+    ) -> None:
         self.min_length = config.min_length
         self.ngram = config.no_repeat_ngram
         self.prefixes = prefixes  # (B', P) forced prefix ids per sentence still searched, PAD-padded
         self.prefix_lengths = prefix_lengths  # (B',)
+        # (B', D, Q) banned phrases per sentence, PAD-padded ([`phrase_table`][attnx.inference.lexical.phrase_table]),
+        # and their lengths (B', D)
+        self.bans, self.ban_lengths = bans if bans is not None else (None, None)
 
     def keep(self, index: Tensor) -> None:
         """Keep the sentences `index` (re-packing)."""
         if self.prefixes is not None and self.prefix_lengths is not None:
             self.prefixes, self.prefix_lengths = self.prefixes[index], self.prefix_lengths[index]
+        if self.bans is not None and self.ban_lengths is not None:
+            self.bans, self.ban_lengths = self.bans[index], self.ban_lengths[index]
 
-    def apply(self, log_probs: Tensor, t: int, at_max: Tensor, history: Tensor, row_sent: Tensor) -> Tensor:
-        """Ban in place what rows with `t` tokens `history` `(N, t)` may not write next; `at_max` `(N,)`: only `</s>`."""
+    def ban_phrases(self, log_probs: Tensor, t: int, history: Tensor, row_sent: Tensor) -> None:
+        """Ban in place the last token of every banned phrase whose other tokens end a row's `history`."""
+        assert self.bans is not None and self.ban_lengths is not None
+        bans, lengths = self.bans[row_sent], self.ban_lengths[row_sent]  # (N, D, Q), (N, D)
+        for length in range(1, min(bans.shape[2], t + 1) + 1):
+            tail = history[:, t - length + 1 :].unsqueeze(1)  # (N, 1, length - 1)
+            hit = (bans[:, :, : length - 1] == tail).all(dim=2) & (lengths == length)  # (N, D)
+            log_probs.scatter_(1, bans[:, :, length - 1].masked_fill(~hit, PAD_ID), -math.inf)
+
+    def apply(
+        self,
+        log_probs: Tensor,
+        t: int,
+        at_max: Tensor,
+        history: Tensor,
+        row_sent: Tensor,
+        no_eos: Tensor | None = None,
+    ) -> Tensor:
+        """Ban in place what rows with `t` tokens `history` `(N, t)` may not write next; `at_max` `(N,)`: only
+        `</s>`; `no_eos` `(N,)`: rows that may not end yet (phrases still to write)."""
         raw_eos = log_probs[:, EOS_ID].clone()
         forced = None
         if self.prefixes is not None and self.prefix_lengths is not None and t < self.prefixes.shape[1]:
@@ -54,6 +87,12 @@ class Constraints:
         constrained = False
         if t < self.min_length:
             log_probs[:, EOS_ID] = -math.inf
+            constrained = True
+        if no_eos is not None:
+            log_probs[:, EOS_ID] = log_probs[:, EOS_ID].masked_fill(no_eos, -math.inf)
+            constrained = True
+        if self.bans is not None:
+            self.ban_phrases(log_probs, t, history, row_sent)
             constrained = True
         n = self.ngram
         if n and t >= n:

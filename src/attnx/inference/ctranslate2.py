@@ -55,6 +55,7 @@ from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig, changed_sea
 from attnx.inference.hypothesis import Hypothesis
 from attnx.inference.lengths import length_penalty, max_output_length
 from attnx.inference.mbr import candidate_search, rerank
+from attnx.inference.phrases import PhraseIds, banned_phrases
 from attnx.inference.translator import Translator, blank, fitted_search
 from attnx.model import TransformerConfig
 
@@ -279,8 +280,7 @@ class CTranslate2Translator(Translator):
     # ---------------------------------------------------------------------------------------------- ids
 
     def max_output_length(self, source_length: int) -> int:
-        """`L` tokens before `</s>` for `n` source ids (+ `</s>`), as
-        [`max_output_length`][attnx.inference.lengths.max_output_length] counts them."""
+        """`L` tokens before `</s>` for `n` source ids (+ `</s>`), as `lengths.max_output_length` counts them."""
         s = self.search
         return max_output_length(source_length + 1, s.max_len_a, s.max_len_b, s.max_positions)
 
@@ -310,6 +310,7 @@ class CTranslate2Translator(Translator):
         prefixes: Sequence[Sequence[int]] | None = None,
         progress: bool = False,
         scores: bool = True,
+        constraints: Sequence[PhraseIds | None] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per input, `search.nbest` hypotheses best first (`text` empty); `[]` in gives one empty hypothesis.
 
@@ -320,17 +321,16 @@ class CTranslate2Translator(Translator):
         `scores=False` (`translate`, `translate_ids`) that pass is skipped: `score` is CTranslate2's own
         and `log_prob` NaN.
         """
-        if prefixes is not None and len(prefixes) != len(ids):
-            raise ConfigError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
-        if self.search.mbr:  # draw the candidates, then rank them by expected utility
-            draw = self.with_search(**dataclasses.asdict(candidate_search(self.search)))
-            return rerank(draw.generate_ids(ids, prefixes, progress, scores=scores), self.search, self.decode)
+        banned = banned_phrases(ids, prefixes, constraints, "a CTranslate2 model", self.pieces.__getitem__)
+        if (s := self.search).mbr:  # draw the candidates, then rank them by expected utility
+            draw = self.with_search(**dataclasses.asdict(candidate_search(s)))
+            return rerank(draw.generate_ids(ids, prefixes, progress, scores, constraints), s, self.decode)
         out: list[list[Hypothesis]] = [blank() for _ in ids]
-        groups: dict[int, list[int]] = defaultdict(list)  # one max_decoding_length per CTranslate2 call
+        groups: dict[tuple[int, Any], list[int]] = defaultdict(list)  # one limit and one ban list per call
         for i, x in enumerate(ids):
             if x:
                 prefix = len(prefixes[i]) if prefixes is not None else 0
-                groups[max(self.max_output_length(len(x)), prefix)].append(i)
+                groups[max(self.max_output_length(len(x)), prefix), banned[i]].append(i)
         options = self._options()
         if self.search.sampling and self.search.seed is not None:
             # CTranslate2 seeds each worker thread's generator once, when the thread starts: a fresh model
@@ -341,7 +341,7 @@ class CTranslate2Translator(Translator):
         eos = self.pieces[EOS_ID]
         total = sum(map(len, groups.values()))
         with tqdm(total=total, unit="sent", disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
-            for limit, members in sorted(groups.items()):
+            for (limit, bans), members in sorted(groups.items()):
                 rows = [i for i in members for _ in range(copies)]
                 target_prefix = None
                 if prefixes is not None and any(prefixes[i] for i in rows):
@@ -350,7 +350,7 @@ class CTranslate2Translator(Translator):
                     [[self.pieces[t] for t in ids[i]] for i in rows],
                     target_prefix,
                     max_decoding_length=limit + 1,
-                    **options,
+                    **{**options, "suppress_sequences": [*options["suppress_sequences"], *map(list, bans)]},
                 )
                 found: list[tuple[int, list[int]]] = []
                 own: list[float] = []  # CTranslate2's search scores

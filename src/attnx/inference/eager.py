@@ -27,7 +27,9 @@ from attnx.errors import ConfigError
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig, changed_search, check_precision
 from attnx.inference.decoder import Decoder, EnsembleDecoder, ModelDecoder
 from attnx.inference.hypothesis import Hypothesis
+from attnx.inference.lexical import PhraseIds
 from attnx.inference.mbr import candidate_search, rerank
+from attnx.inference.phrases import check_phrases
 from attnx.inference.precision import resolve_precision
 from attnx.inference.scoring import force_decode
 from attnx.inference.search import generate
@@ -177,12 +179,21 @@ class EagerTranslator(Translator):
         src_mask: Tensor,
         prefixes: Sequence[Sequence[int]] | None = None,
         generator: torch.Generator | None = None,
+        constraints: Sequence[PhraseIds | None] | None = None,
     ) -> list[list[Hypothesis]]:
         """Hypotheses of a padded batch already on the model's device (aligned when `search.alignment`; with
         `search.mbr`, the candidates ranked by expected utility, `text` filled)."""
         draw = candidate_search(self.search)
         with self.autocast():
-            results = generate(self.decoder, src, src_mask, draw, prefixes=prefixes, generator=generator)
+            results = generate(
+                self.decoder,
+                src,
+                src_mask,
+                draw,
+                prefixes=prefixes,
+                generator=generator,
+                constraints=constraints,
+            )
             results = rerank(results, self.search, self.decode)
             if self.search.alignment:
                 self._align(src, src_mask, results)
@@ -217,11 +228,16 @@ class EagerTranslator(Translator):
         prefixes: Sequence[Sequence[int]] | None = None,
         progress: bool = False,
         scores: bool = True,
+        constraints: Sequence[PhraseIds | None] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per input, `search.nbest` hypotheses best first (`text` empty); `[]` in gives one empty hypothesis.
         The search computes the scores as it goes: they are filled whatever `scores` says."""
         if prefixes is not None and len(prefixes) != len(ids):
             raise ConfigError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
+        if constraints is not None:
+            if len(constraints) != len(ids):
+                raise ConfigError(f"{len(constraints)} constraints for {len(ids)} inputs: give one per input")
+            check_phrases(constraints, ids, prefixes, self.search)
         out: list[list[Hypothesis]] = [blank() for _ in ids]
         todo = [i for i, x in enumerate(ids) if x]
         lengths = [len(ids[i]) + 1 for i in todo]  # + the source </s>
@@ -234,8 +250,9 @@ class EagerTranslator(Translator):
                 rows = [todo[j] for j in batch]
                 b = collate([(ids[i], []) for i in rows])
                 batch_prefixes = None if prefixes is None else [prefixes[i] for i in rows]
+                batch_constraints = None if constraints is None else [constraints[i] for i in rows]
                 hyps = self.generate_tensors(
-                    b.src.to(device), b.src_mask.to(device), batch_prefixes, generator
+                    b.src.to(device), b.src_mask.to(device), batch_prefixes, generator, batch_constraints
                 )
                 for i, h in zip(rows, hyps, strict=True):
                     out[i] = h

@@ -10,7 +10,8 @@ Each input gives a list of hypotheses, best first (empty for a blank input line)
   log-probability in nats (`</s>` included), `tokens` the number of target SentencePiece pieces (`</s>` not
   counted). With token scores, `pieces` (the target pieces and `</s>`) and `token_log_probs` (one per
   piece); with alignments, `alignment` as `[source piece, target piece]` pairs; with MBR decoding
-  (`--search.mbr N`), `expected_utility` (0-100), the hypotheses being the distinct candidates ranked by it.
+  (`--search.mbr N`), `expected_utility` (0-100), the hypotheses being the distinct candidates ranked by it;
+  with terminology constraints, `unmet`: the phrases to include (0-based) the maximum length left out.
 - `moses`: the n-best form of Moses and Marian, one line per hypothesis,
   `id ||| text [||| 0-0 1-2 ...] [||| WordScores= ...] ||| F0= log_prob [MBR= expected utility] ||| score`,
   where `id` is the 0-based input line.
@@ -60,6 +61,8 @@ def hypothesis_fields(
         fields["alignment"] = [list(pair) for pair in hypothesis.alignment]
     if hypothesis.expected_utility is not None:
         fields["expected_utility"] = hypothesis.expected_utility
+    if hypothesis.unmet:
+        fields["unmet"] = list(hypothesis.unmet)
     return fields
 
 

@@ -35,3 +35,6 @@ class Hypothesis:
     expected_utility: float | None = None
     """MBR decoding only: the mean utility (chrF or sentence BLEU, 0-100) of `text` against the search's `N`
     candidates ([`attnx.inference.mbr`][attnx.inference.mbr])."""
+    unmet: list[int] | None = None
+    """Lexically constrained search only: the indices of the phrases this output was to contain and does not
+    (the maximum length ended it first); `[]`: all met."""

@@ -38,11 +38,13 @@ import torch
 from torch import Tensor, nn
 
 from attnx.data.batch import BOS_ID, EOS_ID
+from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.constraints import Constraints, prefix_table
 from attnx.inference.decoder import Decoder, as_decoder, decoding
 from attnx.inference.hypothesis import Hypothesis
 from attnx.inference.lengths import length_penalty, max_output_lengths
+from attnx.inference.lexical import LexicalBeam, PhraseIds, phrase_table
 from attnx.inference.selection import token_selection
 
 __all__ = ["beam_search", "generate", "greedy_search", "translate_batch"]
@@ -62,11 +64,14 @@ def generate(
     *,
     prefixes: Sequence[Sequence[int]] | None = None,
     generator: torch.Generator | None = None,
+    constraints: Sequence[PhraseIds | None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Per sentence of the padded batch `src` `(B, S)`, up to `config.nbest` hypotheses, best first.
 
     `prefixes`: per sentence, target ids every hypothesis must start with (empty: none). `generator`:
     the random numbers of sampling (default: torch's global generator, seeded by `config.seed` when set).
+    `constraints`: per sentence, phrases its hypotheses must contain ([`lexical`][attnx.inference.lexical],
+    beam search only) and phrases they must not (None: none).
 
     Decoder rows are grouped by sentence, at most `k` each (the beam, or the number of samples):
     `row_sent`/`row_pos` say which sentence and which of its positions a row holds. Each step ranks every
@@ -85,11 +90,30 @@ def generate(
         b = src.shape[0]
         select = token_selection(config, decoder.vocab_size, generator)
         prefix_ids, prefix_lengths = prefix_table(prefixes, b, device)
-        constraints = Constraints(config, prefix_ids, prefix_lengths)
+        phrases = [c or PhraseIds() for c in constraints] if constraints is not None else [PhraseIds()] * b
+        if len(phrases) != b:
+            raise ConfigError(
+                f"{len(phrases)} constraints for {b} sources: give one (possibly None) per source"
+            )
+        lexical = None
+        if any(c.include for c in phrases):
+            if config.sampling:
+                raise ConfigError(
+                    "phrases an output must contain need beam search: leave out search.sampling"
+                )
+            lexical = LexicalBeam(
+                k, decoder.vocab_size, [c.include for c in phrases], [c.ordered for c in phrases], device
+            )
+        bans = phrase_table([c.exclude for c in phrases], device) if any(c.exclude for c in phrases) else None
+        rules = Constraints(config, prefix_ids, prefix_lengths, bans)
         limits = max_output_lengths(src_mask, config.max_len_a, config.max_len_b, config.max_positions)
         limits = limits.to(device)  # (B',) per sentence still searched
         if prefix_lengths is not None:
             limits = torch.maximum(limits, prefix_lengths)
+        if lexical is not None:  # room for the prefix and every phrase after it
+            limits = torch.maximum(
+                limits, lexical.lengths.sum(1) + (0 if prefix_lengths is None else prefix_lengths)
+            )
         # Largest penalty a live hypothesis can still reach (see the module docstring); lp is monotone.
         lp_final = length_penalty(limits.float() + 1, config.alpha, config.length_penalty)
         state = decoder.start(src, src_mask)  # one row per sentence
@@ -116,8 +140,14 @@ def generate(
         while sentences.numel():
             n, rows_now = sentences.numel(), row_sent.numel()
             log_probs = decoder.step(last, state)  # (N, V)
-            log_probs = constraints.apply(log_probs, t, limits[row_sent] == t, history, row_sent)
-            top, source, token, step = select.candidates(log_probs, scores, row_sent, row_pos, n)
+            no_eos = None if lexical is None else lexical.unfinished()
+            log_probs = rules.apply(log_probs, t, limits[row_sent] == t, history, row_sent, no_eos)
+            if lexical is None:
+                top, source, token, step = select.candidates(log_probs, scores, row_sent, row_pos, n)
+            else:
+                top, source, token, step = lexical.candidates(
+                    log_probs, scores, row_sent, row_pos, n, history
+                )
             taken = (rank < slots.unsqueeze(1)) & (top > -math.inf)
             ends = taken & (token == EOS_ID)
             live = taken & (token != EOS_ID)
@@ -126,16 +156,18 @@ def generate(
                 normalized = top / length_penalty(t + 1, config.alpha, config.length_penalty)
                 sent, col = ends.nonzero(as_tuple=True)
                 rows = source[sent, col]
-                for s, ids, per_token, last_step, score, logp in zip(
+                unmet = [None] * rows.numel() if lexical is None else lexical.unmet(rows)
+                for s, ids, per_token, last_step, score, logp, missed in zip(
                     sentences[sent].tolist(),
                     history[rows].tolist(),
                     steps[rows].tolist(),
                     step[sent, col].tolist(),
                     normalized[sent, col].tolist(),
                     top[sent, col].tolist(),
+                    unmet,
                     strict=True,
                 ):
-                    finished[s].append(Hypothesis(ids, score, logp, [*per_token, last_step]))
+                    finished[s].append(Hypothesis(ids, score, logp, [*per_token, last_step], unmet=missed))
                 slots = slots - ends.sum(1)
                 merged = torch.cat([best_finished, normalized.masked_fill(~ends, -math.inf)], dim=1)
                 best_finished = merged.topk(nbest, dim=1).values
@@ -149,7 +181,8 @@ def generate(
             done = slots == 0
             if select.stops_early:
                 lp_now = length_penalty(float(t + 1), config.alpha, config.length_penalty)
-                bound = top[:, 0].masked_fill(~live[:, 0], -math.inf) / torch.clamp(lp_final, min=lp_now)
+                best = top.masked_fill(~live, -math.inf).amax(dim=1)  # (B',) the best live hypothesis
+                bound = best / torch.clamp(lp_final, min=lp_now)
                 done |= bound <= best_finished[:, -1]
             if bool(done.all()):
                 break
@@ -167,7 +200,9 @@ def generate(
                 scores, last, last_step = top[sent, col], token[sent, col], step[sent, col]
                 sentences, slots, limits = sentences[keep], slots[keep], limits[keep]
                 lp_final, best_finished = lp_final[keep], best_finished[keep]
-                constraints.keep(keep.nonzero().squeeze(1))
+                rules.keep(keep.nonzero().squeeze(1))
+                if lexical is not None:
+                    lexical.keep(keep.nonzero().squeeze(1))
                 dead_rows = 0
             else:
                 # Same rows, same sentences: row (j, c) takes the c-th live hypothesis of sentence j.
@@ -179,8 +214,13 @@ def generate(
                 slots = slots.masked_fill(done, 0)  # a finished sentence rides along, dead, until re-packed
             history = torch.cat([history[rows], last.unsqueeze(1)], dim=1)
             steps = torch.cat([steps[rows], last_step.unsqueeze(1)], dim=1)
+            if lexical is not None:
+                lexical.follow(rows, history, row_sent)
 
-        return [sorted(h, key=lambda h: h.score, reverse=True)[:nbest] for h in finished]
+        # A hypothesis with every phrase it must contain ranks before one the maximum length ended first.
+        return [
+            sorted(h, key=lambda h: (-len(h.unmet or ()), h.score), reverse=True)[:nbest] for h in finished
+        ]
 
 
 # ------------------------------------------------------------------------------------ shorthands

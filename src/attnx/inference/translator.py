@@ -43,7 +43,9 @@ from attnx.data.tokenizer import Tokenizer
 from attnx.errors import ConfigError
 from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.hypothesis import Hypothesis
+from attnx.inference.lexical import PhraseIds
 from attnx.inference.mbr import check_memory
+from attnx.inference.phrases import check_phrases, encode_phrases, to_constraints
 
 __all__ = ["DEFAULT_MAX_TOKENS", "Hypothesis", "Translator", "encode_lines", "one_line", "truncate_ids"]
 
@@ -125,9 +127,11 @@ class Translator(Protocol):
         prefixes: Sequence[Sequence[int]] | None = None,
         progress: bool = False,
         scores: bool = True,
+        constraints: Sequence[PhraseIds | None] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per input (source ids, no BOS/EOS, already truncated), `search.nbest` hypotheses best first, `text`
         left empty; `[]` in gives `[Hypothesis([], 0.0, 0.0)]`. `prefixes`: target ids each must start with.
+        `constraints`: per input, target phrases its translations must and must not contain (None: none).
         `scores=False`: only the tokens are wanted, and an engine whose numbers cost an extra pass may skip it
         (CTranslate2: `score` is then its own search score, `log_prob` NaN)."""
         ...
@@ -168,10 +172,14 @@ class Translator(Protocol):
         prefixes: Sequence[str] | None = None,
         progress: bool = False,
         scores: bool = True,
+        constraints: Sequence[Any] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per line, `search.nbest` hypotheses best first (with sampling: `nbest` samples), `text` filled; a
         blank line gives one empty hypothesis. `prefixes`: per line, the start every translation of it must
-        have (blank: none). `scores=False`: only the texts are wanted (see `generate_ids`)."""
+        have (blank: none). `scores=False`: only the texts are wanted (see `generate_ids`). `constraints`: per
+        line, terminology constraints ([`phrases`][attnx.inference.phrases]): a list of phrases the translation
+        must contain, or `{"include": [...], "exclude": [...], "ordered": false}`, or None; a hypothesis the
+        maximum length ended before it met them lists them in `unmet`."""
         if isinstance(lines, str):
             raise TypeError("generate takes a list of lines; wrap a single sentence: generate([text])")
         prefix_ids = None
@@ -179,7 +187,23 @@ class Translator(Protocol):
             if isinstance(prefixes, str) or len(prefixes) != len(lines):
                 raise ConfigError(f"give one prefix per line: {len(lines)} lines")
             prefix_ids = self.truncate(self.encode(prefixes), "prefix")
-        results = self.generate_ids(self.truncate(self.encode(lines)), prefix_ids, progress, scores)
+        sources = self.truncate(self.encode(lines))
+        phrase_ids = None
+        if constraints is not None:
+            if isinstance(constraints, (str, dict)) or len(constraints) != len(lines):
+                raise ConfigError(f"give one constraints entry (or None) per line: {len(lines)} lines")
+            where = [f"constraints of line {i + 1}" for i in range(len(lines))]
+            items = [to_constraints(c, label) for c, label in zip(constraints, where, strict=True)]
+            phrase_ids = encode_phrases(self.encode, items, where)
+            check_phrases(phrase_ids, sources, prefix_ids, self.search, where)
+        results = self.generate_ids(sources, prefix_ids, progress, scores, constraints=phrase_ids)
+        if unmet := [i + 1 for i, hyps in enumerate(results) if hyps and hyps[0].unmet]:
+            log.warning(
+                "%d translation(s) reached the maximum output length before writing all their phrases to include "
+                "(raise search.max_len_b; Hypothesis.unmet names them): line %s",
+                len(unmet),
+                ", ".join(map(str, unmet[:10])),
+            )
         for line, hyps in zip(lines, results, strict=True):
             for hyp in hyps:
                 hyp.text = self.decode(hyp.tokens) if line.strip() else ""
@@ -202,11 +226,15 @@ class Translator(Protocol):
             hyp.text = self.decode(hyp.tokens)
         return hyps
 
-    def translate(self, lines: Sequence[str] | str, progress: bool = False) -> list[str]:
-        """Translations of `lines` (one segment each), same number and order; blank in gives blank out."""
+    def translate(
+        self, lines: Sequence[str] | str, progress: bool = False, constraints: Sequence[Any] | None = None
+    ) -> list[str]:
+        """Translations of `lines` (one segment each), same number and order; blank in gives blank out.
+        `constraints`: per line, phrases to include and exclude (see `generate`)."""
         if isinstance(lines, str):
             raise TypeError("translate takes a list of lines; wrap a single sentence: translate([text])")
-        return [hyps[0].text for hyps in self.generate(lines, progress=progress, scores=False)]
+        results = self.generate(lines, progress=progress, scores=False, constraints=constraints)
+        return [hyps[0].text for hyps in results]
 
     def __call__(self, lines: Sequence[str]) -> list[str]:
         return self.translate(lines)

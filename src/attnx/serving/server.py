@@ -25,13 +25,9 @@ import dataclasses
 import json
 import logging
 import multiprocessing
-import os
 import signal
-import socket
 import sys
 import threading
-import urllib.request
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,8 +37,15 @@ import litserve as ls
 from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.formats import hypothesis_fields
+from attnx.serving.processes import (
+    GracefulStop,
+    announce_when_ready,
+    check_port_free,
+    exit_quietly,
+    stop_processes,
+)
 from attnx.serving.settings import ServeSettings
-from attnx.serving.validation import FIELD, SCORES, SEARCH, RequestLimitsMiddleware
+from attnx.serving.validation import CONSTRAINTS, FIELD, SCORES, SEARCH, RequestLimitsMiddleware
 
 API_PATH = "/translate"
 log = logging.getLogger(__name__)
@@ -54,9 +57,15 @@ def lines_of(payload: dict[str, Any]) -> list[str]:
     return [text] if isinstance(text, str) else list(text)
 
 
-def request_of(payload: dict[str, Any]) -> tuple[list[str], dict[str, Any], bool]:
-    """A checked request as (lines, search settings it changes, whether it wants the hypotheses)."""
-    return lines_of(payload), dict(payload.get(SEARCH, {})), bool(payload.get(SCORES, False))
+def request_of(payload: dict[str, Any]) -> tuple[list[str], dict[str, Any], bool, list[Any]]:
+    """A checked request as (lines, search settings it changes, whether it wants the hypotheses, each line's
+    constraints)."""
+    lines = lines_of(payload)
+    given = payload.get(CONSTRAINTS)
+    constraints = (
+        [None] * len(lines) if given is None else [given] if isinstance(payload[FIELD], str) else given
+    )
+    return lines, dict(payload.get(SEARCH, {})), bool(payload.get(SCORES, False)), constraints
 
 
 def split_as(flat: list[str], counts: list[int]) -> list[list[str]]:
@@ -73,21 +82,8 @@ class Failed:
     """The answer to a request that failed while decoding, alone (not the fault of a batch it was in)."""
 
     message: str
-
-
-EXIT_GRACE_S = 3.0
-"""Seconds an inference worker told to stop has to exit cleanly before the kernel ends it. LitServe kills a worker
-still alive 5 s after its SIGTERM with a warning (`Did not terminate gracefully. Killing (SIGKILL)`); on a busy
-machine a worker's interpreter can take that long to tear down torch."""
-
-
-def exit_quietly(signum: int, frame: object) -> None:
-    """An inference worker's SIGTERM: exit through SystemExit, so that its resources are released, within
-    [`EXIT_GRACE_S`][attnx.serving.server.EXIT_GRACE_S] (a timer whose signal's default action ends the process
-    guards the clean exit, without needing the interpreter to run)."""
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.setitimer(signal.ITIMER_REAL, EXIT_GRACE_S)
-    sys.exit(0)
+    status: int = 500
+    """422 for settings that cannot work for this request (a phrase longer than its line may be), else 500."""
 
 
 class TranslationAPI(ls.LitAPI):
@@ -156,10 +152,12 @@ class TranslationAPI(ls.LitAPI):
         then one answer per request. A call that raises is made again for each of its requests alone, so a
         request that fails (a case the HTTP process's checks did not foresee) fails by itself: it is answered
         500 with its error, its neighbours as if it had not been sent."""
-        requests: list[tuple[list[str], dict[str, Any], bool]] = x if self.max_batch_size > 1 else [x]
+        requests: list[tuple[list[str], dict[str, Any], bool, list[Any]]] = (
+            x if self.max_batch_size > 1 else [x]
+        )
         answers: list[dict[str, Any] | Failed] = [Failed("not translated") for _ in requests]
         groups: dict[str, list[int]] = {}
-        for i, (_, changes, _) in enumerate(requests):
+        for i, (_, changes, *_) in enumerate(requests):
             groups.setdefault(json.dumps(changes, sort_keys=True), []).append(i)
         for key, members in groups.items():
             try:
@@ -178,16 +176,22 @@ class TranslationAPI(ls.LitAPI):
     def answer(
         self,
         changes: dict[str, Any],
-        requests: list[tuple[list[str], dict[str, Any], bool]],
+        requests: list[tuple[list[str], dict[str, Any], bool, list[Any]]],
         members: list[int],
         answers: list[dict[str, Any] | Failed],
     ) -> None:
         """Translate `requests` (asking for `changes`) in one `generate` call; answers[members[j]] is the answer
         to requests[j]."""
         translator = self.translator.with_search(**changes) if changes else self.translator
-        flat = translator.generate([line for lines, _, _ in requests for line in lines])
-        pieces = split_as(flat, [len(lines) for lines, _, _ in requests])
-        for i, (_, _, scores), results in zip(members, requests, pieces, strict=True):
+        lines = [line for request in requests for line in request[0]]
+        constraints = [c for request in requests for c in request[3]]
+        flat = (
+            translator.generate(lines, constraints=constraints)
+            if any(constraints)
+            else translator.generate(lines)
+        )
+        pieces = split_as(flat, [len(request[0]) for request in requests])
+        for i, (_, _, scores, _), results in zip(members, requests, pieces, strict=True):
             answer: dict[str, Any] = {"translations": [hyps[0].text for hyps in results]}
             if scores or translator.search.nbest > 1:
                 answer["hypotheses"] = [[hypothesis_fields(h) for h in hyps] for hyps in results]
@@ -196,13 +200,15 @@ class TranslationAPI(ls.LitAPI):
     @staticmethod
     def failed(err: Exception) -> Failed:
         log.error("a request failed while decoding; answered 500 alone", exc_info=err)
+        if isinstance(err, ConfigError):
+            return Failed(str(err), 422)
         return Failed(f"translating this request failed: {type(err).__name__}: {err}")
 
     def encode_response(self, output: dict[str, Any] | Failed) -> Any:
         if isinstance(output, Failed):
             from starlette.responses import JSONResponse
 
-            return JSONResponse({"detail": output.message}, status_code=500)
+            return JSONResponse({"detail": output.message}, status_code=output.status)
         return output
 
 
@@ -216,19 +222,6 @@ def device_placement(device: str) -> tuple[str, list[int] | int]:
     if where.type in ("cuda", "mps"):
         return where.type, [where.index or 0]
     raise ConfigError(f"--device {device}: the server runs on cpu, cuda[:N] or mps")
-
-
-def check_port_free(host: str, port: int) -> None:
-    """An `OSError` naming the port when it cannot be listened on (before any worker starts)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
-        try:
-            probe.bind((host, port))
-        except OSError as err:
-            raise OSError(
-                f"cannot listen on {host} port {port}: {err.strerror}; choose another --port"
-            ) from None
 
 
 def model_info(model: str, search: SearchConfig, settings: ServeSettings) -> dict[str, Any]:
@@ -273,76 +266,6 @@ def build_server(model: str, search: SearchConfig, settings: ServeSettings) -> l
             (RequestLimitsMiddleware, {"path": API_PATH, "limits": settings.limits, "search": search})
         ],
     )
-
-
-def announce_when_ready(url: str, message: str, stop: threading.Event) -> threading.Thread:
-    """Print `message` once `GET url/health` answers ok (the model is loaded and HTTP is up)."""
-
-    key = os.environ.get("LIT_SERVER_API_KEY")  # LitServe then wants it on every route, /health included
-    request = urllib.request.Request(f"{url}/health", headers={"X-API-Key": key} if key else {})
-
-    def wait() -> None:
-        while not stop.is_set():
-            try:
-                with urllib.request.urlopen(request, timeout=1) as response:
-                    if response.status == 200:
-                        print(message, file=sys.stderr, flush=True)
-                        return
-            except OSError:
-                pass
-            stop.wait(0.1)
-
-    thread = threading.Thread(target=wait, name="attnx-serve-ready", daemon=True)
-    thread.start()
-    return thread
-
-
-class GracefulStop:
-    """SIGTERM and SIGINT in the main process raise `KeyboardInterrupt` once, the way LitServe stops.
-
-    LitServe answers a KeyboardInterrupt by letting the HTTP processes finish what they hold, then stopping
-    the workers. A second signal during that shutdown is ignored rather than cutting it short. Processes
-    forked from this one (which inherit the handler until they set their own) act on the signal as by default.
-    """
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.stopping = False
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> GracefulStop:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self.previous[sig] = signal.signal(sig, self.handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    def handle(self, signum: int, frame: object) -> None:
-        if os.getpid() != self.pid:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        if self.stopping:
-            return
-        self.stopping = True
-        print(
-            f"attnx serve: {signal.Signals(signum).name} received; finishing requests in flight",
-            file=sys.stderr,
-            flush=True,
-        )
-        raise KeyboardInterrupt
-
-
-def stop_processes(processes: Iterable[multiprocessing.process.BaseProcess]) -> None:
-    """SIGTERM each process, newest first (LitServe's workers before the manager that hands them requests,
-    so that none sees its manager go and reports it), then wait up to 5 s for each."""
-    processes = sorted(processes, key=lambda process: process.pid or 0, reverse=True)
-    for process in processes:
-        process.terminate()
-    for process in processes:
-        process.join(timeout=5)
 
 
 def resolved_precision(model: str, settings: ServeSettings) -> ServeSettings:

@@ -2,8 +2,10 @@
 
 A request body is `{"text": ["line", ...]}` (or `{"text": "one line"}`), optionally with `"search": {...}`
 (some of the server's search settings changed for this request: `nbest`, `sampling`, `top_k`, ...; see
-[`REQUEST_SEARCH`][attnx.serving.validation.REQUEST_SEARCH]) and `"scores": true` (answer every hypothesis
-with its scores). Every check runs in the HTTP process, so a bad request is answered at once with a 4xx and
+[`REQUEST_SEARCH`][attnx.serving.validation.REQUEST_SEARCH]), `"scores": true` (answer every hypothesis
+with its scores) and `"constraints"`: per line, terminology constraints
+([`phrases`][attnx.inference.phrases]: `{"include": [...], "exclude": [...], "ordered": false}`, a list of
+phrases to include, or null; one object alone for a `"text"` string). Every check runs in the HTTP process, so a bad request is answered at once with a 4xx and
 `{"detail": "<message>"}` and never joins a batch of good ones: one request's mistake cannot fail its
 neighbours' translations. (A request that still fails while decoding is isolated by the worker:
 `attnx.serving.server.TranslationAPI.predict`.)
@@ -12,26 +14,31 @@ neighbours' translations. (A request that still fails while decoding is isolated
 |-----------------------------------------------------|--------|
 | body over `max_body_bytes`                        | 413    |
 | body that is not JSON (or not UTF-8)                | 400    |
-| not an object, a field other than `text`, `search`, `scores`; `text` missing or not a string / list of strings | 422 |
+| not an object, a field other than `text`, `search`, `scores`, `constraints`; `text` missing or not a string / list of strings | 422 |
 | `text` an empty list                              | 422    |
 | `search` not an object, a setting a request may not change, a value the search refuses (type or range, as `attnx translate` refuses it: `SearchConfig`'s own checks); `scores` not a boolean | 422 |
 | `search.beam` or `search.nbest` over `max_beam`   | 413    |
+| `constraints` not one per line, malformed, an empty phrase, more phrases to include than the beam holds, phrases to include beside sampling | 422 |
 | more than `max_lines` lines, a line over `max_line_chars` characters | 413 |
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attnx.inference.config import SearchConfig, changed_search
+from attnx.inference.lexical import PhraseIds
+from attnx.inference.phrases import PhraseConstraints, check_phrases, to_constraints
 from attnx.serving.settings import RequestLimits
 
 FIELD = "text"
 SEARCH = "search"
 SCORES = "scores"
+CONSTRAINTS = "constraints"
 REQUEST_SEARCH = (
     "beam",
     "nbest",
@@ -72,7 +79,7 @@ def request_lines(payload: Any, limits: RequestLimits) -> list[str]:
     """The lines of a decoded request body, or a `RequestError` saying what is wrong with it."""
     if not isinstance(payload, dict):
         raise RequestError(422, f"the body is {json_type(payload)}; send a JSON object {EXAMPLE}")
-    unknown = sorted(set(payload) - {FIELD, SEARCH, SCORES})
+    unknown = sorted(set(payload) - {FIELD, SEARCH, SCORES, CONSTRAINTS})
     if unknown:
         raise RequestError(422, f"unknown field {', '.join(map(json.dumps, unknown))}; the body is {EXAMPLE}")
     if FIELD not in payload:
@@ -129,7 +136,37 @@ def request_search(payload: dict[str, Any], search: SearchConfig, limits: Reques
         raise RequestError(
             413, f'"search" asks for {width} hypotheses per line; this server takes at most {limits.max_beam}'
         )
+    request_constraints(payload, asked)
     return changes
+
+
+def request_constraints(payload: dict[str, Any], search: SearchConfig) -> list[PhraseConstraints] | None:
+    """The request's constraints, one per line (None: none), checked as far as the text allows (the pieces
+    each phrase takes are counted by the model's worker), or a `RequestError`."""
+    if CONSTRAINTS not in payload or payload[CONSTRAINTS] is None:
+        return None
+    given = payload[CONSTRAINTS]
+    text = payload[FIELD]
+    items = [given] if isinstance(text, str) else given
+    if not isinstance(text, str) and (not isinstance(given, list) or len(given) != len(text)):
+        count = len(given) if isinstance(given, list) else json_type(given)
+        raise RequestError(
+            422,
+            f'"constraints" has {count} items for {len(text)} lines of "text": give one per line (null: none)',
+        )
+    try:
+        out = [to_constraints(c, f'"constraints" item {i}') for i, c in enumerate(items)]
+        ids = [PhraseIds([[0]] * len(c.include)) for c in out]  # the count; lengths are the worker's
+        check_phrases(
+            ids, [[0]] * len(ids), None, dataclasses.replace(search, max_len_b=2**31), where(len(ids))
+        )
+    except ValueError as err:
+        raise RequestError(422, str(err)) from None
+    return out
+
+
+def where(n: int) -> list[str]:
+    return [f'"constraints" item {i}' for i in range(n)]
 
 
 def parse_body(body: bytes, limits: RequestLimits, search: SearchConfig | None = None) -> list[str]:

@@ -25,6 +25,8 @@ from attnx.errors import ConfigError
 from attnx.evaluation.agreement import Agreement, agreement
 from attnx.evaluation.bleu import BleuReport, score
 from attnx.inference.config import AUTO, PAPER_SEARCH, Precision, SearchConfig
+from attnx.inference.lexical import PhraseIds
+from attnx.inference.phrases import check_phrases, encode_phrases, parse_line
 from attnx.inference.precision import resolve_precision
 from attnx.inference.progress import Progress
 
@@ -49,6 +51,7 @@ class TranslationEvaluator(Callback):
         output_file: str | None = None,
         precision: Precision = AUTO,
         compare_fp32: bool = False,
+        constraints: str | None = None,
     ) -> None:
         """
         Args:
@@ -68,6 +71,10 @@ class TranslationEvaluator(Callback):
                 far its translations stray: BLEU and chrF of both, the share of identical lines, and a warning
                 where the reduced precision falls more than 1 point below fp32's BLEU or chrF
                 ([`agreement`][attnx.evaluation.agreement.agreement]; then decode that model in 32-true).
+            constraints: `test` and `predict` only: a file of terminology constraints beside the test set, one
+                line per sentence of the split in corpus order, as `attnx translate --constraints` reads
+                (`{"include": [...], "exclude": [...], "ordered": false}` or tab-separated phrases to include;
+                blank: none).
         """
         if bleu_samples < 0 or valid_beam < 1:
             raise ConfigError(
@@ -89,6 +96,10 @@ class TranslationEvaluator(Callback):
         self._fp32: list[tuple[int, list[int]]] = []
         self.decodes_in: str | None = None
         """The precision decoding runs in, `auto` resolved (set when a run starts)."""
+        self.constraints = constraints
+        self._phrases: list[PhraseIds | None] | None = None  # per sentence of the split being decoded
+        self.unmet = 0
+        """Sentences of the last `test` or `predict` the maximum length ended before all their phrases."""
         self.report: BleuReport | None = None
         self.written: Path | None = None
         """The file the last `test` or `predict` wrote its translations to (rank 0)."""
@@ -128,7 +139,17 @@ class TranslationEvaluator(Callback):
         src, src_mask = batch.src[on_device], batch.src_mask[on_device]
         width = int(src_mask.sum(1).max())  # the selected rows may need fewer columns
         translator = module.translator(search, precision=self.decodes_in or self.precision)
-        hyps = translator.translate_tensors(src[:, :width], src_mask[:, :width])
+        if self._phrases is None or trainer.validating or trainer.sanity_checking:
+            hyps = translator.translate_tensors(src[:, :width], src_mask[:, :width])
+        else:
+            corpus_index = index[rows].tolist()
+            phrases = [self._phrases[i] for i in corpus_index]
+            sources = [x[m].tolist() for x, m in zip(src, src_mask, strict=True)]
+            where = [f"evaluation.constraints {self.constraints} line {i + 1}" for i in corpus_index]
+            check_phrases(phrases, [x[:-1] for x in sources], None, translator.search, where)
+            found = translator.generate_tensors(src[:, :width], src_mask[:, :width], constraints=phrases)
+            self.unmet += sum(bool(h[0].unmet) for h in found)
+            hyps = [h[0].tokens for h in found]
         self._translations.extend(zip(index[rows].tolist(), hyps, strict=True))
         if self._comparing(trainer):
             fp32 = module.translator(search, precision="32-true").translate_tensors(
@@ -140,6 +161,27 @@ class TranslationEvaluator(Callback):
         """Whether this stage also decodes in fp32 to compare (`test`, `compare_fp32`, a reduced precision)."""
         reduced = (self.decodes_in or self.precision) != "32-true"
         return self.compare_fp32 and reduced and bool(trainer.testing)
+
+    def _read_constraints(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
+        """Read and encode `constraints` for the split `stage` decodes: one line per sentence, or one line
+        naming the file and what to do."""
+        self._phrases, self.unmet = None, 0
+        if self.constraints is None:
+            return
+        path = Path(self.constraints)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"evaluation.constraints {path}: cannot read it ({err})") from None
+        corpus, split = corpus_split(trainer, stage)
+        if corpus is not None and len(lines) != len(corpus.references(split)):
+            raise ConfigError(
+                f"evaluation.constraints {path} has {len(lines)} lines but the {split} split has "
+                f"{len(corpus.references(split))} sentences: give one line per sentence, in corpus order (blank: none)"
+            )
+        where = [f"evaluation.constraints {path} line {i + 1}" for i in range(len(lines))]
+        items = [parse_line(line, label) for line, label in zip(lines, where, strict=True)]
+        self._phrases = encode_phrases(module.translator().encode, items, where)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # before any step: a precision the device cannot decode in is a usage error, not a failure hours in
@@ -186,6 +228,7 @@ class TranslationEvaluator(Callback):
             self._progress = None
 
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._read_constraints(trainer, pl_module, "test")
         self._start_progress(trainer, "test")
         self._fp32, self.agreement = [], None
 
@@ -195,6 +238,7 @@ class TranslationEvaluator(Callback):
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._end_progress()
+        self._say_unmet()
         translations = self._gather(trainer, pl_module, "test", write=True)
         self.report = self._score(trainer, translations, "test")
         if self.report is not None:  # rank 0: the scores are the command's result, printed to stdout
@@ -206,6 +250,7 @@ class TranslationEvaluator(Callback):
             pl_module.log(f"test/{name}", trainer.strategy.broadcast(value, src=0), sync_dist=True)
 
     def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._read_constraints(trainer, pl_module, "predict")
         self._start_progress(trainer, "predict")
 
     def on_predict_batch_end(
@@ -216,7 +261,16 @@ class TranslationEvaluator(Callback):
 
     def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._end_progress()
+        self._say_unmet()
         self._gather(trainer, pl_module, "predict", write=True)
+
+    def _say_unmet(self) -> None:
+        if self.unmet:
+            print(
+                f"attnx: warning: the maximum output length ended {self.unmet} translation(s) before all their "
+                "evaluation.constraints phrases were written (raise --evaluation.search.max_len_b)",
+                file=sys.stderr,
+            )
 
     # ----------------------------------------------------------------------------- gather, write, score
 
