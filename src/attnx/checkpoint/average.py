@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from attnx.checkpoint.ema import without_training_weights
 from attnx.checkpoint.format import CheckpointError, config_difference, read_checkpoint, tokenizer_sha256
 from attnx.checkpoint.legacy import upgrade_checkpoint
 from attnx.model import architecture
@@ -34,7 +35,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     Checkpoints of an earlier attention layout are read in today's
     ([`upgrade_checkpoint`][attnx.checkpoint.legacy.upgrade_checkpoint]), so both average together.
     Everything else (metadata, hyperparameters, step) is the last file's, minus the training state
-    ([`TRAINING_STATE`][attnx.checkpoint.average.TRAINING_STATE]); `averaged_from` lists the inputs.
+    ([`TRAINING_STATE`][attnx.checkpoint.average.TRAINING_STATE]) and the weights an EMA run trains
+    ([`without_training_weights`][attnx.checkpoint.ema.without_training_weights]); `averaged_from` lists the
+    inputs.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -81,7 +84,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     result = {k: v for k, v in last.items() if k not in TRAINING_STATE and k != "state_dict"}
     result["state_dict"] = averaged
     result["averaged_from"] = [str(p) for p in paths]
-    return result
+    return without_training_weights(result)
 
 
 def checkpoint_step(path: Path) -> int | None:

@@ -38,6 +38,7 @@ from attnx.errors import ConfigError
 from attnx.training.best import BestCheckpoint
 from attnx.training.captured_steps import CapturedSteps, capture_plan
 from attnx.training.checkpointing import AtomicCheckpointIO
+from attnx.training.ema import WeightEMA
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.fit_estimate import fit_estimate_lines
 from attnx.training.optimizers import SCHEDULER_NEEDS_OPTIMIZER, choice_line, configure_optimizers
@@ -72,6 +73,7 @@ class AttnxCLI(LightningCLI):
         parser.add_lightning_class_args(ProgressLog, "progress")
         parser.add_lightning_class_args(TokenThroughput, "throughput")
         parser.add_lightning_class_args(BestCheckpoint, "best")
+        parser.add_lightning_class_args(WeightEMA, "ema")
         parser.add_argument(
             "--torch_threads",
             type=int | None,

@@ -144,6 +144,7 @@ def translate(
                 )
                 sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
                 sink.prepare()
+                from attnx.checkpoint.ema import checkpoint_weights_line
                 from attnx.inference.load import load
 
                 translator = load(
@@ -156,6 +157,8 @@ def translate(
                 )
                 if chosen:  # once the model is on it
                     print(chosen, file=sys.stderr, flush=True)
+                if ema := checkpoint_weights_line(model, "translate"):
+                    print(ema, file=sys.stderr, flush=True)
                 job = TranslationJob(translator, format, token_scores, buffer_size)
                 return run_translation(job, inputs, sink)
         except Stop:  # before the first line was read: nothing to keep
