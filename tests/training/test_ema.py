@@ -126,6 +126,13 @@ def test_validation_and_validate_score_the_ema_weights_unless_asked(
     assert ema_loss == pytest.approx(fit_loss, rel=1e-5)
     assert abs(trained_loss - ema_loss) > 1e-3
 
+    source = tmp_path / "source.txt"
+    source.write_text("A man rides a bike.\n", encoding="utf-8")
+    translated = tmp_path / "out.txt"
+    argv = ["translate", "--model", str(ckpt), "--input", str(source), "--output", str(translated)]
+    assert attnx([*argv, "--search.beam", "1", "--search.max_len_b", "5"]) == 0
+    assert f"attnx translate: the EMA weights of {ckpt} (decay 0.6, 6 updates)" in capsys.readouterr().err
+
     output = tmp_path / "avg.ckpt"
     assert attnx(["average", "--checkpoints", f"[{ckpt}]", "--output", str(output)]) == 0
     assert f"attnx average: the EMA weights of {ckpt} (decay 0.6, 6 updates)" in capsys.readouterr().out

@@ -67,6 +67,7 @@ def serve(
     """
     import os
 
+    from attnx.checkpoint.ema import checkpoint_weights_line
     from attnx.commands.translate import check_device
     from attnx.commands.usage import require_extra
     from attnx.errors import UsageError
@@ -103,6 +104,8 @@ def serve(
             max_beam=max_beam,
         ),
     )
+    if ema := checkpoint_weights_line(model, "serve"):
+        print(ema, flush=True)
     run_server(model, search, settings)
     return 0
 
