@@ -20,7 +20,7 @@ from attnx.checkpoint.format import CheckpointError, config_difference, read_che
 from attnx.checkpoint.legacy import upgrade_checkpoint
 from attnx.model import architecture
 
-TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
+TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "attnx_lora")
 """Entries of a training checkpoint that describe one moment of training, not the averaged weights."""
 
 _STEP = re.compile(r"step=(\d+)")
