@@ -119,8 +119,8 @@ def test_an_impossible_config_is_one_line_naming_the_value(changes, message):
 
 def test_architecture_leaves_out_only_what_acts_while_training():
     values = tiny_config(dropout=0.3).to_dict()
-    assert TRAINING_ONLY == ("dropout",)
-    assert architecture(values) == {k: v for k, v in values.items() if k != "dropout"}
+    assert TRAINING_ONLY == ("dropout", "activation_checkpointing")
+    assert architecture(values) == {k: v for k, v in values.items() if k not in TRAINING_ONLY}
     assert architecture(values) == architecture(tiny_config(dropout=0.0).to_dict())
     assert architecture(values) != architecture(tiny_config(dropout=0.3, d_ff=128).to_dict())
 
@@ -159,3 +159,11 @@ def test_count_parameters_counts_a_shared_matrix_once_and_only_what_trains():
     assert count_parameters(model) == sum(p.numel() for p in set(model.parameters()))
     model.src_embedding.weight.requires_grad_(False)
     assert count_parameters(model) == sum(p.numel() for p in set(model.parameters())) - 50 * 32
+
+
+def test_activation_checkpointing_is_training_only() -> None:
+    """A run may resume with it switched on or off, and its checkpoints hold the same model."""
+    assert "activation_checkpointing" in TRAINING_ONLY
+    on = TransformerConfig(activation_checkpointing=True).to_dict()
+    assert architecture(on) == architecture(TransformerConfig().to_dict())
+    assert build_transformer(tiny_config(activation_checkpointing=True)).checkpoint_layers

@@ -308,3 +308,56 @@ def test_greedy_and_beam_search_with_the_cache_equal_recomputing_the_whole_prefi
     for mine, theirs in zip(cached, recomputed, strict=True):
         assert [h.tokens for h in mine] == [h.tokens for h in theirs]
         assert [h.score for h in mine] == pytest.approx([h.score for h in theirs], abs=1e-9)
+
+
+def saved_bytes_and_gradients(
+    checkpointing: bool, norm_position: str, **components
+) -> tuple[int, dict[str, torch.Tensor]]:
+    """Bytes the forward pass saves for the backward pass, and the gradients, of one training pass with
+    dropout on (the same seed both ways)."""
+    config = tiny_config(
+        dropout=0.3, activation_checkpointing=checkpointing, norm_position=norm_position, **components
+    )
+    torch.manual_seed(0)
+    model = build_transformer(config).train()
+    src, src_mask, _, tgt_in = pair_batch()
+    saved = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    torch.manual_seed(1)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        logits = model(src, tgt_in, src_mask)
+        total = sum(saved)
+    logits.logsumexp(-1).sum().backward()
+    return total, {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_activation_checkpointing_keeps_less_and_gives_the_same_gradients(norm_position: str):
+    plain_bytes, plain = saved_bytes_and_gradients(False, norm_position)
+    checked_bytes, checked = saved_bytes_and_gradients(True, norm_position)
+    assert checked_bytes < plain_bytes / 2  # each layer keeps its inputs only
+    for name, grad in plain.items():
+        assert torch.equal(checked[name], grad), name  # the dropout masks drawn again are the same
+
+
+@pytest.mark.parametrize("name", ["modern", "t5-like"])
+def test_activation_checkpointing_recomputes_positions_inside_attention_alike(name: str):
+    components = {k: v for k, v in VARIANTS[name].items() if k != "norm_position"}
+    position = VARIANTS[name].get("norm_position", "post")
+    plain_bytes, plain = saved_bytes_and_gradients(False, position, **components)
+    checked_bytes, checked = saved_bytes_and_gradients(True, position, **components)
+    assert checked_bytes < plain_bytes
+    for name_, grad in plain.items():
+        assert grad is not None and torch.equal(checked[name_], grad), name_
+
+
+def test_activation_checkpointing_leaves_evaluation_alone():
+    model = build_transformer(tiny_config(activation_checkpointing=True)).eval()
+    reference = build_transformer(tiny_config())
+    reference.load_state_dict(model.state_dict())
+    src, src_mask, _, tgt_in = pair_batch()
+    torch.testing.assert_close(model(src, tgt_in, src_mask), reference.eval()(src, tgt_in, src_mask))

@@ -278,3 +278,20 @@ def test_on_a_gpu_a_step_takes_no_less_than_its_batches_host_time() -> None:
     bound = estimate_run(config, 1_000_000, 1000, "bf16-mixed", "h100", 4, 100, None, 0.5, 20.0, 30.0, slow)
     assert bound.step_seconds == bound.compute_seconds > bound.host_seconds
     assert "floor" not in bound.lines()[1]
+
+
+def test_activation_checkpointing_estimate_keeps_less_and_says_both() -> None:
+    from attnx.model import TransformerConfig
+
+    plain, checked = TransformerConfig(), TransformerConfig(activation_checkpointing=True)
+    for precision in ("32-true", "bf16-mixed"):
+        without = estimate.activation_bytes(plain, 4096, 4096, precision)
+        with_it = estimate.activation_bytes(checked, 4096, 4096, precision)
+        # 12 layers' activations become 12 layer inputs and one layer's activations
+        assert with_it < 0.7 * without
+    peak = (1e15, "a data sheet", "a GPU", 80.0)
+    run = estimate.estimate_run(checked, 63_000_000, 4096, "bf16-mixed", "h100", peak=peak)
+    base = estimate.estimate_run(plain, 63_000_000, 4096, "bf16-mixed", "h100", peak=peak)
+    assert run.unchecked_activation_bytes == base.activation_bytes > run.activation_bytes
+    assert "with activation checkpointing" in run.lines()[0] and "without" in run.lines()[0]
+    assert run.compute_seconds == pytest.approx(base.compute_seconds * 4 / 3)  # the forward runs twice

@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
+from attnx.checkpoint.ema import without_training_weights
 from attnx.checkpoint.format import CheckpointError, config_difference, read_checkpoint
 from attnx.checkpoint.legacy import upgrade_checkpoint
 from attnx.data.sentencepiece_proto import segmentation_digest
 from attnx.model import architecture
 
-TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
+TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "attnx_lora")
 """Entries of a training checkpoint that describe one moment of training, not the averaged weights."""
 
 _STEP = re.compile(r"step=(\d+)")
@@ -35,8 +36,9 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     Checkpoints of an earlier attention layout are read in today's
     ([`upgrade_checkpoint`][attnx.checkpoint.legacy.upgrade_checkpoint]), so both average together.
     Everything else (metadata, hyperparameters, step) is the last file's, minus the training state
-    ([`TRAINING_STATE`][attnx.checkpoint.average.TRAINING_STATE]); `averaged_from` lists the inputs.
-    An input whose weights hold NaN or an infinity is refused naming it and the tensor
+    ([`TRAINING_STATE`][attnx.checkpoint.average.TRAINING_STATE]) and the weights an EMA run trains
+    ([`without_training_weights`][attnx.checkpoint.ema.without_training_weights]); `averaged_from` lists the
+    inputs. An input whose weights hold NaN or an infinity is refused naming it and the tensor
     ([`read_checkpoint`][attnx.checkpoint.format.read_checkpoint]): the mean of finite weights is finite in
     their own dtype, so no average is written that is not.
     """
@@ -87,7 +89,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     result = {k: v for k, v in last.items() if k not in TRAINING_STATE and k != "state_dict"}
     result["state_dict"] = averaged
     result["averaged_from"] = [str(p) for p in paths]
-    return result
+    return without_training_weights(result)
 
 
 def checkpoint_step(path: Path) -> int | None:

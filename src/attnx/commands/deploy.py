@@ -68,6 +68,7 @@ def serve(
     """
     import os
 
+    from attnx.checkpoint.ema import checkpoint_weights_line
     from attnx.commands.translate import check_device
     from attnx.commands.usage import require_extra
     from attnx.errors import UsageError
@@ -104,6 +105,8 @@ def serve(
             max_beam=max_beam,
         ),
     )
+    if ema := checkpoint_weights_line(model, "serve"):
+        print(ema, flush=True)
     run_server(model, search, settings)
     return 0
 
@@ -139,10 +142,13 @@ def export(
             penalty, so the default is beam 4, α 0.6 with length_penalty fairseq).
         force: Replace an existing output directory.
     """
+    from attnx.checkpoint.ema import checkpoint_weights_line
     from attnx.commands.usage import require_extra
     from attnx.export.common import ExportError
 
     require_extra("hf" if format == "huggingface" else "ct2", f"attnx export --format {format}")
+    if ema := checkpoint_weights_line(ckpt_path, "export"):
+        print(ema)
     weights = None if quantization == "none" else quantization
     if format == "huggingface":
         if weights is not None or search is not None:

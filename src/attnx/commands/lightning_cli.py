@@ -38,8 +38,10 @@ from attnx.errors import ConfigError
 from attnx.training.best import BestCheckpoint
 from attnx.training.captured_steps import CapturedSteps, capture_plan
 from attnx.training.checkpointing import AtomicCheckpointIO
+from attnx.training.ema import WeightEMA
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.fit_estimate import fit_estimate_lines
+from attnx.training.lora import LowRankAdapters
 from attnx.training.optimizers import SCHEDULER_NEEDS_OPTIMIZER, choice_line, configure_optimizers
 from attnx.training.precision import resolve_cpu_precision
 from attnx.training.progress import ProgressLog
@@ -72,6 +74,8 @@ class AttnxCLI(LightningCLI):
         parser.add_lightning_class_args(ProgressLog, "progress")
         parser.add_lightning_class_args(TokenThroughput, "throughput")
         parser.add_lightning_class_args(BestCheckpoint, "best")
+        parser.add_lightning_class_args(WeightEMA, "ema")
+        parser.add_lightning_class_args(LowRankAdapters, "lora")
         parser.add_argument(
             "--torch_threads",
             type=int | None,

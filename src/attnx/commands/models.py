@@ -32,6 +32,7 @@ def average(
     import sys
 
     from attnx.checkpoint import CheckpointError, atomic_save, average_checkpoints, last_checkpoints
+    from attnx.checkpoint.ema import checkpoint_weights_line
     from attnx.commands.usage import refuse_to_replace
 
     if bool(checkpoints) == bool(dir):
@@ -47,6 +48,8 @@ def average(
         raise CheckpointError("no checkpoints to average")
     refuse_to_replace(output, force)
     atomic_save(average_checkpoints(paths), output)
+    if ema := checkpoint_weights_line(paths[-1], "average"):
+        print(ema)
     print(f"averaged {len(paths)} checkpoints into {output}:")
     for path in paths:
         print(f"  {path}")

@@ -175,6 +175,8 @@ def translate(
                     options["constraints"] = {"file": file and content_digest(file), "inline": constraint}
                 sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
                 sink.prepare()
+                from attnx.checkpoint.ema import checkpoint_weights_line
+
                 translator = load(
                     model,
                     device=device,
@@ -187,6 +189,8 @@ def translate(
                 runs_in.say()  # once the model has loaded: a model that fails to is one line
                 if chosen:  # once the model is on it
                     print(chosen, file=sys.stderr, flush=True)
+                if ema := checkpoint_weights_line(model, "translate"):
+                    print(ema, file=sys.stderr, flush=True)
 
                 def own_engine(ckpt: Path) -> Translator:
                     return load(

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
+from functools import cached_property
 from typing import Any
 
 import lightning as L
@@ -13,6 +15,14 @@ from torch.utils.data import DataLoader
 
 from attnx.data.batching import BatchDataset, TokenBatchSampler, no_collate
 from attnx.data.corpus import PreparedCorpus
+from attnx.data.sampling import (
+    NO_SAMPLING,
+    EpochBatchSampler,
+    SampledBatches,
+    SubwordSampling,
+    headroom,
+    planned_lengths,
+)
 from attnx.data.tokenizer import Tokenizer
 from attnx.errors import ConfigError
 
@@ -63,6 +73,10 @@ class TranslationDataModule(L.LightningDataModule):
             kernels, tensor cores, `torch.compile`); 0 for fp32 on CPU, which gains nothing from fewer shapes
             and would pay for the extra padding (docs/benchmarks.md). The first line of `attnx fit` says how many
             shapes an epoch has and how much of it is padding.
+        subword_sampling: Segment the training pairs anew each epoch with SentencePiece's sampling
+            (BPE-dropout; [`SubwordSampling`][attnx.data.sampling.SubwordSampling]): `alpha` 0 (the default)
+            keeps the prepared segmentation. The batches keep their plan and shapes; validation, test and predict
+            keep the prepared segmentation.
     """
 
     def __init__(
@@ -77,9 +91,14 @@ class TranslationDataModule(L.LightningDataModule):
         valid_split: str = "valid",
         test_split: str = "test",
         shape_buckets: int | None = None,
+        subword_sampling: SubwordSampling = NO_SAMPLING,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        if dataclasses.is_dataclass(
+            subword_sampling
+        ):  # checkpoints load with weights_only=True: plain values
+            self.hparams["subword_sampling"] = dataclasses.asdict(subword_sampling)
         self.data_dir = data_dir
         self.max_tokens = max_tokens
         self.eval_max_tokens = eval_max_tokens or max_tokens
@@ -92,6 +111,9 @@ class TranslationDataModule(L.LightningDataModule):
                 f"data.shape_buckets must be None, 0 (off) or a positive multiple, not {shape_buckets}"
             )
         self.shape_buckets = shape_buckets
+        if isinstance(subword_sampling, dict):  # a checkpoint's plain hyperparameters
+            subword_sampling = SubwordSampling(**subword_sampling)
+        self.subword_sampling = subword_sampling
         self._corpus = PreparedCorpus(data_dir)
         self._train_sampler: TokenBatchSampler | None = None
         self._resume: dict[str, Any] | None = None
@@ -143,9 +165,16 @@ class TranslationDataModule(L.LightningDataModule):
         if self._train_sampler is None:
             dataset = self._corpus.dataset(self.train_split)
             world_size, rank = self._world()
-            self._train_sampler = TokenBatchSampler(
-                dataset.src_lengths,
-                dataset.tgt_lengths,
+            src_lengths, tgt_lengths, sampler = dataset.src_lengths, dataset.tgt_lengths, TokenBatchSampler
+            if self.subword_sampling.enabled:  # planned for the longer sampled segmentations
+                sampler, factors = EpochBatchSampler, self.sampling_headroom
+                src_lengths, tgt_lengths = (
+                    planned_lengths(lengths, factor, self.max_tokens)
+                    for lengths, factor in zip((src_lengths, tgt_lengths), factors, strict=True)
+                )
+            self._train_sampler = sampler(
+                src_lengths,
+                tgt_lengths,
                 self.max_tokens,
                 seed=self.seed,
                 shuffle=True,
@@ -153,10 +182,26 @@ class TranslationDataModule(L.LightningDataModule):
                 rank=rank,
                 shape_buckets=self.resolved_shape_buckets(),
             )
+            if self.subword_sampling.enabled:
+                self._train_sampler.sampling_line = (
+                    f"{self.subword_sampling.check(self.tokenizer)}; batches planned for source and target "
+                    f"segmentations {factors[0]:.2f}x and {factors[1]:.2f}x longer (a side that outgrows its "
+                    "batch keeps its prepared pieces)"
+                )
             if self._resume is not None:
                 self._train_sampler.load_state_dict(self._resume)
                 self._resume = None
         return self._train_sampler
+
+    @cached_property
+    def sampling_headroom(self) -> tuple[float, float]:
+        """How much longer sampled segmentations are than the prepared ones, per side
+        ([`headroom`][attnx.data.sampling.headroom]); (1, 1) without subword sampling."""
+        if not self.subword_sampling.enabled:
+            return 1.0, 1.0
+        self.subword_sampling.check(self.tokenizer)  # a setting the model cannot sample with: one line
+        dataset = self._corpus.dataset(self.train_split)
+        return headroom(dataset, self.tokenizer.to_bytes(), self.subword_sampling, self.seed)
 
     @property
     def pins_memory(self) -> bool:
@@ -167,9 +212,11 @@ class TranslationDataModule(L.LightningDataModule):
             return self.trainer.strategy.root_device.type == "cuda"
         return torch.cuda.is_available()
 
-    def _loader(self, split: str, sampler: TokenBatchSampler) -> DataLoader:
+    def _loader(
+        self, split: str, sampler: TokenBatchSampler, dataset: BatchDataset | None = None
+    ) -> DataLoader:
         return DataLoader(
-            BatchDataset(self._corpus.dataset(split), sampler.buckets),
+            dataset or BatchDataset(self._corpus.dataset(split), sampler.buckets),
             sampler=sampler,
             batch_size=None,
             collate_fn=no_collate,
@@ -191,7 +238,19 @@ class TranslationDataModule(L.LightningDataModule):
         return self._loader(split, sampler)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_split, self.train_sampler)
+        sampler = self.train_sampler
+        if not self.subword_sampling.enabled:
+            return self._loader(self.train_split, sampler)
+        dataset = SampledBatches(
+            self._corpus.dataset(self.train_split),
+            self.tokenizer.to_bytes(),
+            self.subword_sampling,
+            self.seed,
+            self.max_tokens,
+            sampler.buckets,
+            self.sampling_headroom,
+        )
+        return self._loader(self.train_split, sampler, dataset)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.valid_split)

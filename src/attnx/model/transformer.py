@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from attnx.components.attention import attention_backends
 from attnx.components.protocols import POSITIONAL_PLACES
@@ -75,6 +77,7 @@ class Transformer(nn.Module):
         dropout: float,
         pad_id: int,
         max_positions: int,
+        checkpoint_layers: bool = False,
     ) -> None:
         super().__init__()
         self.src_embedding = src_embedding
@@ -89,6 +92,8 @@ class Transformer(nn.Module):
         self.dropout = dropout
         self.pad_id = pad_id
         self.max_positions = max_positions  # longest source or target (with </s> or <s>) it reads
+        self.checkpoint_layers = checkpoint_layers
+        """Training keeps each layer's input only and recomputes the layer in the backward pass."""
         self.d_model = tgt_embedding.embedding_dim
         self.embed_scale = math.sqrt(self.d_model)
 
@@ -116,12 +121,33 @@ class Transformer(nn.Module):
         """The positional component to hand the layers' self-attention: itself when it acts inside attention."""
         return None if positional.acts_on == "embeddings" else positional
 
+    def _layer(
+        self,
+        layer: nn.Module,
+        *args: Tensor | None,
+        weights: list | None = None,
+        positions: nn.Module | None = None,
+    ) -> Tensor:
+        """`layer(*args)`, or with `checkpoint_layers` while training its activation checkpoint: the forward
+        runs again in the backward pass, with the RNG state it had (the same dropout masks: the same
+        gradients) and the same attention kernels."""
+        if not (self.checkpoint_layers and self.training and torch.is_grad_enabled()) or weights is not None:
+            return layer(*args, weights=weights, positions=positions)
+
+        def run(*inputs: Tensor | None) -> Tensor:
+            with attention_backends(inputs[0]):  # the recomputation runs outside the pass's own context
+                return layer(*inputs, positions=positions)
+
+        return checkpoint(run, *args, use_reentrant=False)
+
     def encode(self, src: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
         """`src` `(B, S)` token ids, `src_mask` `(B, S)` True at real tokens -> memory `(B, S, D)`."""
         x = self._embed(src, self.src_embedding, self.src_positional)
         with attention_backends(x):
             for layer in self.encoder_layers:
-                x = layer(x, src_mask, weights, positions=self._inside(self.src_positional))
+                x = self._layer(
+                    layer, x, src_mask, weights=weights, positions=self._inside(self.src_positional)
+                )
         return self.encoder_norm(x)
 
     def decode_features(
@@ -134,7 +160,9 @@ class Transformer(nn.Module):
         x = self._embed(tgt_in, self.tgt_embedding, self.tgt_positional)
         with attention_backends(x):
             for layer in self.decoder_layers:
-                x = layer(x, memory, src_mask, weights=weights, positions=self._inside(self.tgt_positional))
+                x = self._layer(
+                    layer, x, memory, src_mask, weights=weights, positions=self._inside(self.tgt_positional)
+                )
         return self.decoder_norm(x)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:

@@ -15,6 +15,7 @@ its first lines for the device it runs on. Every figure is an estimate, said as 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from dataclasses import dataclass
 from typing import Any
@@ -75,13 +76,18 @@ def activation_bytes(
     whole batch's logits exist at once for a moment (CPUs take them in chunks).
     """
     d, f, v = config.d_model, config.d_ff, config.vocab_size
-    layers = src_tokens * config.encoder_layers * (ENCODER_BYTES[0] * d + ENCODER_BYTES[1] * f)
-    layers += tgt_tokens * config.decoder_layers * (DECODER_BYTES[0] * d + DECODER_BYTES[1] * f)
-    layers += src_tokens * config.decoder_layers * CROSS_BYTES * d
-    layers += (src_tokens + tgt_tokens) * EMBEDDING_BYTES * d
+    encoder_layer = src_tokens * (ENCODER_BYTES[0] * d + ENCODER_BYTES[1] * f)
+    decoder_layer = tgt_tokens * (DECODER_BYTES[0] * d + DECODER_BYTES[1] * f) + src_tokens * CROSS_BYTES * d
     half = precision_dtype(precision) in (torch.bfloat16, torch.float16)
+    share = HALF_PRECISION_SHARE if half else 1.0
+    if config.activation_checkpointing:
+        # each layer keeps its fp32 input; one layer at a time holds its whole activations, recomputed
+        layers = 4 * d * (src_tokens * config.encoder_layers + tgt_tokens * config.decoder_layers)
+        layers += share * max(encoder_layer, decoder_layer)
+    else:
+        layers = share * (config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer)
+    layers += share * (src_tokens + tgt_tokens) * EMBEDDING_BYTES * d
     if half:
-        layers *= HALF_PRECISION_SHARE
         # autocast keeps a 2-byte copy of every matrix it multiplies by until the backward pass
         matrices = config.encoder_layers * (4 * d * d + 2 * d * f) + config.decoder_layers * (
             8 * d * d + 2 * d * f
@@ -118,6 +124,7 @@ class RunEstimate:
     host_seconds: float = 0.0  # a step's batches times the host's floor (GPUs; 0 on CPU)
     batches: int = 1  # a step's batches
     captured_bytes: int = 0  # the captured steps' graph pool (attnx.training.capture), where they capture
+    unchecked_activation_bytes: int = 0  # with activation checkpointing: the activations without it
     resumed_at: int = 0  # the step a resumed run starts from (`steps` and `run_seconds` are what is left)
 
     @property
@@ -143,6 +150,11 @@ class RunEstimate:
             f"estimated memory per device: {_size(self.memory_bytes)} (weights {_size(self.weight_bytes)}, "
             f"gradients {_size(self.gradient_bytes)}, Adam {_size(self.optimizer_bytes)}, activations "
             f"{_size(self.activation_bytes)}"
+            + (
+                f" with activation checkpointing, {_size(self.unchecked_activation_bytes)} without"
+                if self.unchecked_activation_bytes
+                else ""
+            )
             + (f", captured steps' graph pool {_size(self.captured_bytes)})" if self.captured_bytes else ")")
         )
         if self.device_memory_gib:
@@ -306,6 +318,8 @@ def estimate_run(
     kind = "cpu" if device == "cpu" else "cuda"
     activations = activation_bytes(config, max_tokens, max_tokens, precision, kind, src_len, tgt_len)
     per_token = training_flops_per_token(config, src_len, tgt_len)["per_token"]
+    if config.activation_checkpointing:  # the layers' forward (a third of their training FLOPs) runs twice
+        per_token *= 4 / 3
     compute = per_token * 2 * max_tokens * accumulate / (peak_flops * mfu)
     if host_seconds_per_batch is None:
         layers = config.encoder_layers + config.decoder_layers
@@ -334,4 +348,15 @@ def estimate_run(
         host_seconds=host,
         batches=accumulate,
         captured_bytes=pool_bytes(activations) if captured else 0,
+        unchecked_activation_bytes=activation_bytes(
+            dataclasses.replace(config, activation_checkpointing=False),
+            max_tokens,
+            max_tokens,
+            precision,
+            kind,
+            src_len,
+            tgt_len,
+        )
+        if config.activation_checkpointing
+        else 0,
     )

@@ -1,0 +1,55 @@
+"""LoRA adapters: only they train, the model starts as it was, every use of an adapted weight sees the adapter
+(cross-attention's slices too), and wrong choices are one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnx.errors import ConfigError
+from attnx.model import build_transformer
+from attnx.model.lora import adapted, adapter_targets, add_adapters
+from tests.conftest import tiny_config
+from tests.model.test_transformer import pair_batch
+
+
+def test_adapters_start_as_the_model_and_alone_train() -> None:
+    model = build_transformer(tiny_config()).eval()
+    src, src_mask, _, tgt_in = pair_batch()
+    before = model(src, tgt_in, src_mask)
+    names = adapter_targets(model, ["in_proj", "out_proj"], ["decoder_layers.*"])
+    assert names and all(n.startswith("decoder_layers.") for n in names)
+    add_adapters(model, names, rank=2, alpha=4.0)
+    torch.testing.assert_close(model(src, tgt_in, src_mask), before)  # B starts at zero
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+    assert set(adapted(model)) == set(names)
+    model(src, tgt_in, src_mask).sum().backward()
+    assert all(p.grad is None for n, p in model.named_parameters() if ".lora_" not in n)
+
+
+def test_cross_attention_sees_its_adapter() -> None:
+    model = build_transformer(tiny_config()).eval()
+    src, src_mask, _, tgt_in = pair_batch()
+    before = model(src, tgt_in, src_mask)
+    add_adapters(model, ["decoder_layers.0.cross_attn.in_proj"], rank=2, alpha=2.0)
+    with torch.no_grad():
+        model.decoder_layers[0].cross_attn.in_proj.parametrizations.weight[0].lora_B.fill_(0.1)
+    assert not torch.allclose(model(src, tgt_in, src_mask), before)
+
+
+@pytest.mark.parametrize(
+    ("projections", "layers", "message"),
+    [
+        (["q_proj"], ["*"], r"^lora\.projections \['q_proj'\] unknown"),
+        (["in_proj"], ["middle_layers.*"], r"^lora: no projection"),
+    ],
+)
+def test_wrong_choices_are_one_line(projections, layers, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        adapter_targets(build_transformer(tiny_config()), projections, layers)
+
+
+def test_a_rank_below_1_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^lora\.rank must be >= 1"):
+        add_adapters(build_transformer(tiny_config()), [], rank=0, alpha=1.0)
