@@ -66,7 +66,7 @@ def test_misspelt_option_suggests_the_close_one(corpus: Path, capsys) -> None:
 
 
 def test_fit_before_prepare_says_to_prepare(corpus: Path, tmp_path: Path, capsys) -> None:
-    assert main(fit_args(corpus, "--data.data_dir", str(tmp_path / "nowhere"))) == 1
+    assert main(fit_args(tmp_path / "nowhere")) == 1
     assert "attnx prepare --output" in one_line(capsys)
 
 

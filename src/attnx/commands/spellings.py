@@ -11,8 +11,10 @@ from __future__ import annotations
 import inspect
 import os
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from attnx.errors import UsageError
 
 SEARCH_ALIASES: dict[str, str] = {
     "--beam": "search.beam",
@@ -62,6 +64,55 @@ def with_aliases(argv: list[str], table: dict[str, str]) -> list[str]:
     return out
 
 
+REPEATABLE = ("--config", "-c")
+"""Options a command line may repeat by convention: each `--config` file is read over the ones before it."""
+
+
+def conflicting_values(argv: list[str], table: dict[str, str], lists: Iterable[str] = ()) -> None:
+    """Refuse one option set twice to different values, under any of its spellings (`--beam 2 --search.beam 5`,
+    `--nbest 2 --nbest 3`, `--sampling --search.sampling false`), in one line naming both: argparse would keep
+    the last without a word.
+
+    `table` maps each short spelling to the option it stands for ([aliases][attnx.commands.spellings.aliases]).
+    Not a conflict: the same value twice, an option of `lists` (repeating it collects every value), one that
+    appends (`--trainer.callbacks+=...`) and the keys under it, and `--config` ([REPEATABLE][attnx.commands.spellings.REPEATABLE]).
+    """
+    lists = set(lists)
+    appended = {arg.split("=", 1)[0].removesuffix("+") for arg in argv if arg.split("=", 1)[0].endswith("+")}
+    seen: dict[str, tuple[str, Any]] = {}
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--"):
+            continue
+        name, sep, value = arg.partition("=")
+        option = table.get(name, name)
+        inside = any(option == group or option.startswith(f"{group}.") for group in appended)
+        if name.endswith("+") or option in lists or name in REPEATABLE or inside:
+            continue
+        if not sep:
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            value = following if following is not None and not following.startswith("--") else None
+        typed = f"{name} {value}" if value is not None else name
+        if option not in seen:
+            seen[option] = (typed, value_of(value))
+        elif seen[option][1] != value_of(value):
+            raise UsageError(
+                f"{seen[option][0]} and {typed} both set {option}: give it once (the last would win)"
+            )
+
+
+def value_of(value: str | None) -> Any:
+    """A command-line value as YAML reads it (`5` and `5.0` alike, `True` and `true`); an option given bare
+    (a flag) is true."""
+    import yaml
+
+    if value is None:
+        return True
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
 def alias_help(table: dict[str, str]) -> str | None:
     """One paragraph for the end of `--help`: each short spelling and the option it stands for."""
     if not table:
@@ -77,11 +128,7 @@ def several_values(function: Callable[..., Any], argv: list[str]) -> list[str]:
     """A list option followed by several values (`--model a.ckpt b.ckpt`, `--train_repeat 2 1`) takes them
     all, as if it were given once for each (`--model+ a.ckpt --model+ b.ckpt`, jsonargparse's way to
     append)."""
-    lists = {
-        f"--{name}"
-        for name, kind in typing.get_type_hints(function).items()
-        if any(typing.get_origin(t) is list for t in (kind, *typing.get_args(kind)))
-    }
+    lists = list_options(function)
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -96,6 +143,15 @@ def several_values(function: Callable[..., Any], argv: list[str]) -> list[str]:
         out.append(arg)
         i += 1
     return out
+
+
+def list_options(function: Callable[..., Any]) -> set[str]:
+    """The `--name` of each option of `function` whose type is a list (or an optional list)."""
+    return {
+        f"--{name}"
+        for name, kind in typing.get_type_hints(function).items()
+        if any(typing.get_origin(t) is list for t in (kind, *typing.get_args(kind)))
+    }
 
 
 def ensemble_members(model: list[str] | str) -> list[str] | str:
