@@ -224,6 +224,24 @@ def test_moses_nbest_lines_parse_and_carry_the_same_scores(checkpoint, tmp_path)
         assert found.group(3) == " ".join(f"{a}-{b}" for a, b in h["alignment"])
 
 
+def test_text_nbest_writes_marian_s_id_text_score_lines_and_sampling_alone_says_what_it_draws(
+    checkpoint, tmp_path
+):
+    src = write_lines(tmp_path / "in.txt", SOURCES)
+    base = ["--model", str(checkpoint), "--input", str(src), "--beam", "2", "--nbest", "2", *SHORT]
+    text = run_translate(*base).stdout.decode("utf-8").splitlines()
+    jsonl = [json.loads(x) for x in run_translate(*base, "--format", "jsonl").stdout.decode().splitlines()]
+    expected = [
+        f"{i} ||| {h['text']} ||| {h['score']!r}" for i, r in enumerate(jsonl) for h in r["hypotheses"]
+    ]
+    assert text == expected and text[0].startswith("0 ||| ")
+    sampled = run_translate(
+        "--model", str(checkpoint), "--input", str(src), "--sampling", "--search.seed", "1", *SHORT
+    )
+    assert len(sampled.stdout.decode().splitlines()) == len(SOURCES)
+    assert "attnx translate: sampling draws 1 sample per input (search.nbest)" in sampled.stderr.decode()
+
+
 def test_mbr_writes_each_distinct_candidate_with_its_expected_utility_best_first(checkpoint, tmp_path):
     src = write_lines(tmp_path / "in.txt", SOURCES)
     base = [
@@ -334,7 +352,6 @@ def test_a_target_file_of_another_length_is_one_line_and_nothing_is_written(chec
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--search.beam", "2", "--search.nbest", "2"], "use --format jsonl or --format moses"),
         (["--token_scores", "true"], "--token_scores needs --format jsonl"),
         (["--target", "IN", "--prefix", "IN"], "give one of them"),
         (["--target", "IN", "--search.sampling", "true", "--format", "jsonl"], "do not apply"),
