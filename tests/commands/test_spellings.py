@@ -62,6 +62,7 @@ def test_a_list_option_takes_several_values_and_fairseqs_colons_make_an_ensemble
     colon = tmp_path / "step:10.ckpt"
     colon.touch()
     assert ensemble_members(str(colon)) == str(colon)  # a file of that name wins
+    assert ensemble_members("co:lon/b.ckpt") == "co:lon/b.ckpt"  # missing, and "co" names no model: one path
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -154,7 +154,8 @@ def test_last_passes_over_newer_runs_that_finished(tmp_path: Path) -> None:
     assert finished_run(smoke) == "finished at step 5 of max_steps 5" and finished_run(stopped) is None
     assert last_checkpoint(trainer) == stopped
     assert last_choice(trainer, stopped) == (
-        "the newest of this config's 2 runs not finished: version_1 finished at step 5 of max_steps 5; another: "
+        "version_0, which has not finished, over the newer run of this config, finished: version_1 finished at "
+        "step 5 of max_steps 5; another: "
         f"--ckpt_path {runs / 'version_N' / 'checkpoints' / 'last.ckpt'}"
     )
     timed_out = write(2, 300, {"max_steps": -1, "max_time": {"minutes": 30}}, seconds=1800.0)

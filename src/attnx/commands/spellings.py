@@ -145,6 +145,12 @@ def several_values(function: Callable[..., Any], argv: list[str]) -> list[str]:
     return out
 
 
+def model_like(name: str) -> bool:
+    """Whether `name` can be one member of a fairseq-style `a:b` ensemble: a path that exists, or a checkpoint's
+    name (`.ckpt`, `.pt`)."""
+    return os.path.exists(name) or name.endswith((".ckpt", ".pt"))
+
+
 def list_options(function: Callable[..., Any]) -> set[str]:
     """The `--name` of each option of `function` whose type is a list (or an optional list)."""
     return {
@@ -156,12 +162,15 @@ def list_options(function: Callable[..., Any]) -> set[str]:
 
 def ensemble_members(model: list[str] | str) -> list[str] | str:
     """fairseq's `a.ckpt:b.ckpt` as the ensemble `[a.ckpt, b.ckpt]`, also inside a list; a path that exists
-    as it is stays one model, a ':' in its name and all."""
+    as it is stays one model, a ':' in its name and all, and so does one whose parts are not each a model
+    (a file or folder that exists, or a name ending in `.ckpt` or `.pt`): a missing `co:lon/b.ckpt` is reported
+    whole, not as a missing `co`."""
     names = [model] if isinstance(model, str) else model
     members = []
     for name in names:
-        if ":" in name and not os.path.exists(name):
-            members += [part for part in name.split(":") if part]
+        parts = [part for part in name.split(":") if part]
+        if ":" in name and not os.path.exists(name) and all(map(model_like, parts)):
+            members += parts
         else:
             members.append(name)
     if isinstance(model, str) and len(members) == 1:

@@ -77,3 +77,15 @@ def test_a_brought_model_that_cannot_serve_is_one_line_naming_it(
     err = error_of(capsys, [*base(toy, out), "--spm_model", str(trained / "spm.model"), "--sample_size", "9"])
     assert "--sample_size shapes the training of a SentencePiece model" in err
     assert not out.exists()  # refused before anything was written
+
+
+def test_a_folder_for_spm_model_says_it_is_a_folder_and_names_its_spm_model(
+    toy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "prepared"
+    folder.mkdir()
+    err = error_of(capsys, [*base(toy, tmp_path / "out"), "--spm_model", str(folder)])
+    assert f"--spm_model {folder} is a folder: pass a SentencePiece model file (.model)" in err
+    (folder / "spm.model").write_bytes(b"")
+    err = error_of(capsys, [*base(toy, tmp_path / "out"), "--spm_model", str(folder)])
+    assert f"(it holds spm.model: --spm_model {folder / 'spm.model'})" in err
