@@ -97,3 +97,33 @@ def test_a_run_stopped_at_its_last_step_and_resumed_keeps_that_steps_checkpoint(
     resumed.on_train_end(trainer, None)
     assert resumed.saved == [str(tmp_path / "step=3.ckpt")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step=3.ckpt"]
+
+
+def test_a_short_run_s_average_is_one_calm_line_not_a_warning(
+    tmp_path: Path, monkeypatch, caplog, recwarn
+) -> None:
+    """A run that kept fewer checkpoints than `last` (a smoke test, the quickstart) averages those: nothing is
+    wrong, so one line says what went in, and no warning."""
+    import logging
+
+    from attnx.training import checkpointing
+
+    monkeypatch.setattr(checkpointing, "average_checkpoints", lambda paths: {"averaged": list(paths)})
+    monkeypatch.setattr(checkpointing, "atomic_save", lambda value, path: Path(path).write_text(str(value)))
+    periodic = PeriodicCheckpoint.__new__(PeriodicCheckpoint)
+    trainer = SimpleNamespace(
+        callbacks=[periodic], is_global_zero=True, strategy=SimpleNamespace(barrier=lambda name: None)
+    )
+    lines = []
+    for saved in (["step=2.ckpt"], ["step=2.ckpt", "step=4.ckpt"], [f"step={i}.ckpt" for i in range(6)]):
+        periodic.saved = [str(tmp_path / name) for name in saved]
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            checkpointing.AverageCheckpoints(last=5).on_fit_end(trainer, None)
+        lines += [r.getMessage() for r in caplog.records if "averag" in r.getMessage()]
+    assert lines == [
+        f"{tmp_path / 'averaged.ckpt'} holds the weights of the run's one checkpoint, step=2.ckpt (nothing to average)",
+        f"averaged 2 checkpoints (all the run kept; 5 in a longer run) into {tmp_path / 'averaged.ckpt'}",
+        f"averaged 5 checkpoints into {tmp_path / 'averaged.ckpt'}",
+    ]
+    assert not [w for w in recwarn if "AverageCheckpoints" in str(w.message)]
