@@ -190,7 +190,7 @@ def test_a_full_disk_during_fit_is_one_line_naming_the_file_and_the_space(
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=900,
     )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -478,10 +478,10 @@ def test_a_line_arriving_on_a_pipe_is_answered_before_the_input_ends(checkpoint)
         assert process.stdin is not None and process.stdout is not None
         process.stdin.write(b"A dog runs.\n")
         process.stdin.flush()
-        ready, _, _ = select.select([process.stdout], [], [], 120)
+        ready, _, _ = select.select([process.stdout], [], [], 600)
         answered = bool(ready) and process.stdout.readline().endswith(b"\n")
         process.stdin.close()  # the input ends only now
-        process.wait(timeout=60)
+        process.wait(timeout=600)
     assert answered and process.returncode == 0
 
 
@@ -561,7 +561,7 @@ def test_an_interrupted_run_keeps_its_lines_and_the_same_command_continues(
         while lines_recorded(record) < 50 and process.poll() is None:
             time.sleep(0.01)
         process.send_signal(sig)
-        _, err = process.communicate(timeout=60)
+        _, err = process.communicate(timeout=600)
     done = lines_recorded(record)
     assert 0 < done < MANY, "the run ended before it could be interrupted halfway"
     assert not out.exists()  # the output appears only complete
@@ -678,7 +678,7 @@ def test_sigterm_while_writing_to_a_pipe_says_how_many_lines_were_written(checkp
         assert process.stdout is not None
         got = b"".join(process.stdout.readline() for _ in range(10))  # the first chunk arrived
         process.send_signal(signal.SIGTERM)
-        rest, err = process.communicate(timeout=60)
+        rest, err = process.communicate(timeout=600)
     written = len((got + rest).splitlines())
     assert process.returncode == 143 and 10 <= written < MANY
     assert (

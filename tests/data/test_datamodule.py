@@ -249,7 +249,7 @@ def test_real_ddp_ranks_split_the_epoch(multi30k: Path, tmp_path: Path) -> None:
         env={**os.environ, "MASTER_PORT": str(free_port())},
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

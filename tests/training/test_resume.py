@@ -71,7 +71,7 @@ def test_resumed_run_has_the_same_batches_and_losses(
 def attnx_process(corpus: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "attnx", *fit_args(corpus, *resume_args(), *extra)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
 def test_ckpt_path_last_without_a_run_stops_with_one_line(corpus: Path, tmp_path: Path) -> None:
