@@ -1,6 +1,6 @@
 """Decoding with attnx's eager beam search against the same checkpoint exported to CTranslate2 (fp32, int8).
 
-    python bench/bench_export.py --ckpt_path CKPT [--data_dir ../shared/data/multi30k] [--sentences 1000]
+    python bench/bench_export.py --ckpt_path CKPT [--data_dir raw/multi30k] [--sentences 1000]
         [--beam 4] [--alpha 0.6] [--threads 2] [--repeats 3] [--out_dir DIR]
 
 Every system translates the raw English of Multi30k test_2016_flickr (text in, text out: tokenization and

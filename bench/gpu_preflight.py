@@ -4,7 +4,7 @@ time is spent, with the command that fixes each piece and the paths to carry.
 The GPU machine (one H200) has Python 3.12 with torch, Lightning, sentencepiece, sacrebleu, torchmetrics,
 pluggy and transformers, and no network. It lacks what attnx needs beyond them (``WHEELS``: installed by the
 session from ``.gpu/wheels``), the prepared news corpus the benchmarks train on (``data/news``) and the
-Multi30k files the GPU tests prepare their corpus from (``data/multi30k``). The working tree is copied there;
+Multi30k files the GPU tests prepare their corpus from (``data/raw/multi30k``). The working tree is copied there;
 paths git ignores (``data/`` is) arrive only when carried, 64 MiB in all.
 
     python bench/gpu_preflight.py [--root .]   # exit 0: ready; 1: something is missing (each piece said)
@@ -25,7 +25,7 @@ WHEELS = ("jsonargparse", "docstring-parser", "typeshed-client", "py3langid", "s
 DEVICE_PYTHON = (3, 12)
 WHEEL_DIR = Path(".gpu") / "wheels"
 NEWS = Path("data") / "news"
-MULTI30K = Path("data") / "multi30k"
+MULTI30K = Path("data") / "raw" / "multi30k"
 MULTI30K_FILES = [
     f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("en", "de")
 ]
@@ -108,7 +108,7 @@ def check(root: Path) -> tuple[list[tuple[str, str]], list[str]]:
         problems.append(
             (
                 f"data: {MULTI30K}/ lacks {', '.join(absent)} (the GPU tests' corpus)",
-                f'mkdir -p data && cp -r "${{ATTNX_DATA_DIR:-../shared/data}}/multi30k" {MULTI30K}',
+                f"mkdir -p {MULTI30K.parent} && cp -r raw/multi30k {MULTI30K}  # attnx download multi30k --output raw",
             )
         )
     if (root / "gpu_results").exists():

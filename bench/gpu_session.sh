@@ -23,7 +23,7 @@
 # $ATTNX_GPU_TAR (default RESULTS_DIR.tar) packs the folder after each step. Each step runs within
 # min(its limit, what is left of SECONDS); a step that fails is said and the next one runs.
 # Needs (--check says what is missing and what to carry): the prepared corpus ATTNX_GPU_DATA (default
-# data/news), data/multi30k for the tests, the wheels the machine lacks in .gpu/wheels (installed into
+# data/news), data/raw/multi30k for the tests, the wheels the machine lacks in .gpu/wheels (installed into
 # /tmp/site, nothing else is touched).
 set -u
 python=${PYTHON:-python3}
@@ -81,8 +81,8 @@ if [[ -d .gpu/wheels ]] && compgen -G ".gpu/wheels/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$root/src:$root/bench:$root/plugins/restricted_attention/src:$root${PYTHONPATH:+:$PYTHONPATH}"
-# the GPU tests prepare their corpus from multi30k/ under ATTNX_DATA_DIR: the carried data/ where it is there
-[[ -z ${ATTNX_DATA_DIR:-} && -d data/multi30k ]] && export ATTNX_DATA_DIR=$PWD/data
+# the GPU tests prepare their corpus from multi30k/ under ATTNX_DATA_DIR: the carried data/raw/ where it is there
+[[ -z ${ATTNX_DATA_DIR:-} && -d data/raw/multi30k ]] && export ATTNX_DATA_DIR=$PWD/data/raw
 attnx=("$python" -m attnx)
 
 {
@@ -113,12 +113,14 @@ else
   models=both big=big small=3125 large=12500 timing=(--steps 5 --warmup 2) peer_timing=(--steps 4 --warmup 2)
   tests=(-m gpu "$root/tests") capture=(graphs compile) config=$root/configs/big.yaml device=cuda
   # the configs' faster setting on one GPU (their headers): 12,500 x 2 tokens a step, the same 25,000
-  fit_size=(--data.max_tokens "$large" --trainer.accumulate_grad_batches 2 --trainer.val_check_interval 200)
-  base_size=(--data.max_tokens "$large" --trainer.accumulate_grad_batches 2 --trainer.max_steps 200)
+  fit_size=(--data.max_tokens "$large" --trainer.accumulate_grad_batches 2 --trainer.val_check_interval 200
+    --trainer.log_every_n_steps 10)
+  base_size=(--data.max_tokens "$large" --trainer.accumulate_grad_batches 2 --trainer.max_steps 200
+    --trainer.log_every_n_steps 10)
   decode=(--sentences 1000 --repeats 3 --max_tokens 8000 --batch_sizes 64 256 --sweep_sentences 1000)
 fi
 bench=("$python" "$root/bench/bench_gpu.py" --data "$data" --precision bf16-mixed --decode_sentences 0 --rows "$rows")
-one_gpu=(--data.data_dir "$data" --trainer.devices 1 --trainer.strategy auto --trainer.log_every_n_steps 10)
+one_gpu=(--data.data_dir "$data" --trainer.devices 1 --trainer.strategy auto)  # each option given once: attnx refuses two values
 say "== rows, in order: capture (base, big; plain and captured at $small and $large tokens), peers (attnx,"
 say "   Marian, nn.Transformer at $small and $large), fit ($config, captured steps, validation, 2 minutes);"
 say "   then tests, compile, profile_big, fit_base, test_base, decode, decode_bf16, bench_fp16"

@@ -4,7 +4,7 @@ The same recipe as ``configs/multi30k_cpu.yaml`` (3+3 layers, d_model 256, 4 hea
 label smoothing 0.1, Adam β = (0.9, 0.98), Eq. 3 with a short warm-up, last snapshots averaged), without
 Lightning, so that the export benchmark has a meaningful model whatever state the training command is in::
 
-    nice python bench/train_checkpoint.py --raw_dir ../shared/data/multi30k \\
+    nice python bench/train_checkpoint.py --raw_dir raw/multi30k \\
         --work_dir /tmp/multi30k_export --out ckpt/multi30k.ckpt --minutes 15
 
 ``--work_dir`` receives the prepared corpus (``attnx prepare``'s format); ``--out`` the averaged checkpoint,

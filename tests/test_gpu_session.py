@@ -63,8 +63,8 @@ def test_the_preflight_names_every_missing_piece_and_what_to_carry(tmp_path: Pat
     assert "--python-version 3.12" in out and "jsonargparse==" in out and "sacremoses==" in out
     assert "missing: data: data/news is not a prepared corpus" in out
     assert "fix:   python bench/gpu_data.py --out data/news" in out
-    assert "missing: data: data/multi30k/ lacks train.en.gz" in out
-    assert 'carry: ["data/news", "data/multi30k"]' in out
+    assert "missing: data: data/raw/multi30k/ lacks train.en.gz" in out
+    assert 'carry: ["data/news", "data/raw/multi30k"]' in out
     assert out.strip().endswith("not ready: 7 pieces missing (the device has no network)")
 
 
@@ -85,16 +85,16 @@ def test_the_preflight_says_ready_once_everything_is_there_and_refuses_wheels_of
     (root / "data" / "news").mkdir(parents=True)
     splits = {"train": {}, "valid": {}, "newstest2014": {}}
     (root / "data" / "news" / "meta.json").write_text(json.dumps({"splits": splits}))
-    (root / "data" / "multi30k").mkdir()
+    (root / "data" / "raw" / "multi30k").mkdir(parents=True)
     for name in gpu_preflight.MULTI30K_FILES:
-        (root / "data" / "multi30k" / name).write_bytes(b"")
+        (root / "data" / "raw" / "multi30k" / name).write_bytes(b"")
     assert gpu_preflight.main(["--root", str(root)]) == 1
     out = capsys.readouterr().out
     assert out.count("missing:") == 1 and "missing: wheel: sacremoses for Python 3.12" in out
     (wheels / "sacremoses-0.2.0-py3-none-any.whl").write_bytes(b"")
     done = subprocess.run(["bash", SCRIPT, "--check", "--root", str(root)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert 'carry: ["data/news", "data/multi30k"]' in done.stdout and "ready: run" in done.stdout
+    assert 'carry: ["data/news", "data/raw/multi30k"]' in done.stdout and "ready: run" in done.stdout
 
 
 @pytest.mark.slow

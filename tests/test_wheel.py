@@ -119,7 +119,7 @@ def dependencies_view(into: Path) -> Path:
 
 
 def fresh_venv(venv: Path, dependencies: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=600)
     (site,) = venv.glob("lib/python*/site-packages")
     (site / "_attnx_test_dependencies.pth").write_text(f"{dependencies}\n", encoding="utf-8")
     return site
@@ -247,7 +247,7 @@ def test_quickstart_runs_from_the_wheel_outside_the_clone(installed, shared_data
         [str(installed.venv / "bin" / "attnx"), "translate", "--model", "model.ckpt", "--search.beam", "1",
          "--search.max_len_b", "5"],
         input="A dog runs.\n\nTwo men.\n", cwd=installed.outside, env=installed.env(), capture_output=True,
-        text=True, timeout=120,
+        text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("\n") == 3 and done.stdout.split("\n")[1] == ""

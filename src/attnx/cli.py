@@ -83,7 +83,14 @@ def run_function(name: str, argv: list[str]) -> int:
     from jsonargparse import ArgumentError, ArgumentParser
 
     from attnx.commands.help import configure_parsing, help_formatter
-    from attnx.commands.spellings import alias_help, aliases, several_values, with_aliases
+    from attnx.commands.spellings import (
+        alias_help,
+        aliases,
+        conflicting_values,
+        list_options,
+        several_values,
+        with_aliases,
+    )
     from attnx.commands.usage import config_file_action, repeated_options
 
     configure_parsing()
@@ -97,6 +104,7 @@ def run_function(name: str, argv: list[str]) -> int:
         default_env=True,
         env_prefix=f"ATTNX_{name.upper()}",
         exit_on_error=False,
+        allow_abbrev=False,  # `--search.bem` is refused with "did you mean", never taken as a prefix
         formatter_class=help_formatter(),
     )
     config_file = "config" not in inspect.signature(function).parameters  # describe's --config: a model
@@ -106,6 +114,7 @@ def run_function(name: str, argv: list[str]) -> int:
             action=config_file_action(tuple(name.removeprefix("--") for name in option_names(function))),
             help="a YAML file with values for these options",
         )
+    conflicting_values(argv, short, list_options(function))
     argv = several_values(function, with_aliases(argv, short))
     argv = repeated_options(function, bare_flags(function, argv))
     positional = getattr(function, "positional_list", None)

@@ -41,8 +41,9 @@ class Payload:
 
 
 def unreadable_files(directory: Path) -> dict[str, Path]:
-    """A random file, a truncated checkpoint, a pickle payload (inside a torch archive and bare) and a text
-    file; the payload's marker file is ``directory / "ran"``."""
+    """A random file, a truncated checkpoint, a pickle payload (inside a torch archive and bare), a text
+    file, an empty zip archive and a zip archive of something else; the payload's marker file is
+    ``directory / "ran"``."""
     directory.mkdir(parents=True, exist_ok=True)
     marker = directory / "ran"
     files = {
@@ -57,6 +58,11 @@ def unreadable_files(directory: Path) -> dict[str, Path]:
     files["text"].write_text(
         "root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n"
     )
+    files["empty zip"] = directory / "empty_zip.ckpt"
+    zipfile.ZipFile(files["empty zip"], "w").close()
+    files["other zip"] = directory / "other_zip.ckpt"
+    with zipfile.ZipFile(files["other zip"], "w") as archive:
+        archive.writestr("notes.txt", "not a model")
     return files
 
 
@@ -73,6 +79,8 @@ def test_unreadable_files_are_one_line_and_a_payload_never_runs(tmp_path: Path) 
             "pickle": "not a checkpoint",
         }
         assert expected.get(kind, "not a checkpoint") in message, (kind, message)
+        if kind.endswith("zip"):  # what the zip is, not "Python objects" nor "truncated"
+            assert "zip archive" in message and "data.pkl" in message, message
     assert not (tmp_path / "ran").exists()
 
 
@@ -185,7 +193,7 @@ def test_a_full_disk_during_fit_is_one_line_naming_the_file_and_the_space(
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=900,
     )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]

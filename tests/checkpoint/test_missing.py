@@ -46,3 +46,15 @@ def test_any_other_missing_file_is_the_plain_line(tmp_path):
     assert (
         missing_checkpoint(tmp_path / "model.ckpt") == f"checkpoint {tmp_path / 'model.ckpt'} does not exist"
     )
+
+
+def test_a_folder_given_for_a_checkpoint_says_it_is_a_folder_and_names_the_files_inside(tmp_path):
+    run = tmp_path / "version_0"
+    assert missing_checkpoint(run / "x") == f"checkpoint {run / 'x'} does not exist"
+    (run / "checkpoints").mkdir(parents=True)
+    assert missing_checkpoint(run) == (
+        f"checkpoint {run} is a folder: pass a checkpoint file (.ckpt, written by attnx fit or attnx average); "
+        "this folder holds none"
+    )
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert missing_checkpoint(run).endswith(f"average), e.g. {run / 'checkpoints' / 'last.ckpt'}")

@@ -69,9 +69,11 @@ def test_huggingface_export_writes_a_marian_directory(checkpoint, tmp_path: Path
 
 def test_quantization_none_keeps_the_trained_weights(checkpoint, tmp_path: Path) -> None:
     """The help offers `none`; `attnx export --quantization none` is the float32 export, not a type error."""
-    argv = [sys.executable, "-m", "attnx", "export", "--ckpt_path", str(checkpoint), "--quantization", "none"]
+    argv = [sys.executable, "-m", "attnx", "export", "--ckpt_path", str(checkpoint)]
     done = subprocess.run(
-        [*argv, "--format", "ctranslate2", "--output", str(tmp_path / "ct2")], capture_output=True, text=True
+        [*argv, "--quantization", "none", "--format", "ctranslate2", "--output", str(tmp_path / "ct2")],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
     assert "CTranslate2 model (float32)" in done.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,10 @@ def test_test_decodes_the_averaged_checkpoint_and_prints_scores(run: Path, corpu
     out = capsys.readouterr()
     assert "sacreBLEU BLEU = " in out.err + out.out and "nrefs:1|case:mixed" in out.err + out.out
     assert "paper-style tokenized BLEU" in out.err + out.out
+    assert (out.err + out.out).count("test/bleu") == 0 and (out.out + out.err).count("sacreBLEU BLEU = ") == 1
+    assert re.search(
+        r"^test loss \d+\.\d{4} \(label-smoothed\), nll \d+\.\d{4}, perplexity \d", out.out, re.M
+    )
     assert len(hyp.read_text(encoding="utf-8").splitlines()) == 50
     assert f"translations written to {hyp}" in out.out.splitlines()[-1]  # after the scores
     # the test of a checkpoint of a run logs into that run's folder, not a new version_N

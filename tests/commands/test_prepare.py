@@ -61,11 +61,13 @@ def test_sigterm_keeps_the_previous_corpus_and_exits_non_zero(
     command = [sys.executable, "-m", "attnx", "prepare", "--src_lang", "en", "--tgt_lang", "de"]
     command += ["--train", str(m30k / "train"), "--vocab_size", "8000", "--output", str(out)]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # a cold start on a loaded machine; waited out only on failure
     while not list(out.glob(".attnx-prepare-*")) and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
+    # a signal before the build began would meet Python's default handler, not prepare's
+    assert list(out.glob(".attnx-prepare-*")), f"prepare's build did not begin: {child.poll()}"
     child.send_signal(signal.SIGTERM)
-    _, err = child.communicate(timeout=120)
+    _, err = child.communicate(timeout=600)
     assert child.returncode == 128 + signal.SIGTERM, err
     assert "interrupted by SIGTERM" in err and "Traceback" not in err
     assert sorted(p.name for p in out.iterdir()) == sorted(before), err  # no scratch directory left
@@ -103,7 +105,7 @@ def test_sigterm_at_every_moment_is_one_line_and_a_consistent_corpus(tmp_path: P
         if delay is not None:
             time.sleep(delay)
             child.send_signal(signal.SIGTERM)
-        stdout, stderr = child.communicate(timeout=120)
+        stdout, stderr = child.communicate(timeout=600)
         return child, time.monotonic() - started, stdout, stderr
 
     import shutil

@@ -9,12 +9,15 @@ from attnx.cli import main as attnx_main
 from attnx.commands.deploy import export
 from attnx.commands.spellings import (
     aliases,
+    conflicting_values,
     ensemble_members,
     lightning_aliases,
+    list_options,
     several_values,
     with_aliases,
 )
 from attnx.commands.translate import translate
+from attnx.errors import UsageError
 
 LINES = "A dog runs.\nTwo men sit on a bench.\n"
 FAST = ["--search.max_len_b", "6"]
@@ -59,6 +62,7 @@ def test_a_list_option_takes_several_values_and_fairseqs_colons_make_an_ensemble
     colon = tmp_path / "step:10.ckpt"
     colon.touch()
     assert ensemble_members(str(colon)) == str(colon)  # a file of that name wins
+    assert ensemble_members("co:lon/b.ckpt") == "co:lon/b.ckpt"  # missing, and "co" names no model: one path
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -133,3 +137,71 @@ def test_decoding_lightning_commands_take_the_short_spellings_for_their_evaluati
         attnx_main(["fit", "--config", "tiny", "--beam", "3"]) == 2
     )  # fit's validation search: no short names
     assert "(--beam: did you mean --evaluation.search.beam?)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--beam", "2", "--search.beam", "5"], "--beam 2 and --search.beam 5 both set --search.beam"),
+        (["--nbest", "2", "--nbest=3"], "--nbest 2 and --nbest 3 both set --search.nbest"),
+        (["--sampling", "--search.sampling", "false"], "--sampling and --search.sampling false both set"),
+        (["--output", "a.txt", "--output", "b.txt"], "--output a.txt and --output b.txt both set --output"),
+    ],
+)
+def test_one_option_set_twice_to_different_values_is_refused_naming_both(argv, message, capsys):
+    assert attnx_main(["translate", "--model", "missing.ckpt", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "give it once" in err and len(err.splitlines()) == 1
+
+
+def test_a_lightning_command_refuses_an_option_set_twice_under_two_spellings(capsys):
+    argv = [
+        "test",
+        "--config",
+        "tiny",
+        "--ckpt_path",
+        "missing.ckpt",
+        "--beam",
+        "2",
+        "--evaluation.search.beam",
+        "3",
+    ]
+    assert attnx_main(argv) == 2
+    assert "--beam 2 and --evaluation.search.beam 3 both set" in capsys.readouterr().err
+    fit = ["fit", "--config", "tiny", "--trainer.max_steps", "5", "--trainer.max_steps=6"]
+    assert attnx_main(fit) == 2
+    assert "--trainer.max_steps 5 and --trainer.max_steps 6 both set" in capsys.readouterr().err
+
+
+def test_repeating_what_a_command_line_may_repeat_is_no_conflict():
+    table = aliases(translate)
+    lists = list_options(translate)
+    conflicting_values(["--beam", "5", "--search.beam", "5.0", "--sampling", "--sampling=true"], table, lists)
+    conflicting_values(
+        ["--model", "a.ckpt", "--model", "b.ckpt", "--config", "a", "--config", "b"], table, lists
+    )
+    conflicting_values(  # each callback's own keys after the `+` that appends it
+        [
+            "--trainer.callbacks+=A",
+            "--trainer.callbacks.patience=1",
+            "--trainer.callbacks+=B",
+            "--trainer.callbacks.patience=2",
+        ],
+        {},
+    )
+    with pytest.raises(UsageError, match="--optimizer Adam and --optimizer SGD"):
+        conflicting_values(["--optimizer", "Adam", "--optimizer", "SGD"], {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "meant"),
+    [
+        (["fit", "--config", "tiny", "--trainer.max_step", "5"], "--trainer.max_steps"),
+        (["translate", "--model", "missing.ckpt", "--bea", "3"], "--beam"),
+        (["translate", "--model", "missing.ckpt", "--search.alph", "0.6"], "--search.alpha"),
+    ],
+)
+def test_an_abbreviated_option_is_refused_with_the_option_it_may_mean(argv, meant, capsys):
+    assert attnx_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"did you mean {meant}?" in err

@@ -53,8 +53,8 @@ def test_truncated_lines_are_numbered_across_chunks():
 
 def test_options_that_would_drop_what_was_asked_are_refused():
     check_output_options("jsonl", None, None, True, SearchConfig(beam=4, nbest=4))
+    check_output_options("text", None, None, False, SearchConfig(beam=4, nbest=2))  # Marian's n-best lines
     for args, words in [
-        (("text", None, None, False, SearchConfig(beam=4, nbest=2)), "--format jsonl or --format moses"),
         (("text", None, None, True, None), "--token_scores needs"),
         (("jsonl", "t.txt", "p.txt", False, None), "give one of them"),
         (("jsonl", "t.txt", None, False, SearchConfig(sampling=True)), "do not apply"),

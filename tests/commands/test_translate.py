@@ -48,7 +48,17 @@ def test_translate_reads_stdin_and_writes_stdout(checkpoint):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     text = "A girl is jumping.\n\nZwei Hunde.\nlast line without newline"
     result = subprocess.run(
-        [sys.executable, "-m", "attnx", "translate", "--model", str(checkpoint), *FAST, "--search.beam", "1"],
+        [
+            sys.executable,
+            "-m",
+            "attnx",
+            "translate",
+            "--model",
+            str(checkpoint),
+            *FAST[2:],
+            "--search.beam",
+            "1",
+        ],
         input=text.encode("utf-8"),
         capture_output=True,
         env=env,
@@ -216,6 +226,24 @@ def test_moses_nbest_lines_parse_and_carry_the_same_scores(checkpoint, tmp_path)
         assert found.group(3) == " ".join(f"{a}-{b}" for a, b in h["alignment"])
 
 
+def test_text_nbest_writes_marian_s_id_text_score_lines_and_sampling_alone_says_what_it_draws(
+    checkpoint, tmp_path
+):
+    src = write_lines(tmp_path / "in.txt", SOURCES)
+    base = ["--model", str(checkpoint), "--input", str(src), "--beam", "2", "--nbest", "2", *SHORT]
+    text = run_translate(*base).stdout.decode("utf-8").splitlines()
+    jsonl = [json.loads(x) for x in run_translate(*base, "--format", "jsonl").stdout.decode().splitlines()]
+    expected = [
+        f"{i} ||| {h['text']} ||| {h['score']!r}" for i, r in enumerate(jsonl) for h in r["hypotheses"]
+    ]
+    assert text == expected and text[0].startswith("0 ||| ")
+    sampled = run_translate(
+        "--model", str(checkpoint), "--input", str(src), "--sampling", "--search.seed", "1", *SHORT
+    )
+    assert len(sampled.stdout.decode().splitlines()) == len(SOURCES)
+    assert "attnx translate: sampling draws 1 sample per input (search.nbest)" in sampled.stderr.decode()
+
+
 def test_mbr_writes_each_distinct_candidate_with_its_expected_utility_best_first(checkpoint, tmp_path):
     src = write_lines(tmp_path / "in.txt", SOURCES)
     base = [
@@ -326,7 +354,6 @@ def test_a_target_file_of_another_length_is_one_line_and_nothing_is_written(chec
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--search.beam", "2", "--search.nbest", "2"], "use --format jsonl or --format moses"),
         (["--token_scores", "true"], "--token_scores needs --format jsonl"),
         (["--target", "IN", "--prefix", "IN"], "give one of them"),
         (["--target", "IN", "--search.sampling", "true", "--format", "jsonl"], "do not apply"),
@@ -453,10 +480,10 @@ def test_a_line_arriving_on_a_pipe_is_answered_before_the_input_ends(checkpoint)
         assert process.stdin is not None and process.stdout is not None
         process.stdin.write(b"A dog runs.\n")
         process.stdin.flush()
-        ready, _, _ = select.select([process.stdout], [], [], 120)
+        ready, _, _ = select.select([process.stdout], [], [], 600)
         answered = bool(ready) and process.stdout.readline().endswith(b"\n")
         process.stdin.close()  # the input ends only now
-        process.wait(timeout=60)
+        process.wait(timeout=600)
     assert answered and process.returncode == 0
 
 
@@ -536,7 +563,7 @@ def test_an_interrupted_run_keeps_its_lines_and_the_same_command_continues(
         while lines_recorded(record) < 50 and process.poll() is None:
             time.sleep(0.01)
         process.send_signal(sig)
-        _, err = process.communicate(timeout=60)
+        _, err = process.communicate(timeout=600)
     done = lines_recorded(record)
     assert 0 < done < MANY, "the run ended before it could be interrupted halfway"
     assert not out.exists()  # the output appears only complete
@@ -653,7 +680,7 @@ def test_sigterm_while_writing_to_a_pipe_says_how_many_lines_were_written(checkp
         assert process.stdout is not None
         got = b"".join(process.stdout.readline() for _ in range(10))  # the first chunk arrived
         process.send_signal(signal.SIGTERM)
-        rest, err = process.communicate(timeout=60)
+        rest, err = process.communicate(timeout=600)
     written = len((got + rest).splitlines())
     assert process.returncode == 143 and 10 <= written < MANY
     assert (

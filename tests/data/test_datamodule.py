@@ -249,7 +249,7 @@ def test_real_ddp_ranks_split_the_epoch(multi30k: Path, tmp_path: Path) -> None:
         env={**os.environ, "MASTER_PORT": str(free_port())},
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -263,3 +263,49 @@ def test_real_ddp_ranks_split_the_epoch(multi30k: Path, tmp_path: Path) -> None:
         - TranslationDataModule(str(multi30k), max_tokens=8192).train_sampler.num_batches
     )
     assert padding in (0, 1) and (padding or not first & second)
+
+
+WORKER = """
+import os, signal, sys, time
+from attnx.data.datamodule import leave_stop_signals_to_the_parent
+pid = os.fork()
+if pid == 0:  # the worker: started as a DataLoader starts its workers
+    leave_stop_signals_to_the_parent(0)
+    print("ready", flush=True)
+    time.sleep(600)
+    os._exit(0)
+print(pid, flush=True)
+sys.stdin.readline()  # the test has signalled the worker from outside: now its parent does
+os.kill(pid, signal.SIGTERM)
+_, status = os.waitpid(pid, 0)
+print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else -1, flush=True)
+"""
+
+
+def test_a_worker_ignores_a_group_sigterm_but_ends_on_its_parent_s() -> None:
+    """scancel's SIGTERM to the whole group leaves a DataLoader worker running (the training process saves); the
+    SIGTERM with which its parent's `multiprocessing` ends leftover workers at exit ends it (it used to be
+    ignored too, and a run stopped by SIGTERM never exited)."""
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    with subprocess.Popen(
+        [sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as parent:
+        try:
+            worker = int(parent.stdout.readline())
+            assert parent.stdout.readline().strip() == "ready"
+            os.kill(worker, signal.SIGTERM)  # from this process: neither the worker's parent nor the worker
+            os.kill(worker, signal.SIGUSR1)
+            time.sleep(1.0)  # time for either signal to end the worker, had it not been left to the parent
+            state = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            assert state != "Z", "a SIGTERM or SIGUSR1 from outside ended the worker"
+            parent.stdin.write("\n")
+            parent.stdin.flush()
+            ready, _, _ = select.select([parent.stdout], [], [], 600)  # at once; waited out only on failure
+            assert ready and parent.stdout.readline().strip() == str(int(signal.SIGTERM))
+        finally:
+            parent.kill()

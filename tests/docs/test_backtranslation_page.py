@@ -73,6 +73,9 @@ def with_overrides(block: str, applied: list[str]) -> str:
     for i, line in enumerate(lines):
         for command, options in OVERRIDES.items():
             if line.startswith(f"{command} "):
+                # the page's own value gives way: an option set twice is refused (--config files stack)
+                for name in set(re.findall(r"(--[\w.]+) ", options)) - {"--config"}:
+                    line = re.sub(rf" {re.escape(name)}(=| +)[^ -]\S*", "", line)
                 lines[i] = f"{line} {options}"
                 applied.append(command)
     return "\n".join(lines) + "\n"

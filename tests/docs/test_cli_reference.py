@@ -53,7 +53,11 @@ Every command is parsed the same way (jsonargparse): `--config FILE` takes the o
 `fit`, `validate`, `test` and `predict` are LightningCLI subcommands: every key of a config can also be given
 on the command line (`--trainer.max_steps 1000`, `--model.transformer.dropout 0.3`), several `--config` files
 are merged in order, and `--config NAME` takes a packaged config (`attnx configs` lists them). See
-[Configs](configs.md). A failure prints one line and exits with 2 (usage, config) or 1 (data, checkpoint,
+[Configs](configs.md). Options are spelt out whole: an abbreviation is refused with the option it may mean
+(`--trainer.max_step: did you mean --trainer.max_steps?`), and one option given twice with different values,
+under any of its spellings, is refused naming both (`--beam 2 and --search.beam 5 both set --search.beam: give
+it once`); a list option given twice collects both values, and each `--config` is read over the ones before. A
+failure prints one line and exits with 2 (usage, config) or 1 (data, checkpoint,
 diverged run); `--debug` shows the traceback. Output cut short by a closed pipe (`attnx configs | head -1`)
 ends quietly with status 141 (128 + SIGPIPE), as a shell reports for `ls` or `git log` cut short.
 """

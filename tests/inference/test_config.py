@@ -120,3 +120,13 @@ def test_a_beam_beside_sampling_is_said_in_one_line_and_the_search_samples(caplo
     assert "for 8 samples give --search.nbest 8" in record.getMessage()
     assert SearchConfig(mbr=8, beam=2).unused_beam().startswith("search.beam (2) is not used by MBR")
     assert SearchConfig(mbr=2, beam=2, mbr_candidates="nbest").unused_beam() is None
+
+
+def test_sampling_alone_says_it_draws_one_sample_where_fairseq_draws_beam_many():
+    """`--sampling` at the default beam: fairseq draws --beam samples; attnx draws search.nbest (1)."""
+    drawn = SearchConfig(sampling=True).samples_drawn()
+    assert (
+        drawn.startswith("sampling draws 1 sample per input (search.nbest)") and "--search.nbest N" in drawn
+    )
+    assert SearchConfig(sampling=True, nbest=2).samples_drawn() is None
+    assert SearchConfig().samples_drawn() is None and SearchConfig(mbr=4).samples_drawn() is None

@@ -29,6 +29,20 @@ def test_text_is_the_best_translation_with_its_alignment_after_three_bars():
     )
 
 
+def test_text_with_an_nbest_list_is_marian_s_short_nbest_form_one_line_per_hypothesis():
+    """`translate --nbest 2` in text: `id ||| text ||| score` per hypothesis, ids from 0 (Marian's form)."""
+    plain = [Hypothesis([5], -0.5, -1.0, text="Ein Hund"), Hypothesis([7], -0.75, -1.5, text="Hund")]
+    assert render("text", [plain, [BLANK]], nbest=True).splitlines() == [
+        "0 ||| Ein Hund ||| -0.5",
+        "0 ||| Hund ||| -0.75",
+        "1 |||  ||| 0.0",
+    ]
+    assert render("text", [[BEST, NEXT]], first=3, nbest=True).splitlines() == [
+        "3 ||| Ein Hund ||| 0-0 2-1 ||| -0.5",
+        "3 ||| Hund ||| 1-0 ||| -0.75",
+    ]
+
+
 def test_jsonl_is_one_object_a_line_with_every_hypothesis_and_what_was_asked():
     out = render("jsonl", [[BEST, NEXT], [BLANK]], token_scores=True, pieces=pieces).splitlines()
     first = json.loads(out[0])["hypotheses"]

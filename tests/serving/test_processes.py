@@ -42,7 +42,7 @@ def test_the_ready_line_waits_for_health_and_sends_litserves_api_key(monkeypatch
         threading.Thread(target=http.serve_forever, daemon=True).start()
         stop = threading.Event()
         waiter = announce_when_ready(f"http://127.0.0.1:{http.server_address[1]}", "up and running", stop)
-        waiter.join(timeout=30)
+        waiter.join(timeout=300)
         http.shutdown()
     stop.set()
     assert not waiter.is_alive() and capsys.readouterr().err == "up and running\n"
@@ -60,7 +60,7 @@ def test_a_worker_told_to_stop_exits_before_litserve_would_kill_it_even_where_it
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "time.sleep(60)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == -signal.SIGALRM, done.stderr
     assert done.stderr == ""
 

@@ -75,7 +75,7 @@ def launch(commands: list[str], cwd: Path, extras: list[str]) -> list[subprocess
         for command in commands
     ]
     try:
-        outputs = [p.communicate(timeout=400)[0] for p in processes]
+        outputs = [p.communicate(timeout=900)[0] for p in processes]
     finally:
         for p in processes:
             if p.poll() is None:
@@ -163,7 +163,7 @@ def test_two_nodes_through_torchrun_then_a_resume_on_one(
         env=environment(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the batch plan differs from the checkpoint's" in done.stderr and "world size" in done.stderr
@@ -183,15 +183,20 @@ def test_two_nodes_through_a_c10d_rendezvous(corpus: Path, tmp_path: Path) -> No
     argv = shlex.split(store_command.replace("29400", str(port)))
     store = subprocess.Popen([sys.executable, *argv[1:]])
     try:
-        for _ in range(600):
+        deadline = (
+            time.monotonic() + 600
+        )  # a cold torch import on a loaded machine; waited out only on failure
+        while True:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
                 break
             assert store.poll() is None, (
                 f"the store process of docs/cluster.md exited with {store.returncode}"
             )
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"the store process of docs/cluster.md did not listen on port {port} within 600 s"
+                )
             time.sleep(0.1)
-        else:
-            pytest.fail(f"the store process of docs/cluster.md did not listen on port {port} within 60 s")
         launch([command, command], tmp_path, probe_args(corpus, tmp_path / "probe", 2))
     finally:
         store.terminate()
@@ -225,7 +230,7 @@ def test_eight_ranks_with_the_big_configs_ddp_settings(corpus: Path, tmp_path: P
         *probe_args(corpus, tmp_path / "probe", 2),
     ]
     env = {**environment(), "PYTHONPATH": str(REPO)}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500)
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     records = read_ranks(tmp_path / "probe", 8)
     assert_ranks_agree(records, 2)
@@ -289,7 +294,7 @@ def signal_nodes_at(processes: list[subprocess.Popen], step: int, signum: int, n
                 kill_tree(process.pid, signum)
             else:
                 process.send_signal(signum)
-        return [process.communicate(timeout=300)[0] for process in processes]
+        return [process.communicate(timeout=900)[0] for process in processes]
     finally:
         for process in processes:
             if process.poll() is None:

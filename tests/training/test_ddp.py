@@ -24,7 +24,7 @@ def test_two_process_ddp_fit(corpus: Path, tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr

@@ -79,7 +79,7 @@ def test_activation_estimate_matches_the_peak_rss_of_a_cpu_training_step() -> No
         text=True,
         env=env,
         cwd=REPO,
-        timeout=300,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     measured = int(done.stdout.split()[-1])

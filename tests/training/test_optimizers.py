@@ -52,7 +52,7 @@ def attnx(corpus: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     argv = [*fit_args(corpus, "--trainer.max_steps", "3"), *extra]
     return subprocess.run(
-        [sys.executable, "-m", "attnx", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "attnx", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
     )
 
 

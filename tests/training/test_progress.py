@@ -119,7 +119,7 @@ def test_progress_bar_of_a_run_bounded_by_steps_shows_the_steps(corpus: Path, tm
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
         env={**os.environ, "COLUMNS": "80"},
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -71,7 +71,7 @@ def test_resumed_run_has_the_same_batches_and_losses(
 def attnx_process(corpus: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "attnx", *fit_args(corpus, *resume_args(), *extra)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
 def test_ckpt_path_last_without_a_run_stops_with_one_line(corpus: Path, tmp_path: Path) -> None:
@@ -154,7 +154,8 @@ def test_last_passes_over_newer_runs_that_finished(tmp_path: Path) -> None:
     assert finished_run(smoke) == "finished at step 5 of max_steps 5" and finished_run(stopped) is None
     assert last_checkpoint(trainer) == stopped
     assert last_choice(trainer, stopped) == (
-        "the newest of this config's 2 runs not finished: version_1 finished at step 5 of max_steps 5; another: "
+        "version_0, which has not finished, over the newer run of this config, finished: version_1 finished at "
+        "step 5 of max_steps 5; another: "
         f"--ckpt_path {runs / 'version_N' / 'checkpoints' / 'last.ckpt'}"
     )
     timed_out = write(2, 300, {"max_steps": -1, "max_time": {"minutes": 30}}, seconds=1800.0)

@@ -113,7 +113,7 @@ def test_a_start_refused_before_training_leaves_no_run_folder(corpus: Path, tmp_
         env=environment(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert done.returncode == 1 and "max_tokens" in done.stderr, done.stderr[-3000:]
     assert not list(tmp_path.glob("runs/tiny/version_*"))

@@ -92,6 +92,24 @@ def damaged_member(path: str | Path) -> str | None:
     return None
 
 
+def foreign_zip(path: Path) -> str | None:
+    """What zip archive `path` is when torch.save did not write it (`an empty zip archive`, `a zip archive of
+    3 files, none of them data.pkl`), or None: it holds a `data.pkl`, or cannot be listed (read on, where
+    the reading says why)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return None
+    if any(name == "data.pkl" or name.endswith("/data.pkl") for name in names):
+        return None
+    return (
+        "an empty zip archive"
+        if not names
+        else f"a zip archive of {len(names)} file(s), none of them data.pkl"
+    )
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """`torch.load` with `weights_only=True`, turning every failure into a
     [`CheckpointError`][attnx.checkpoint.format.CheckpointError] of one line naming the file.
@@ -122,6 +140,12 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path} is not a checkpoint: it is not a zip archive as torch.save writes (random, text or "
             "legacy-pickle content). attnx reads checkpoints written by `attnx fit` or `attnx average`."
+        )
+    foreign = foreign_zip(path)
+    if foreign is not None:
+        raise CheckpointError(
+            f"{path} is not a checkpoint: it is {foreign}, where torch.save writes a zip archive holding "
+            "data.pkl. attnx reads checkpoints written by `attnx fit` or `attnx average`."
         )
     try:
         damaged = damaged_member(path)

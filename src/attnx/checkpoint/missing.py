@@ -16,10 +16,29 @@ SHOWN = 4
 """Checkpoints named in the message at most (the newest)."""
 
 
+def folder_not_checkpoint(path: Path) -> str:
+    """The one line for a folder given where a checkpoint file is expected: the `.ckpt` files it holds (or its
+    runs' `checkpoints/` folders hold), newest first."""
+    found = sorted(
+        [*path.glob("*.ckpt"), *path.glob("checkpoints/*.ckpt"), *path.glob("version_*/checkpoints/*.ckpt")],
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    message = f"checkpoint {path} is a folder: pass a checkpoint file (.ckpt, written by attnx fit or attnx average)"
+    if not found:
+        return f"{message}; this folder holds none"
+    names = ", ".join(str(p) for p in found[:SHOWN]) + (
+        f" and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
+    )
+    return f"{message}, e.g. {names}"
+
+
 def missing_checkpoint(path: str | Path) -> str:
-    """The one line for checkpoint `path`, which does not exist: for an `averaged.ckpt` or a file of a run's
+    """The one line for checkpoint `path`, which does not exist (or is a folder): for an `averaged.ckpt` or a file of a run's
     `checkpoints` folder, also what the folder holds and the command that makes an averaged checkpoint."""
     path = Path(path)
+    if path.is_dir():
+        return folder_not_checkpoint(path)
     message = f"checkpoint {path} does not exist"
     folder = path.parent
     if path.name != AVERAGED and folder.name != "checkpoints":

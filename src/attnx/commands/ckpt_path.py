@@ -72,9 +72,12 @@ def last_choice(trainer: Any, chosen: Path) -> str:
         finished = finished_run(chosen)
         return f"this config's only run, {finished}" if finished else "this config's only run"
     newer = found[: found.index(chosen)]
-    if newer:
+    if (
+        newer
+    ):  # an older run stopped halfway, over newer ones that ended: there is nothing left to resume in those
         why = "; ".join(f"{path.parent.parent.name} {finished_run(path)}" for path in newer)
-        text = f"the newest of this config's {len(found)} runs not finished: {why}"
+        run = "newer run" if len(newer) == 1 else f"{len(newer)} newer runs"
+        text = f"{chosen.parent.parent.name}, which has not finished, over the {run} of this config, finished: {why}"
     else:
         text = f"the newest of this config's {len(found)} runs"
         if finished_run(chosen):

@@ -19,8 +19,8 @@ def download(
     """Fetch raw English-German parallel text into OUTPUT/{corpus}/{split}.{lang}.gz.
 
     multi30k: train, val, test_2016_flickr; wmt14_ende: europarl_v7, commoncrawl, news_commentary_v9 (4.5M
-    pairs); wmt14_ende_test: newstest2013, newstest2014 (full). Offline, copy them with --from_dir.
-    Example: attnx download multi30k --output data/raw --from_dir shared/data
+    pairs); wmt14_ende_test: newstest2013, newstest2014 (full). Example: attnx download multi30k --output
+    raw; offline, --from_dir copies them from a folder holding a copy (e.g. one an earlier download wrote).
 
     Args:
         corpora: One or more of multi30k, wmt14_ende, wmt14_ende_test.

@@ -17,7 +17,7 @@ from attnx.commands.help import configure_parsing, help_formatter
 from attnx.commands.lightning_argv import checkpoint_override, resolve_configs, resume_command
 from attnx.commands.lightning_cli import DECODING_COMMANDS, AttnxCLI
 from attnx.commands.lightning_console import one_line_warnings, quiet_third_parties
-from attnx.commands.spellings import alias_help, lightning_aliases, with_aliases
+from attnx.commands.spellings import alias_help, conflicting_values, lightning_aliases, with_aliases
 from attnx.commands.usage import option_names as keys
 from attnx.commands.usage import refused_command_line
 from attnx.data.datamodule import TranslationDataModule
@@ -44,12 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     original = list(argv)  # as typed, for the resume hint
     argv = resolve_configs(argv)
     short = lightning_aliases() if subcommand in DECODING_COMMANDS else {}
+    conflicting_values(argv, short)
     if subcommand in DECODING_COMMANDS:
         argv = checkpoint_override(with_aliases(argv, short))
     quiet_third_parties()
     one_line_warnings()
     configure_parsing()  # option help from the dataclasses' attribute docstrings (model.transformer.*, ...)
-    no_exit = {"exit_on_error": False, "formatter_class": help_formatter()}
+    # an abbreviation (`--trainer.max_step`) is refused with "did you mean", never taken as a prefix of an option
+    no_exit = {"exit_on_error": False, "allow_abbrev": False, "formatter_class": help_formatter()}
     # until training begins there is nothing to save: a stop signal ends the command at once, with one line
     signals = StopSignals(stop_signals_before_training(), at_once=True, when="before training began")
     if subcommand == "fit":

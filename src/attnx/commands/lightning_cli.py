@@ -202,7 +202,27 @@ class AttnxCLI(LightningCLI):
         kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(plugins=plugins, **kwargs)
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """LightningCLI's subcommands; `test` without `--verbose`, Lightning's table of the logged metrics:
+        `attnx test` prints its scores once, in its own lines ([test][attnx.commands.lightning_cli.AttnxCLI.test])."""
+        commands = LightningCLI.subcommands()
+        commands["test"] = {*commands["test"], "verbose"}
+        return commands
+
+    def test(self, **kwargs: Any) -> None:
+        """`trainer.test` without Lightning's table, which repeated the BLEU and chrF the evaluator prints (with
+        their signatures); the loss and perplexity it also held follow them in one line (`after_test`)."""
+        self.trainer.test(**kwargs, verbose=False)
+
     def after_test(self) -> None:
+        metrics = self.trainer.callback_metrics
+        if rank_zero_only.rank == 0 and "test/loss" in metrics:
+            print(
+                f"test loss {float(metrics['test/loss']):.4f} (label-smoothed), nll {float(metrics['test/nll']):.4f}, "
+                f"perplexity {float(metrics['test/ppl']):.2f} per target token",
+                flush=True,
+            )
         self._say_written()
 
     def after_predict(self) -> None:

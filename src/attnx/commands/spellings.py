@@ -11,8 +11,10 @@ from __future__ import annotations
 import inspect
 import os
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from attnx.errors import UsageError
 
 SEARCH_ALIASES: dict[str, str] = {
     "--beam": "search.beam",
@@ -62,6 +64,55 @@ def with_aliases(argv: list[str], table: dict[str, str]) -> list[str]:
     return out
 
 
+REPEATABLE = ("--config", "-c")
+"""Options a command line may repeat by convention: each `--config` file is read over the ones before it."""
+
+
+def conflicting_values(argv: list[str], table: dict[str, str], lists: Iterable[str] = ()) -> None:
+    """Refuse one option set twice to different values, under any of its spellings (`--beam 2 --search.beam 5`,
+    `--nbest 2 --nbest 3`, `--sampling --search.sampling false`), in one line naming both: argparse would keep
+    the last without a word.
+
+    `table` maps each short spelling to the option it stands for ([aliases][attnx.commands.spellings.aliases]).
+    Not a conflict: the same value twice, an option of `lists` (repeating it collects every value), one that
+    appends (`--trainer.callbacks+=...`) and the keys under it, and `--config` ([REPEATABLE][attnx.commands.spellings.REPEATABLE]).
+    """
+    lists = set(lists)
+    appended = {arg.split("=", 1)[0].removesuffix("+") for arg in argv if arg.split("=", 1)[0].endswith("+")}
+    seen: dict[str, tuple[str, Any]] = {}
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--"):
+            continue
+        name, sep, value = arg.partition("=")
+        option = table.get(name, name)
+        inside = any(option == group or option.startswith(f"{group}.") for group in appended)
+        if name.endswith("+") or option in lists or name in REPEATABLE or inside:
+            continue
+        if not sep:
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            value = following if following is not None and not following.startswith("--") else None
+        typed = f"{name} {value}" if value is not None else name
+        if option not in seen:
+            seen[option] = (typed, value_of(value))
+        elif seen[option][1] != value_of(value):
+            raise UsageError(
+                f"{seen[option][0]} and {typed} both set {option}: give it once (the last would win)"
+            )
+
+
+def value_of(value: str | None) -> Any:
+    """A command-line value as YAML reads it (`5` and `5.0` alike, `True` and `true`); an option given bare
+    (a flag) is true."""
+    import yaml
+
+    if value is None:
+        return True
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
 def alias_help(table: dict[str, str]) -> str | None:
     """One paragraph for the end of `--help`: each short spelling and the option it stands for."""
     if not table:
@@ -77,11 +128,7 @@ def several_values(function: Callable[..., Any], argv: list[str]) -> list[str]:
     """A list option followed by several values (`--model a.ckpt b.ckpt`, `--train_repeat 2 1`) takes them
     all, as if it were given once for each (`--model+ a.ckpt --model+ b.ckpt`, jsonargparse's way to
     append)."""
-    lists = {
-        f"--{name}"
-        for name, kind in typing.get_type_hints(function).items()
-        if any(typing.get_origin(t) is list for t in (kind, *typing.get_args(kind)))
-    }
+    lists = list_options(function)
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -98,14 +145,32 @@ def several_values(function: Callable[..., Any], argv: list[str]) -> list[str]:
     return out
 
 
+def model_like(name: str) -> bool:
+    """Whether `name` can be one member of a fairseq-style `a:b` ensemble: a path that exists, or a checkpoint's
+    name (`.ckpt`, `.pt`)."""
+    return os.path.exists(name) or name.endswith((".ckpt", ".pt"))
+
+
+def list_options(function: Callable[..., Any]) -> set[str]:
+    """The `--name` of each option of `function` whose type is a list (or an optional list)."""
+    return {
+        f"--{name}"
+        for name, kind in typing.get_type_hints(function).items()
+        if any(typing.get_origin(t) is list for t in (kind, *typing.get_args(kind)))
+    }
+
+
 def ensemble_members(model: list[str] | str) -> list[str] | str:
     """fairseq's `a.ckpt:b.ckpt` as the ensemble `[a.ckpt, b.ckpt]`, also inside a list; a path that exists
-    as it is stays one model, a ':' in its name and all."""
+    as it is stays one model, a ':' in its name and all, and so does one whose parts are not each a model
+    (a file or folder that exists, or a name ending in `.ckpt` or `.pt`): a missing `co:lon/b.ckpt` is reported
+    whole, not as a missing `co`."""
     names = [model] if isinstance(model, str) else model
     members = []
     for name in names:
-        if ":" in name and not os.path.exists(name):
-            members += [part for part in name.split(":") if part]
+        parts = [part for part in name.split(":") if part]
+        if ":" in name and not os.path.exists(name) and all(map(model_like, parts)):
+            members += parts
         else:
             members.append(name)
     if isinstance(model, str) and len(members) == 1:

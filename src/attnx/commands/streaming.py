@@ -51,11 +51,6 @@ def check_output_options(
             "--target scores the given translations, one each: --search.nbest, --search.sampling and "
             "--search.mbr do not apply (leave them out)"
         )
-    if format == "text" and search is not None and search.nbest > 1:
-        raise ConfigError(
-            f"--format text writes one translation a line: for --search.nbest {search.nbest} use --format "
-            "jsonl or --format moses"
-        )
     if format == "text" and token_scores:
         raise ConfigError("--token_scores needs --format jsonl or --format moses (text has no scores)")
 
@@ -288,7 +283,12 @@ class TranslationJob:
             )
         else:
             text = render(
-                self.format, results, first=first - 1, token_scores=self.token_scores, pieces=self.pieces
+                self.format,
+                results,
+                first=first - 1,
+                token_scores=self.token_scores,
+                pieces=self.pieces,
+                nbest=self.translator.search.nbest > 1,
             )
         return text.encode("utf-8")
 

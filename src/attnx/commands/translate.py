@@ -99,7 +99,8 @@ def translate(
         input: File, named pipe or <(process substitution) with one source segment a line, or - for
             standard input.
         output: File for the translations, or - for standard output.
-        format: text (the best translation a line; with --search.alignment true, "text ||| 0-0 1-2 ..."),
+        format: text (the best translation a line; with --search.alignment true, "text ||| 0-0 1-2 ...";
+            with --search.nbest above 1, Marian's n-best lines "id ||| text ||| score", id from 0),
             jsonl (one JSON object a line: every hypothesis with text, score, log_prob, tokens) or moses
             (n-best lines "id ||| text ||| F0= log_prob ||| score"). score is what the search ranked by
             (log_prob / length penalty), log_prob the total log-probability in nats.
@@ -191,6 +192,10 @@ def translate(
                     print(chosen, file=sys.stderr, flush=True)
                 if ema := checkpoint_weights_line(model, "translate"):
                     print(ema, file=sys.stderr, flush=True)
+                if (
+                    drawn := translator.search.samples_drawn()
+                ) is not None:  # fairseq's --sampling draws more
+                    print(f"attnx translate: {drawn}", file=sys.stderr, flush=True)
 
                 def own_engine(ckpt: Path) -> Translator:
                     return load(

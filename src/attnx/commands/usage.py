@@ -260,13 +260,9 @@ def accepts(parser: Any, defaults: Any, option: str, value: Any) -> bool:
 def repeated_options(function: Callable[..., Any], argv: list[str]) -> list[str]:
     """An option whose type is a list, given several times, collects every value (`--config a --config b`
     is `[a, b]`, as jsonargparse's `--config+ b` appends), rather than keeping the last one."""
-    import typing
+    from attnx.commands.spellings import list_options
 
-    lists = {
-        f"--{name}"
-        for name, kind in typing.get_type_hints(function).items()
-        if any(typing.get_origin(t) is list for t in (kind, *typing.get_args(kind)))
-    }
+    lists = list_options(function)
     given = [arg.split("=", 1)[0] for arg in argv]
     repeated = {option for option in lists if given.count(option) > 1}
     return [

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
+import threading
 from functools import cached_property
 from typing import Any
 
@@ -292,15 +294,31 @@ class TranslationDataModule(L.LightningDataModule):
             self._train_sampler.load_state_dict(state)
 
 
-WORKER_IGNORES = (signal.SIGTERM, signal.SIGUSR1)
-"""The stop signals a data loader worker leaves to the process it loads for (PyTorch's workers already ignore
-Ctrl+C's SIGINT)."""
-
-
 def leave_stop_signals_to_the_parent(worker_id: int) -> None:
     """A DataLoader worker's start: SIGTERM and SIGUSR1 sent to the whole process group (Slurm's `scancel` and
     preemption, `timeout`, a service manager) would kill the workers, and the training process would fail with
     "DataLoader worker is killed by signal" instead of saving a checkpoint and saying how to resume. The training
-    process stops on them; its workers end when it shuts them down, or when it is gone."""
-    for signum in WORKER_IGNORES:
-        signal.signal(signum, signal.SIG_IGN)
+    process stops on them; its workers end when it shuts them down, or when it is gone (PyTorch's workers
+    already ignore Ctrl+C's SIGINT).
+
+    A SIGTERM from the training process itself still ends the worker: at the interpreter's exit,
+    `multiprocessing` terminates the daemonic workers it has left with SIGTERM and waits for them, and a worker
+    ignoring it kept the stopped run from ever exiting. SIGTERM is blocked and a thread of the worker waits for
+    it, ending the worker when the sender is its parent ([end_when_the_parent_asks][attnx.data.datamodule.end_when_the_parent_asks]).
+    """
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the training process's handler, which a fork inherits
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # before the thread: it inherits the mask
+    parent = os.getppid()
+    threading.Thread(target=end_when_the_parent_asks, args=(parent,), name="sigterm", daemon=True).start()
+
+
+def end_when_the_parent_asks(parent: int) -> None:
+    """Wait for SIGTERM (blocked in every thread of the worker); end the worker as SIGTERM's default does when
+    `parent` sent it, and let it pass otherwise (a signal to the whole process group)."""
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != parent:
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
+    # delivered to this thread once it unblocks it: SIGTERM's default action ends the process
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    os._exit(128 + signal.SIGTERM)  # not reached

@@ -230,6 +230,17 @@ class SearchConfig:
             "of them: leave search.beam out, or rank a beam's n-best list with --search.mbr_candidates nbest"
         )
 
+    def samples_drawn(self) -> str | None:
+        """What to say of sampling at the default beam and one hypothesis (`--sampling` alone), or None: it
+        draws one sample per input, where fairseq's `--sampling` draws `--beam` many (and prints the best
+        `--nbest`); here `nbest` is the number of samples, each returned."""
+        if not self.sampling or self.beam != DEFAULT_BEAM or self.nbest != 1:
+            return None
+        return (
+            "sampling draws 1 sample per input (search.nbest): for N samples each, give --search.nbest N "
+            "(fairseq's --beam N with --sampling; here search.beam is not used)"
+        )
+
     def _check_mbr(self) -> None:
         if not self.mbr:
             changed = [

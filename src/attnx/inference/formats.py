@@ -4,7 +4,9 @@ command (`attnx translate --format`, the server's JSON answers).
 Each input gives a list of hypotheses, best first (empty for a blank input line).
 
 - `text`: the best hypothesis's text, one line per input (blank for blank); with alignments, Marian's
-  plain form `text ||| 0-0 1-2 ...` (a blank input line still gives a blank line).
+  plain form `text ||| 0-0 1-2 ...` (a blank input line still gives a blank line). With an n-best list
+  (`--search.nbest N`, N > 1), Marian's short n-best form instead, one line per hypothesis best first:
+  `id ||| text [||| 0-0 1-2 ...] ||| score`, where `id` is the 0-based input line.
 - `jsonl`: one JSON object per input line, `{"hypotheses": [{"text", "score", "log_prob", "tokens", ...}]}`,
   best first. `score` is what the search ranked by (`log_prob / lp(|Y|)`), `log_prob` the total
   log-probability in nats (`</s>` included), `tokens` the number of target SentencePiece pieces (`</s>` not
@@ -76,6 +78,17 @@ def text_line(hypotheses: Sequence[Hypothesis]) -> str:
     return f"{best.text} ||| {alignment_text(best.alignment)}"
 
 
+def nbest_text_lines(index: int, hypotheses: Sequence[Hypothesis]) -> list[str]:
+    """Marian's short n-best lines of input `index` (0-based): `id ||| text [||| alignment] ||| score`."""
+    lines = []
+    for h in hypotheses:
+        fields = [str(index), h.text]
+        if h.alignment is not None:
+            fields.append(alignment_text(h.alignment))
+        lines.append(" ||| ".join([*fields, repr(h.score)]))
+    return lines
+
+
 def jsonl_line(
     hypotheses: Sequence[Hypothesis],
     *,
@@ -110,9 +123,13 @@ def render(
     first: int = 0,
     token_scores: bool = False,
     pieces: Callable[[Sequence[int]], list[str]] | None = None,
+    nbest: bool = False,
 ) -> str:
-    """The output of consecutive inputs `first`, `first + 1`, ... in `format`, each line ending in `\\n`."""
-    if format == "text":
+    """The output of consecutive inputs `first`, `first + 1`, ... in `format`, each line ending in `\\n`;
+    `nbest`: the search returns an n-best list (`text` then writes one line per hypothesis)."""
+    if format == "text" and nbest:
+        lines = [line for i, hyps in enumerate(results) for line in nbest_text_lines(first + i, hyps)]
+    elif format == "text":
         lines = [text_line(hyps) for hyps in results]
     elif format == "jsonl":
         lines = [jsonl_line(hyps, token_scores=token_scores, pieces=pieces) for hyps in results]

@@ -265,6 +265,15 @@ class PeriodicCheckpoint(Checkpoint):
         self._carried_seconds = float(state_dict.get("seconds_since_save", 0.0))
 
 
+def averaged_line(paths: list[str], last: int, path: Path) -> str:
+    """What the end of `fit` says of its average: how many checkpoints went in and, for a run that kept fewer
+    than `last` (a short run: nothing is wrong), that it averaged those it kept."""
+    if len(paths) == 1:
+        return f"{path} holds the weights of the run's one checkpoint, {Path(paths[0]).name} (nothing to average)"
+    fewer = "" if len(paths) == last else f" (all the run kept; {last} in a longer run)"
+    return f"averaged {len(paths)} checkpoints{fewer} into {path}"
+
+
 class AverageCheckpoints(Callback):
     """At the end of `fit`, average the weights of the newest `last` checkpoints into `averaged.ckpt`.
 
@@ -290,14 +299,8 @@ class AverageCheckpoints(Callback):
             rank_zero_warn("AverageCheckpoints: the run kept no checkpoints, so there is nothing to average")
             return
         paths = periodic[0].saved[-self.last :]
-        if len(paths) < self.last:
-            rank_zero_warn(
-                f"AverageCheckpoints: only {len(paths)} checkpoint{'s were' if len(paths) > 1 else ' was'} kept, "
-                f"averaging {'those' if len(paths) > 1 else 'it alone'} instead of {self.last} "
-                "(train longer, save more often, or keep more)"
-            )
         self.path = Path(paths[-1]).parent / self.filename
         if trainer.is_global_zero:
             atomic_save(average_checkpoints(paths), self.path)
-            rank_zero_info(f"averaged {len(paths)} checkpoints into {self.path}")
+            rank_zero_info(averaged_line(paths, self.last, self.path))
         trainer.strategy.barrier("AverageCheckpoints")

@@ -188,12 +188,12 @@ def test_the_language_id_pool_ends_when_there_is_nothing_to_identify(
     try:
         worker = threading.Thread(target=run, daemon=True)
         worker.start()
-        worker.join(timeout=30)
+        worker.join(timeout=300)
         hung = worker.is_alive()
         if hung:  # end the worker that swallowed its SIGTERM, so that the thread and the pool end too
             for process in multiprocessing.active_children():
                 process.kill()
-            worker.join(timeout=30)
+            worker.join(timeout=300)
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert not hung, "the language-ID pool was terminated but a worker never ended: cleaning hung"

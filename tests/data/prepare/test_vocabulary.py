@@ -149,3 +149,15 @@ def test_a_text_larger_than_the_sample_is_sampled_the_same_with_the_same_seed(tm
         drawn.append(lines)
     assert drawn[0] == drawn[1] != drawn[2]
     assert {line[:2] for line in drawn[0]} == {"en", "de"}
+
+
+def test_a_folder_for_spm_model_says_it_is_a_folder_and_names_its_spm_model(
+    toy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "prepared"
+    folder.mkdir()
+    err = error_of(capsys, [*base(toy, tmp_path / "out"), "--spm_model", str(folder)])
+    assert f"--spm_model {folder} is a folder: pass a SentencePiece model file (.model)" in err
+    (folder / "spm.model").write_bytes(b"")
+    err = error_of(capsys, [*base(toy, tmp_path / "out"), "--spm_model", str(folder)])
+    assert f"(it holds spm.model: --spm_model {folder / 'spm.model'})" in err

@@ -113,6 +113,13 @@ def read_sentencepiece(path: Path, settings: Settings) -> tokenizer.Tokenizer:
     Raises:
         DataError: in one line naming the file and what is wrong with it.
     """
+    if path.is_dir():  # e.g. a prepared corpus's folder: its spm.model is the file meant
+        inside = (
+            " (it holds spm.model: --spm_model " + str(path / "spm.model") + ")"
+            if (path / "spm.model").is_file()
+            else ""
+        )
+        raise DataError(f"--spm_model {path} is a folder: pass a SentencePiece model file (.model){inside}")
     if not path.is_file():
         raise DataError(f"--spm_model {path} does not exist")
     proto = path.read_bytes()
