@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from attnx.commands.resumable import ResumableOutput, StreamOutput
 from attnx.commands.text_input import TextInput
@@ -19,9 +19,6 @@ from attnx.inference.config import (
     check_precision,
 )
 from attnx.inference.formats import OutputFormat
-
-if TYPE_CHECKING:
-    from attnx.inference.translator import Translator
 
 
 def check_device(device: str) -> None:
@@ -197,12 +194,14 @@ def translate(
                 ) is not None:  # fairseq's --sampling draws more
                     print(f"attnx translate: {drawn}", file=sys.stderr, flush=True)
 
-                def own_engine(ckpt: Path) -> Translator:
+                def own_engine(
+                    ckpt: Path,
+                ):  # -> Translator (no import: --help of the module's commands loads no torch)
                     return load(
                         ckpt, device=device, search=search, max_tokens=max_tokens, precision=precision
                     )
 
-                def switch(translator: Translator) -> Translator:
+                def switch(translator):
                     return phrase_engine(translator, model, own_engine, "attnx translate")
 
                 job = TranslationJob(translator, format, token_scores, buffer_size, terms, switch)
