@@ -119,6 +119,13 @@ def test_decoding_runs_in_the_evaluation_precision_and_a_device_without_it_is_re
     assert module.precisions[-1] == "bf16-mixed"
     with pytest.raises(ConfigError, match="16-mixed decodes on CUDA devices"):
         TranslationEvaluator(precision="16-mixed").setup(on_cpu, module, "fit")
+    for stage_name in ("fit", "validate"):  # validation BLEU off: nothing decodes, nothing is probed or said
+        quiet = TranslationEvaluator(bleu_samples=0)
+        with decoding_probe(lambda device: pytest.fail("probed")):
+            quiet.setup(on_cpu, module, stage_name)
+        assert quiet.decodes_in is None
+    with pytest.raises(ConfigError, match="16-mixed decodes on CUDA devices"):
+        TranslationEvaluator(bleu_samples=0, precision="16-mixed").setup(on_cpu, module, "fit")
 
 
 class TwoPrecisions:

@@ -166,7 +166,8 @@ def test_a_stop_signal_saves_says_how_to_resume_and_exits_non_zero(
     assert (
         clock["saved"] == [] and clock["seconds_since_save"] > 0
     )  # the hour goes on counting after a resume
-    run([*command, "--trainer.max_steps", STEPS], tmp_path)  # the printed command, run where it was printed
+    at = command.index("--trainer.max_steps")  # the printed command, run where it was printed, to STEPS
+    run([*command[: at + 1], STEPS, *command[at + 2 :]], tmp_path)
     assert_same_weights(checkpoints / "last.ckpt", uninterrupted)  # the resumed run continued in its folder
     # as the uninterrupted hourly run: the end's checkpoint, alone kept and averaged
     assert sorted(p.name for p in checkpoints.iterdir()) == [

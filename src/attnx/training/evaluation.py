@@ -24,7 +24,7 @@ from attnx.data.batch import Batch
 from attnx.errors import ConfigError
 from attnx.evaluation.agreement import Agreement, agreement
 from attnx.evaluation.bleu import BleuReport, score
-from attnx.inference.config import AUTO, PAPER_SEARCH, Precision, SearchConfig
+from attnx.inference.config import AUTO, PAPER_SEARCH, Precision, SearchConfig, check_precision
 from attnx.inference.lexical import PhraseIds
 from attnx.inference.phrases import check_phrases, encode_phrases, parse_line
 from attnx.inference.precision import resolve_precision
@@ -185,7 +185,12 @@ class TranslationEvaluator(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # before any step: a precision the device cannot decode in is a usage error, not a failure hours in
-        self.decodes_in = resolve_precision(self.precision, trainer.strategy.root_device)
+        if stage in ("test", "predict") or self.bleu_samples > 0:
+            self.decodes_in = resolve_precision(self.precision, trainer.strategy.root_device)
+        elif (
+            self.precision != AUTO
+        ):  # nothing decodes (validation BLEU off): auto is neither measured nor said
+            check_precision(self.precision, trainer.strategy.root_device.type)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._translations = []
