@@ -142,7 +142,9 @@ def test_unknown_config_key_is_named(corpus: Path, tmp_path: Path, capsys) -> No
 
 
 def test_unknown_component_lists_known_names_without_traceback(corpus: Path, tmp_path: Path, capsys) -> None:
-    rc = attnx(fit_args(corpus, "--model.transformer.feedforward.name", "swigluu", "--trainer.max_steps", "1"))
+    rc = attnx(
+        fit_args(corpus, "--model.transformer.feedforward.name", "swigluu", "--trainer.max_steps", "1")
+    )
     err = capsys.readouterr().err
     assert rc == 2
     assert "unknown feedforward component 'swigluu'" in err and "relu" in err and "swiglu" in err

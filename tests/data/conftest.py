@@ -51,9 +51,10 @@ def write_pair(prefix: Path, src: list[str] | bytes, tgt: list[str] | bytes, gz:
 
 def run(raw: Path, out: Path, *extra: str) -> int:
     """Prepare ``raw/train`` (or the `--train` in `extra`: a repeated list option collects its values) with a
-    60-piece vocabulary; language identification is off: the toy corpora's word salad is no language (the
+    60-piece vocabulary (or the `--vocab_size` in `extra`); language identification is off: the toy corpora's word salad is no language (the
     cleaning tests use real lines)."""
     train = [] if "--train" in extra else ["--train", str(raw / "train")]
+    vocab = [] if "--vocab_size" in extra else ["--vocab_size", "60"]  # an option given twice is refused
     return attnx(
         [
             "prepare",
@@ -64,8 +65,7 @@ def run(raw: Path, out: Path, *extra: str) -> int:
             *train,
             "--output",
             str(out),
-            "--vocab_size",
-            "60",
+            *vocab,
             "--drop_wrong_language",
             "false",
         ]
