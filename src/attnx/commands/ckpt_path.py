@@ -11,10 +11,16 @@ from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from attnx.checkpoint import CheckpointError, read_checkpoint
+from attnx.checkpoint import read_checkpoint
 from attnx.errors import ConfigError
 from attnx.files import remove_stale_temporaries
-from attnx.training.resume import checkpoint_directories, finished_run, last_checkpoint, last_checkpoints
+from attnx.training.resume import (
+    checkpoint_directories,
+    finished_run,
+    last_checkpoint,
+    last_checkpoints,
+    run_checkpoints,
+)
 
 LIGHTNING_KEYWORDS = ("hpc", "registry")
 """`--ckpt_path` values Lightning resolves itself; `last` and `best` attnx resolves (Lightning's look for a
@@ -88,15 +94,11 @@ def last_choice(trainer: Any, chosen: Path) -> str:
 
 def best_checkpoints(trainer: Any) -> list[Path]:
     """The `best.ckpt` of each of this config's runs, newest first, or a one-line error saying how to get one."""
-    directories = checkpoint_directories(trainer)
-    found = [d / BEST for d in directories if (d / BEST).is_file()]
-    if not found:
-        where = ", ".join(str(d) for d in directories) or "no run directory of this config exists here"
-        raise CheckpointError(
-            f"--ckpt_path best: no {BEST} in this config's runs ({where}); a run keeps one when trained with "
-            "--best.metric bleu (or loss, ppl). Pass a checkpoint's path, or --ckpt_path last"
-        )
-    return sorted(found, key=lambda path: path.stat().st_mtime_ns, reverse=True)
+    advice = (
+        "a run keeps one when trained with --best.metric bleu (or loss, ppl). Pass a checkpoint's path, or "
+        "--ckpt_path last"
+    )
+    return run_checkpoints(trainer, "best", BEST, advice)
 
 
 def best_choice(found: list[Path]) -> str:

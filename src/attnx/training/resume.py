@@ -60,17 +60,27 @@ def checkpoint_directories(trainer: Any) -> list[Path]:
     return [d for d in dict.fromkeys(found) if d.is_dir()]
 
 
-def last_checkpoints(trainer: Any) -> list[Path]:
-    """The `last.ckpt` of each of this config's runs, newest first, or a one-line error where there is none."""
+def run_checkpoints(trainer: Any, keyword: str, filename: str, advice: str) -> list[Path]:
+    """The `filename` of each of this config's runs, newest first, or a one-line error for `--ckpt_path
+    keyword` naming where it looked, then `advice`."""
     directories = checkpoint_directories(trainer)
-    found = [d / "last.ckpt" for d in directories if (d / "last.ckpt").is_file()]
+    found = [d / filename for d in directories if (d / filename).is_file()]
     if not found:
         where = ", ".join(str(d) for d in directories) or "no run directory of this config exists here"
         raise CheckpointError(
-            f"--ckpt_path last: no last.ckpt in this config's runs ({where}); pass the checkpoint's path, or "
-            "leave --ckpt_path out to start a new run"
+            f"--ckpt_path {keyword}: no {filename} in this config's runs ({where}); {advice}"
         )
     return sorted(found, key=lambda path: path.stat().st_mtime_ns, reverse=True)
+
+
+def last_checkpoints(trainer: Any) -> list[Path]:
+    """The `last.ckpt` of each of this config's runs, newest first, or a one-line error where there is none."""
+    return run_checkpoints(
+        trainer,
+        "last",
+        "last.ckpt",
+        "pass the checkpoint's path, or leave --ckpt_path out to start a new run",
+    )
 
 
 def last_checkpoint(trainer: Any) -> Path:
