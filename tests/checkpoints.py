@@ -91,3 +91,30 @@ def poison_tensor(path: Path, value: float = float("nan")) -> str:
                 break
             f.seek(extra_length + comment_length, 1)
     return member.filename
+
+
+def reader_commands(corpus: Path, good: Path, path: Path) -> list[list[str]]:
+    """The argv of every command that reads the checkpoint `path` (`good` is a sound one to average it with; run
+    from a folder holding `input.en`): translate, test, fit --ckpt_path and --init_from, average, and the
+    exports and serve of the optional extras that are installed."""
+    import importlib.util
+    import socket
+
+    from tests.training.conftest import fit_args
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    commands = [
+        ["translate", "--model", str(path), "--input", "input.en"],
+        fit_args(corpus, "--ckpt_path", str(path), subcommand="test"),
+        fit_args(corpus, "--ckpt_path", str(path)),
+        fit_args(corpus, "--init_from", str(path)),
+        ["average", "--checkpoints", f"[{good}, {path}]", "--output", "averaged.ckpt"],
+    ]
+    extras = [  # the commands of the optional extras, where they are installed
+        ("ctranslate2", ["export", "--ckpt_path", str(path), "--format", "ctranslate2", "--output", "ct2"]),
+        ("transformers", ["export", "--ckpt_path", str(path), "--format", "huggingface", "--output", "hf"]),
+        ("litserve", ["serve", "--model", str(path), "--port", str(port)]),
+    ]
+    return commands + [argv for package, argv in extras if importlib.util.find_spec(package) is not None]

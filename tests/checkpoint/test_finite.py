@@ -3,9 +3,7 @@ tensor and the file, and averaging never writes such a model."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,8 +14,7 @@ from attnx.checkpoint import CheckpointError, average_checkpoints, read_checkpoi
 from attnx.checkpoint.finite import non_finite_weight
 from attnx.checkpoint.format import damaged_member
 from attnx.cli import main as attnx
-from tests.checkpoints import poison_tensor, tiny_checkpoint
-from tests.training.conftest import fit_args
+from tests.checkpoints import poison_tensor, reader_commands, tiny_checkpoint
 
 REFUSED = "holds weights that are not finite numbers: "
 
@@ -98,32 +95,11 @@ def test_every_command_refuses_non_finite_weights_in_one_line(
     ended in an IndexError and fit blamed a diverged run: each is now one line naming the file and the tensor,
     exit status 1, nothing written."""
     good, bad = poisoned
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     (tmp_path / "input.en").write_text("A dog runs.\n")
     monkeypatch.chdir(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
     for path, named in bad:
-        commands = [
-            ["translate", "--model", str(path), "--input", "input.en"],
-            fit_args(corpus, "--ckpt_path", str(path), subcommand="test"),
-            fit_args(corpus, "--ckpt_path", str(path)),
-            fit_args(corpus, "--init_from", str(path)),
-            ["average", "--checkpoints", f"[{good}, {path}]", "--output", "averaged.ckpt"],
-        ]
-        extras = [  # the commands of the optional extras, where they are installed
-            (
-                "ctranslate2",
-                ["export", "--ckpt_path", str(path), "--format", "ctranslate2", "--output", "ct2"],
-            ),
-            (
-                "transformers",
-                ["export", "--ckpt_path", str(path), "--format", "huggingface", "--output", "hf"],
-            ),
-            ("litserve", ["serve", "--model", str(path), "--port", str(port)]),
-        ]
-        commands += [argv for package, argv in extras if importlib.util.find_spec(package) is not None]
+        commands = reader_commands(corpus, good, path)
         for argv in commands:
             capsys.readouterr()
             rc = attnx(argv)

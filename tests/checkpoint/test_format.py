@@ -5,13 +5,11 @@ space (the writing itself: tests/test_files.py)."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import pickle
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import zipfile
@@ -26,7 +24,7 @@ from attnx.checkpoint.format import damaged_member
 from attnx.cli import main as attnx
 from attnx.data.sentencepiece_proto import parse
 from attnx.data.tokenizer import Tokenizer
-from tests.checkpoints import flip_bytes, tiny_checkpoint
+from tests.checkpoints import flip_bytes, reader_commands, tiny_checkpoint
 from tests.training.conftest import TINY, fit_args
 
 
@@ -135,30 +133,9 @@ def test_every_command_refuses_a_damaged_checkpoint_in_one_line(
     file and what to do, exit status 1, no output written."""
     good = tiny_checkpoint(corpus, tmp_path / "good.ckpt")
     damaged, member = damaged_copy(good, "damaged.ckpt")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     (tmp_path / "input.en").write_text("A dog runs.\n")
     monkeypatch.chdir(tmp_path)
-    commands = [
-        ["translate", "--model", str(damaged), "--input", "input.en"],
-        fit_args(corpus, "--ckpt_path", str(damaged), subcommand="test"),
-        fit_args(corpus, "--ckpt_path", str(damaged)),
-        fit_args(corpus, "--init_from", str(damaged)),
-        ["average", "--checkpoints", f"[{good}, {damaged}]", "--output", "averaged.ckpt"],
-    ]
-    extras = [  # the commands of the optional extras, where they are installed
-        (
-            "ctranslate2",
-            ["export", "--ckpt_path", str(damaged), "--format", "ctranslate2", "--output", "ct2"],
-        ),
-        (
-            "transformers",
-            ["export", "--ckpt_path", str(damaged), "--format", "huggingface", "--output", "hf"],
-        ),
-        ("litserve", ["serve", "--model", str(damaged), "--port", str(port)]),
-    ]
-    commands += [argv for package, argv in extras if importlib.util.find_spec(package) is not None]
+    commands = reader_commands(corpus, good, damaged)
     for argv in commands:
         capsys.readouterr()
         rc = attnx(argv)
