@@ -68,7 +68,10 @@ def _decode_in_fp32() -> Iterator[None]:
     the choice injects its own probe inside, which says it; commands the tests start as processes probe the
     machine (give them --precision where their output is compared)."""
     float32_first = lambda directory, device, threads, types: {t: float(t != "float32") for t in types}  # noqa: E731
-    with decoding_probe(lambda device: FP32_PROBE, say=False), compute_type_probe(float32_first, say=False):
+    with (
+        decoding_probe(lambda device, decoder: FP32_PROBE, say=False),
+        compute_type_probe(float32_first, say=False),
+    ):
         yield
 
 

@@ -782,7 +782,9 @@ def test_translate_decodes_in_the_precision_auto_chooses_and_records_it(
     source, out = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text("A dog runs.\nTwo cats.\n", encoding="utf-8")
     argv = ["translate", "--model", str(checkpoint), "--input", str(source), "--device", "cpu", *search]
-    with decoding_probe(lambda device: PrecisionChoice("bf16-mixed", "bf16 products 3.1x fp32 (injected)")):
+    with decoding_probe(
+        lambda device, decoder: PrecisionChoice("bf16-mixed", "bf16 products 3.1x fp32 (injected)")
+    ):
         assert attnx_main([*argv, "--output", str(out)]) == 0
         assert capsys.readouterr().err.splitlines()[0] == (
             "decoding in bf16-mixed: bf16 products 3.1x fp32 (injected) (--precision 32-true to override)"

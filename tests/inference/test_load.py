@@ -116,15 +116,24 @@ def test_a_checkpoint_decodes_in_the_precision_auto_chooses_for_its_device(check
 
     asked = []
     for chosen in ("bf16-mixed", "32-true"):
-        with decoding_probe(lambda device, c=chosen: asked.append(device) or PrecisionChoice(c, "injected")):
+        with decoding_probe(
+            lambda device, decoder, c=chosen: asked.append(device) or PrecisionChoice(c, "injected")
+        ):
             assert load(checkpoint, search=FAST).precision == chosen
-            assert load([checkpoint, checkpoint], search=FAST).precision == chosen  # an ensemble too
+            assert load(checkpoint, search=FAST).precision == chosen  # measured once for this model
+            assert (
+                load([checkpoint, checkpoint], search=FAST).precision == chosen
+            )  # an ensemble: measured too
             assert load(checkpoint, search=FAST, precision="32-true").precision == "32-true"  # given: kept
-        assert capsys.readouterr().err.splitlines() == [
-            f"decoding in {chosen}: injected (--precision {'32-true' if chosen != '32-true' else 'bf16-mixed'} "
-            "to override)"
-        ]
-    assert [d.type for d in asked] == ["cpu", "cpu"]  # once per process and device kind
+        assert (
+            capsys.readouterr().err.splitlines()
+            == [
+                f"decoding in {chosen}: injected (--precision {'32-true' if chosen != '32-true' else 'bf16-mixed'} "
+                "to override)"
+            ]
+            * 2
+        )
+    assert [d.type for d in asked] == ["cpu"] * 4  # once per process, device kind and model (or ensemble)
 
 
 def test_an_export_decodes_in_the_compute_type_a_probe_finds_fastest(checkpoint, tmp_path, capsys):

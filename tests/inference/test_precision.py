@@ -1,4 +1,4 @@
-"""`auto`: what a checkpoint decodes in, chosen once per process from a probe of the device (injected here),
+"""`auto`: what a checkpoint decodes in, chosen once per process and model from a probe of the model (injected here),
 and bf16 decoding of a trained model held against fp32's."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import torch
 
 from attnx.errors import ConfigError
 from attnx.evaluation.agreement import agreement
+from attnx.inference.decoder import ModelDecoder
 from attnx.inference.eager import EagerTranslator
 from attnx.inference.precision import (
     BF16,
@@ -25,6 +26,8 @@ from attnx.inference.precision import (
     probe_device,
     resolve_precision,
 )
+from attnx.model import Transformer, build_transformer
+from tests.conftest import tiny_config
 
 ZEN4 = {"avx512f", "avx512_bf16", "avx2"}
 
@@ -38,55 +41,68 @@ def test_amx_decodes_in_bf16_and_avx2_in_fp32_without_probing() -> None:
     assert choose_bf16({"avx2"}, never_probed, 1.5) == PrecisionChoice(FP32, "CPU has no bf16 units")
 
 
-@pytest.mark.parametrize(("ratio", "expected"), [(3.1, BF16), (MIN_DECODE_BF16_SPEEDUP, BF16), (1.2, FP32)])
+@pytest.mark.parametrize(("ratio", "expected"), [(3.1, BF16), (MIN_DECODE_BF16_SPEEDUP, BF16), (1.1, FP32)])
 def test_avx512_bf16_alone_follows_the_probe(ratio: float, expected: str) -> None:
-    choice = choose_bf16(ZEN4, lambda: ratio, MIN_DECODE_BF16_SPEEDUP, "bf16 decoding-shaped matrix products")
+    choice = choose_bf16(ZEN4, lambda: ratio, MIN_DECODE_BF16_SPEEDUP, "this model's beam-search steps")
     assert choice.precision == expected
-    assert f"bf16 decoding-shaped matrix products measured {'only ' * (expected == FP32)}{ratio:.1f}x" in (
+    assert f"this model's beam-search steps measured {'only ' * (expected == FP32)}{ratio:.1f}x" in (
         choice.reason
     )
 
 
-def test_auto_is_probed_once_per_device_kind_and_said_once(capsys) -> None:
-    asked: list[torch.device] = []
+def tiny_model(d_model: int = 16) -> Transformer:
+    return build_transformer(tiny_config(d_model=d_model))
 
-    def probe(device: torch.device) -> PrecisionChoice:
-        asked.append(device)
-        return PrecisionChoice(BF16, "bf16 matrix products 3.1x fp32 on this CPU")
 
+def test_auto_is_probed_once_per_device_and_model_shape_and_said_once(capsys) -> None:
+    asked: list[tuple[torch.device, int]] = []
+
+    def probe(device: torch.device, decoder) -> PrecisionChoice:
+        asked.append((device, decoder.models[0].d_model))
+        return PrecisionChoice(BF16, "this model's beam-search steps measured 1.6x fp32")
+
+    model, twin, other = tiny_model(), tiny_model(), tiny_model(d_model=8)
     with decoding_probe(probe):
-        assert [resolve_precision("auto", "cpu"), resolve_precision(None, "cpu")] == [BF16, BF16]
-        assert auto_precision("cpu").precision == BF16
-    assert asked == [torch.device("cpu")]
-    assert capsys.readouterr().err == (
-        "decoding in bf16-mixed: bf16 matrix products 3.1x fp32 on this CPU (--precision 32-true to override)\n"
+        assert [resolve_precision("auto", model), resolve_precision(None, twin)] == [BF16, BF16]
+        assert auto_precision(ModelDecoder(model)).precision == BF16
+        assert resolve_precision("auto", other) == BF16  # another shape is measured anew
+    assert asked == [(torch.device("cpu"), 16), (torch.device("cpu"), 8)]
+    assert (
+        capsys.readouterr().err.splitlines()
+        == [
+            "decoding in bf16-mixed: this model's beam-search steps measured 1.6x fp32 (--precision 32-true to "
+            "override)"
+        ]
+        * 2
     )
 
 
 def test_a_precision_given_is_kept_checked_and_not_probed(capsys) -> None:
-    with decoding_probe(lambda device: pytest.fail("probed")):
-        assert resolve_precision("32-true", "cpu") == FP32
-        assert resolve_precision("bf16-mixed", "cpu") == BF16
+    model = tiny_model()
+    with decoding_probe(lambda device, decoder: pytest.fail("probed")):
+        assert resolve_precision("32-true", model) == FP32
+        assert resolve_precision("bf16-mixed", model) == BF16
         with pytest.raises(ConfigError, match="16-mixed decodes on CUDA devices"):
-            resolve_precision("16-mixed", "cpu")
+            resolve_precision("16-mixed", model)
         with pytest.raises(ConfigError, match="choose one of auto, 32-true, bf16-mixed, 16-mixed"):
-            resolve_precision("bf16", "cpu")
+            resolve_precision("bf16", model)
     assert capsys.readouterr().err == ""
 
 
-def test_the_probe_of_this_machine_gives_a_precision_and_its_reason() -> None:
+def test_the_probe_of_this_machine_times_the_model_and_gives_a_reason() -> None:
     """What it chooses depends on the CPU; that it answers, with a reason, does not."""
-    choice = probe_device(torch.device("cpu"))
+    choice = probe_device(torch.device("cpu"), ModelDecoder(tiny_model()))
     assert choice.precision in (FP32, BF16) and choice.reason
     assert cpu_model()
-    ratio = bf16_matmul_speedup(seconds=0.01, shape=(8, 16, 32), cast_input=True)
+    ratio = bf16_matmul_speedup(seconds=0.01, shape=(8, 16, 32))
     assert math.isfinite(ratio) and ratio > 0
 
 
 def test_a_cuda_device_without_bf16_decodes_in_fp32(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
-    assert probe_device(torch.device("cuda")) == PrecisionChoice(FP32, "Tesla T4 has no bf16 units")
+    choice = probe_device(torch.device("cuda"), ModelDecoder(tiny_model()))
+    assert choice == PrecisionChoice(FP32, "Tesla T4 has no bf16 units")
 
 
 MAX_BLEU_DIFFERENCE = 2.0

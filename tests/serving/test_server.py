@@ -197,7 +197,7 @@ def test_auto_is_resolved_once_before_the_workers_and_info_says_what_runs(checkp
     from attnx.inference.compute_type import compute_type_probe
     from attnx.inference.precision import PrecisionChoice, decoding_probe
 
-    with decoding_probe(lambda device: PrecisionChoice("bf16-mixed", "injected")):
+    with decoding_probe(lambda device, decoder: PrecisionChoice("bf16-mixed", "injected")):
         settings = server_module.resolved_precision(str(checkpoint), ServeSettings())
     assert ServeSettings().precision == "auto" and settings.precision == "bf16-mixed"
     assert model_info(str(checkpoint), FAST, settings)["precision"] == "bf16-mixed"
@@ -253,7 +253,8 @@ def test_a_signal_before_serving_stops_the_processes_the_server_started_and_no_o
     monkeypatch.setattr(server_module, "build_server", lambda model, search, settings: Interrupted())
     monkeypatch.setattr(server_module, "announce_when_ready", lambda url, message, ready: None)
     monkeypatch.setattr(
-        "attnx.inference.load.load", lambda *args, **kwargs: types.SimpleNamespace(search=FAST)
+        "attnx.inference.load.load",
+        lambda *args, **kwargs: types.SimpleNamespace(search=FAST, precision="32-true"),
     )
     try:
         serve("model.ckpt", FAST, ServeSettings())

@@ -10,7 +10,13 @@ import torch
 from attnx.data.batch import collate
 from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
+from attnx.inference.precision import resolve_precision
+from attnx.model import build_transformer
 from attnx.training.evaluation import TranslationEvaluator
+from tests.conftest import tiny_config
+
+MODEL = build_transformer(tiny_config())
+"""What the fake modules' translators decode with: the probe is asked about it."""
 
 
 class Module:
@@ -24,9 +30,12 @@ class Module:
     def translator(self, search: SearchConfig | None = None, precision: str = "32-true"):
         calls = self.calls
         self.searches.append(search)
-        self.precisions.append(precision)
+        resolved = resolve_precision(precision, MODEL)  # as EagerTranslator does: `auto` asks the probe
+        self.precisions.append(resolved)
 
         class Recording:
+            precision = resolved
+
             def translate_tensors(self, src, src_mask):
                 calls.append((search.beam, src[:, 0].tolist()))
                 assert bool(src_mask[:, -1].any())  # columns no selected row needs are cut
@@ -103,7 +112,7 @@ def test_decoding_runs_in_the_evaluation_precision_and_a_device_without_it_is_re
     module = Module()
     on_cpu = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")))
     for chosen in ("bf16-mixed", "32-true"):  # auto (the default): the probe's choice, whatever trains
-        with decoding_probe(lambda device, c=chosen: PrecisionChoice(c, "injected")):
+        with decoding_probe(lambda device, decoder, c=chosen: PrecisionChoice(c, "injected")):
             evaluator = TranslationEvaluator(bleu_samples=1)
             evaluator.setup(on_cpu, module, "fit")
             evaluator.on_validation_batch_end(
@@ -113,7 +122,7 @@ def test_decoding_runs_in_the_evaluation_precision_and_a_device_without_it_is_re
             evaluator.on_predict_batch_end(stage(0, 1, False), module, None, batch_of([2]), 0)  # predict
     assert module.precisions == ["bf16-mixed"] * 3 + ["32-true"] * 3
     evaluator = TranslationEvaluator(bleu_samples=0, precision="bf16-mixed")
-    with decoding_probe(lambda device: pytest.fail("probed")):
+    with decoding_probe(lambda device, decoder: pytest.fail("probed")):
         evaluator.setup(on_cpu, module, "test")
     evaluator.on_test_batch_end(stage(0, 1, False), module, None, batch_of([1]), 0)
     assert module.precisions[-1] == "bf16-mixed"
@@ -121,7 +130,7 @@ def test_decoding_runs_in_the_evaluation_precision_and_a_device_without_it_is_re
         TranslationEvaluator(precision="16-mixed").setup(on_cpu, module, "fit")
     for stage_name in ("fit", "validate"):  # validation BLEU off: nothing decodes, nothing is probed or said
         quiet = TranslationEvaluator(bleu_samples=0)
-        with decoding_probe(lambda device: pytest.fail("probed")):
+        with decoding_probe(lambda device, decoder: pytest.fail("probed")):
             quiet.setup(on_cpu, module, stage_name)
         assert quiet.decodes_in is None
     with pytest.raises(ConfigError, match="16-mixed decodes on CUDA devices"):
@@ -138,11 +147,14 @@ class TwoPrecisions:
 
     def translator(self, search: SearchConfig | None = None, precision: str = "32-true"):
         references = self.REFERENCES
+        resolved = resolve_precision(precision, MODEL)
 
         class Translating:
+            precision = resolved
+
             def translate_tensors(self, src, src_mask):
                 rows = [int(x) - 10 for x in src[:, 0]]  # batch_of's sources start with 10 + index
-                return [[i, int(precision == "bf16-mixed" and i % 2 == 1)] for i in rows]
+                return [[i, int(resolved == "bf16-mixed" and i % 2 == 1)] for i in rows]
 
             def decode(self, ids):
                 words = references[ids[0]].split()
@@ -178,7 +190,7 @@ def test_test_compares_a_reduced_precision_with_fp32_when_asked_and_warns_where_
     from attnx.inference.precision import PrecisionChoice, decoding_probe
 
     trainer, module = on_test(tmp_path), TwoPrecisions()
-    with decoding_probe(lambda device: PrecisionChoice("bf16-mixed", "injected")):
+    with decoding_probe(lambda device, decoder: PrecisionChoice("bf16-mixed", "injected")):
         for compare in (False, True):
             evaluator = TranslationEvaluator(bleu_samples=0, compare_fp32=compare)
             evaluator.setup(trainer, module, "test")
@@ -198,7 +210,7 @@ def test_a_test_in_fp32_has_nothing_to_compare(tmp_path, capsys) -> None:
     from attnx.inference.precision import PrecisionChoice, decoding_probe
 
     trainer, module = on_test(tmp_path), TwoPrecisions()
-    with decoding_probe(lambda device: PrecisionChoice("32-true", "injected")):
+    with decoding_probe(lambda device, decoder: PrecisionChoice("32-true", "injected")):
         evaluator = TranslationEvaluator(bleu_samples=0, compare_fp32=True)
         evaluator.setup(trainer, module, "test")
         evaluator.on_test_epoch_start(trainer, module)

@@ -162,9 +162,17 @@ def translate(
         try:
             with PairedInputs(input, target=target, prefix=prefix, constraints=constraints) as inputs:
                 inputs.check_line_counts()
-                from attnx.inference.load import decoding_precision, load
+                from attnx.inference.load import DecodingPrecision, load
 
-                runs_in = decoding_precision(model, precision, device)  # `auto` measured and said once
+                translator = load(
+                    model,
+                    device=device,
+                    search=search,
+                    max_tokens=max_tokens,
+                    weights=weights,
+                    precision=precision,
+                )  # `auto` measured on the model and said once
+                runs_in = DecodingPrecision.of(translator, precision)
                 options = run_options(
                     model, weights, search, format, token_scores, runs_in.label, buffer_size, max_tokens
                 )
@@ -175,16 +183,6 @@ def translate(
                 sink.prepare()
                 from attnx.checkpoint.ema import checkpoint_weights_line
 
-                translator = load(
-                    model,
-                    device=device,
-                    search=search,
-                    max_tokens=max_tokens,
-                    weights=weights,
-                    precision=runs_in.precision,
-                    compute_type=runs_in.compute_type,
-                )
-                runs_in.say()  # once the model has loaded: a model that fails to is one line
                 if chosen:  # once the model is on it
                     print(chosen, file=sys.stderr, flush=True)
                 if ema := checkpoint_weights_line(model, "translate"):

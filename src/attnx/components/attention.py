@@ -66,6 +66,16 @@ def backend_enabled(backend: SDPBackend) -> bool:
     }[backend]()
 
 
+def explicit_on_cpu(q: Tensor) -> bool:
+    """Whether attention of bf16 queries `q` `(B, H, T, d_k)` runs the explicit computation rather than
+    PyTorch's CPU kernel, the slower of the two in bf16 training (its backward 4-9x the explicit one's) and for
+    one query a row, a decoding step over the cache (3-5x the explicit one's for 1,200 rows of 16-100 keys on a
+    2-core AMD EPYC with AVX512-BF16; `bench/bench_cpu_attention.py --decoding`). In fp32, and for longer query
+    blocks in bf16 inference, the kernel stays: there it was as fast or faster."""
+    cpu_bf16 = q.device.type == "cpu" and q.dtype == torch.bfloat16
+    return cpu_bf16 and (q.requires_grad or q.shape[2] == 1)
+
+
 SEPARATE_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 """The projections earlier attnx kept as three `nn.Linear`s, in the order their rows stack in `in_proj`."""
 
@@ -205,8 +215,7 @@ class MultiHeadAttention(nn.Module):
         bias = score_bias(positions, t, s, offset, causal)  # (H, T, S) or None
         dropout = self.dropout if self.training else 0.0
         weights = None
-        slow_kernel = q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.requires_grad
-        if need_weights or slow_kernel:
+        if need_weights or explicit_on_cpu(q):
             mask = attention_mask(key_mask, causal, t, s, offset, query.device)
             scores = (q @ k.transpose(-2, -1)) * (
                 1.0 / math.sqrt(self.d_k)

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import random
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from attnx.data.batch import EOS_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import AUTO, check_precision
 from attnx.inference.ctranslate2 import METADATA, SPM_MODEL, import_ctranslate2, read_metadata
+from attnx.inference.probes import ProbeCache
 
 COMPUTE_TYPES = {"32-true": "float32", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
 """The CTranslate2 compute type an export is loaded with for each precision a checkpoint decodes in."""
@@ -121,31 +121,29 @@ def fastest(seconds: dict[str, float]) -> ComputeTypeChoice:
     return ComputeTypeChoice(best, f"the fastest here by a probe ({', '.join(others)} its speed)")
 
 
-_timer: Timer = time_compute_types
-_chosen: dict[tuple[str, str, int], ComputeTypeChoice] = {}
-_quiet = False
-_said: set[tuple[str, str, int]] = set()
+def measured_by(timer: Timer) -> Callable[..., ComputeTypeChoice]:
+    """What measures `auto`'s choice for an export with `timer`: its files checked first (a damaged model.bin
+    is not timed), then the fastest of the candidates (default: those CTranslate2 supports on the device)."""
+
+    def measure(
+        directory: Path, device: torch.device, threads: int, types: Sequence[str] | None
+    ) -> ComputeTypeChoice:
+        check_digests(directory, read_metadata(directory) or {}, METADATA)
+        candidates = list(types) if types is not None else supported_compute_types(device)
+        return fastest(timer(directory, device, threads, candidates))
+
+    return measure
 
 
-@contextlib.contextmanager
-def compute_type_probe(timer: Timer, say: bool = True) -> Iterator[None]:
+_probe: ProbeCache[Callable[..., ComputeTypeChoice], ComputeTypeChoice] = ProbeCache(
+    measured_by(time_compute_types), ComputeTypeChoice.line
+)
+
+
+def compute_type_probe(timer: Timer, say: bool = True) -> contextlib.AbstractContextManager:
     """Within the block, `auto` times compute types with `timer` (afresh, cached for the block); without
     `say`, nothing is said in the block."""
-    global _timer, _quiet
-    saved, cached, said = _timer, dict(_chosen), set(_said)
-    _timer = timer
-    _chosen.clear()
-    _said.clear()
-    quiet, _quiet = _quiet, not say
-    try:
-        yield
-    finally:
-        _timer = saved
-        _chosen.clear()
-        _chosen.update(cached)
-        _said.clear()
-        _said.update(said)
-        _quiet = quiet
+    return _probe.replaced(measured_by(timer), say)
 
 
 def auto_compute_type(
@@ -160,15 +158,7 @@ def auto_compute_type(
     standard error once. `types`: the candidates (default: those CTranslate2 supports on `device`)."""
     directory, device = Path(directory), torch.device(device)
     key = (str(directory.resolve()), str(device), threads)
-    if key not in _chosen:
-        check_digests(directory, read_metadata(directory) or {}, METADATA)  # a damaged model.bin is not timed
-        candidates = list(types) if types is not None else supported_compute_types(device)
-        choice = fastest(_timer(directory, device, threads, candidates))
-        _chosen[key] = choice
-    if say and not _quiet and key not in _said:
-        _said.add(key)
-        print(_chosen[key].line(), file=sys.stderr, flush=True)
-    return _chosen[key]
+    return _probe.choice(key, directory, device, threads, types, say=say)
 
 
 def resolve_compute_type(precision: str | None, device: str | torch.device) -> str:

@@ -120,7 +120,7 @@ class EagerTranslator(Translator):
         self.max_positions = min(int(m.max_positions) for m in models)
         self.search = fitted_search(search or SearchConfig(), self.max_positions)
         self.max_tokens = max_tokens
-        self.precision = resolve_precision(precision, self.device)
+        self.precision = resolve_precision(precision, self.decoder)
 
     @classmethod
     def from_checkpoint(

@@ -15,7 +15,6 @@ from attnx.inference.compute_type import auto_compute_type, resolve_compute_type
 from attnx.inference.config import AUTO, DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.ctranslate2 import CTranslate2Translator, is_ctranslate2_model
 from attnx.inference.eager import EagerTranslator
-from attnx.inference.precision import auto_precision, resolve_precision
 from attnx.inference.translator import Translator
 
 __all__ = ["DecodingPrecision", "decoding_precision", "load"]
@@ -23,47 +22,36 @@ __all__ = ["DecodingPrecision", "decoding_precision", "load"]
 
 @dataclass(frozen=True)
 class DecodingPrecision:
-    """What a model decodes in once `auto` is resolved: a checkpoint's precision, or an export's compute type."""
+    """What a loaded model decodes in once `auto` is resolved: a checkpoint's precision, or an export's compute
+    type."""
 
     precision: str
     """What a checkpoint decodes in (`32-true`, `bf16-mixed`, `16-mixed`); for an export, the one asked for."""
     compute_type: str | None = None
     """An export's CTranslate2 compute type; None for checkpoints."""
-    chosen_on: tuple[str, str] | None = None
-    """`(path, device)` where `auto` chose it; None where the precision was given."""
 
     @property
     def label(self) -> str:
         """What runs: the compute type of an export, else the precision."""
         return self.compute_type or self.precision
 
-    def say(self) -> None:
-        """Say on standard error what `auto` chose and why, once per process (nothing for a precision given)."""
-        if self.chosen_on is None:
-            return
-        path, device = self.chosen_on
-        if self.compute_type is not None:
-            auto_compute_type(path, device)
-        else:
-            auto_precision(device)
+    @classmethod
+    def of(cls, translator: Translator, asked: str | None = AUTO) -> DecodingPrecision:
+        """What `translator` (from [`load`][attnx.inference.load.load]) decodes in; `asked`: the precision it
+        was loaded with, kept for an export."""
+        if isinstance(translator, CTranslate2Translator):
+            return cls(asked or AUTO, translator.compute_type)
+        return cls(translator.precision)
 
 
 def decoding_precision(
     path: str | Path | Sequence[str | Path], precision: str | None, device: str | torch.device
 ) -> DecodingPrecision:
     """What `path` (as [`load`][attnx.inference.load.load] takes it) decodes in on `device` with `precision`:
-    `auto` (and None) is measured now, once per process, and said by
-    [`DecodingPrecision.say`][attnx.inference.load.DecodingPrecision.say]. Commands resolve it before loading,
-    to record it with their output or hand it to worker processes, and say it once the model has loaded."""
-    paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
-    auto = precision is None or precision == AUTO
-    chosen_on = (str(paths[0]), str(device)) if auto else None
-    if len(paths) == 1 and is_ctranslate2_model(paths[0]):
-        compute_type = resolve_compute_type(precision, device)
-        if compute_type == AUTO:
-            compute_type = auto_compute_type(paths[0], device, say=False).compute_type
-        return DecodingPrecision(precision or AUTO, compute_type, chosen_on)
-    return DecodingPrecision(resolve_precision(precision, device, say=False), None, chosen_on)
+    the model is loaded there and `auto` (and None) measured on it, once per process, and said on standard
+    error (a server resolves it once for all its workers)."""
+    translator = load(path, device, precision=precision or AUTO)
+    return DecodingPrecision.of(translator, precision)
 
 
 def load(
@@ -117,11 +105,15 @@ def load(
     if path.is_dir():
         if is_ctranslate2_model(path):
             compute_type = compute_type or resolve_compute_type(precision, device)
-            if compute_type == AUTO:
-                compute_type = auto_compute_type(path, device).compute_type
-            return CTranslate2Translator.load(
+            auto = compute_type == AUTO
+            if auto:
+                compute_type = auto_compute_type(path, device, say=False).compute_type
+            translator = CTranslate2Translator.load(
                 path, device=device, search=search, max_tokens=max_tokens, compute_type=compute_type
             )
+            if auto:  # once it has loaded: an export refused is one line
+                auto_compute_type(path, device)
+            return translator
         raise CheckpointError(
             f"{path} is a directory but not a model exported by `attnx export --format ctranslate2`; "
             "give a checkpoint file (*.ckpt) or an exported CTranslate2 directory"

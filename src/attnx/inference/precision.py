@@ -1,36 +1,39 @@
-"""What a checkpoint decodes in: `auto`, every decoding entry point's default, chosen once per process from a
-probe of the device; or the precision given.
+"""What a checkpoint decodes in: `auto`, every decoding entry point's default, chosen once per process for
+each model and device from a probe of the model itself; or the precision given.
 
-`auto` decodes in bf16-mixed where the device's bf16 units make decoding faster, else in 32-true, and says
-which on standard error in one line, e.g. `decoding in bf16-mixed: CPU has AVX512-BF16; bf16 decoding-shaped
-matrix products measured 3.1x fp32 (--precision 32-true to override)`. The rule
+`auto` decodes in bf16-mixed where the model's own beam-search steps run faster in bf16 on this device, else in
+32-true, and says which on standard error in one line, e.g. `decoding in bf16-mixed: CPU has AVX512-BF16; this
+model's beam-search steps measured 1.6x fp32 (--precision 32-true to override)`. The rule
 ([`choose_bf16`][attnx.inference.precision.choose_bf16]) is the one `attnx fit` trains by
-([`attnx.training.precision`][attnx.training.precision]), with a probe shaped like a search step:
+([`attnx.training.precision`][attnx.training.precision]), with the probe of decoding
+([`bf16_decoding_speedup`][attnx.inference.step_probe.bf16_decoding_speedup]):
 
 * AMX (`lscpu` flags `amx_bf16` and `amx_tile`): bf16-mixed, without probing.
-* AVX512-BF16 without AMX (e.g. AMD Zen 4): bf16-mixed only if bf16 products of a beam-search step's shape,
-  the cast of their fp32 input included, run at least
+* AVX512-BF16 without AMX (e.g. AMD Zen 4 and 5): bf16-mixed only if the model's steps in bf16 run at least
   [`MIN_DECODE_BF16_SPEEDUP`][attnx.inference.precision.MIN_DECODE_BF16_SPEEDUP] × fp32's.
 * No bf16 units (AVX2 only): 32-true; bf16 there is emulated and decodes several times slower.
 * CUDA: bf16-mixed where the device computes bf16 and the same probe, run on it, reaches that ratio; 32-true
   elsewhere (a search step's products are small: on a GPU they are bound by launches, not arithmetic).
 
-The probe is measured once per process and device kind; [`decoding_probe`][attnx.inference.precision.decoding_probe]
-replaces it (tests, benchmarks).
+The choice is measured once per process for each device and model shape;
+[`decoding_probe`][attnx.inference.precision.decoding_probe] replaces the probe (tests, benchmarks).
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from attnx.inference.config import AUTO, check_precision
+from attnx.inference.decoder import Decoder, as_decoder
+from attnx.inference.probes import ProbeCache
+from attnx.inference.step_probe import bf16_decoding_speedup, model_signature
 
 AMX_FLAGS = frozenset({"amx_bf16", "amx_tile"})
 AVX512_BF16_FLAG = "avx512_bf16"
@@ -39,18 +42,10 @@ BF16 = "bf16-mixed"
 
 TRAINING_SHAPE = (2048, 256, 1024)
 """`(M, K, N)` of the product `attnx fit`'s probe times: a training batch's tokens through a projection."""
-DECODING_SHAPE = (256, 512, 2048)
-"""`(M, K, N)` of the product the decoding probe times: one beam-search step of 64 sentences × beam 4 through a
-base model's feed-forward layer. Decoding runs products this small at every step, where a bf16 unit gains less
-than on training's large ones."""
-MIN_DECODE_BF16_SPEEDUP = 1.3
-"""bf16 decoding-shaped products (their input's cast included) must run at least this many times fp32's for
-`auto` to decode in bf16-mixed without AMX. The cast is in the ratio already, so any ratio above 1 shortens the
-products; the margin is for what the probe leaves out (autocast's bookkeeping on each small product of a
-search step) and for a probe that a busy machine slows unevenly."""
-DECODE_PROBE_SECONDS = 0.3
-"""How long the decoding probe times products: twice training's, as its products are smaller and a busy
-machine's noise weighs more on each."""
+MIN_DECODE_BF16_SPEEDUP = 1.15
+"""The model's beam-search steps in bf16-mixed must run at least this many times fp32's for `auto` to decode in
+bf16 without AMX: bf16 rounds the products, so it is taken only where it pays, with a margin for a probe that a
+busy machine slows unevenly."""
 
 
 @dataclass(frozen=True)
@@ -91,12 +86,10 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 def bf16_matmul_speedup(
     seconds: float = 0.15,
     shape: tuple[int, int, int] = TRAINING_SHAPE,
-    cast_input: bool = False,
     device: str | torch.device = "cpu",
 ) -> float:
     """bf16 over fp32 matrix-product rate now, on `(M, K) @ (K, N)` of `shape`, with the threads PyTorch uses;
-    the two dtypes alternate so that a busy machine slows both alike. `cast_input`: the bf16 side casts its
-    fp32 left operand first, as autocast does to every activation (the weight's cast is cached)."""
+    the two dtypes alternate so that a busy machine slows both alike."""
     device = torch.device(device)
     generator = torch.Generator().manual_seed(0)  # leaves the global random state alone
     m, k, n = shape
@@ -105,7 +98,7 @@ def bf16_matmul_speedup(
     a16, b16 = a.bfloat16(), b.bfloat16()
     runs: dict[torch.dtype, Callable[[], torch.Tensor]] = {
         torch.float32: lambda: a @ b,
-        torch.bfloat16: (lambda: a.bfloat16() @ b16) if cast_input else (lambda: a16 @ b16),
+        torch.bfloat16: lambda: a16 @ b16,
     }
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     best = {dtype: float("inf") for dtype in runs}
@@ -140,19 +133,15 @@ def choose_bf16(
     return PrecisionChoice(FP32, "CPU has no bf16 units")
 
 
-def decoding_speedup(device: str | torch.device = "cpu") -> float:
-    """bf16 over fp32 rate of decoding-shaped products on `device`, their input's cast included."""
-    return bf16_matmul_speedup(DECODE_PROBE_SECONDS, DECODING_SHAPE, cast_input=True, device=device)
-
-
-def probe_device(device: torch.device) -> PrecisionChoice:
-    """The precision `auto` decodes in on `device` (`cpu` or `cuda[:N]`), measured now."""
-    what = "bf16 decoding-shaped matrix products"
+def probe_device(device: torch.device, decoder: Decoder) -> PrecisionChoice:
+    """The precision `auto` decodes `decoder` in on `device` (`cpu` or `cuda[:N]`, where its models are),
+    measured now."""
+    what = "this model's beam-search steps"
     if device.type == "cuda":
-        if not torch.cuda.is_bf16_supported():
-            return PrecisionChoice(FP32, f"{torch.cuda.get_device_name(device)} has no bf16 units")
-        ratio = decoding_speedup(device)
         name = torch.cuda.get_device_name(device)
+        if not torch.cuda.is_bf16_supported():
+            return PrecisionChoice(FP32, f"{name} has no bf16 units")
+        ratio = bf16_decoding_speedup(decoder, device)
         if ratio >= MIN_DECODE_BF16_SPEEDUP:
             return PrecisionChoice(BF16, f"{what} measured {ratio:.1f}x fp32 on {name}")
         return PrecisionChoice(
@@ -160,51 +149,13 @@ def probe_device(device: torch.device) -> PrecisionChoice:
         )
     if device.type != "cpu":
         return PrecisionChoice(FP32, f"no probe for {device.type} devices")
-    return choose_bf16(cpu_flags(), decoding_speedup, MIN_DECODE_BF16_SPEEDUP, what)
+    return choose_bf16(
+        cpu_flags(), lambda: bf16_decoding_speedup(decoder, device), MIN_DECODE_BF16_SPEEDUP, what
+    )
 
 
-Probe = Callable[[torch.device], PrecisionChoice]
-"""What `auto` asks: the precision to decode in on a device, and why."""
-
-_probe: Probe = probe_device
-_chosen: dict[str, PrecisionChoice] = {}
-_quiet = False
-_said: set[str] = set()
-
-
-@contextlib.contextmanager
-def decoding_probe(probe: Probe, say: bool = True) -> Iterator[None]:
-    """Within the block, `auto` asks `probe` (measured afresh, cached for the block) instead of this device; without
-    `say`, nothing is said in the block (a test process whose other tests count output lines)."""
-    global _probe, _quiet
-    saved, cached, said = _probe, dict(_chosen), set(_said)
-    _probe = probe
-    _chosen.clear()
-    _said.clear()
-    quiet, _quiet = _quiet, not say
-    try:
-        yield
-    finally:
-        _probe = saved
-        _chosen.clear()
-        _chosen.update(cached)
-        _said.clear()
-        _said.update(said)
-        _quiet = quiet
-
-
-def auto_precision(device: str | torch.device, say: bool = True) -> PrecisionChoice:
-    """What `auto` decodes in on `device`: probed on the first call for its kind (and CUDA index), then the
-    same answer for the rest of the process. With `say`, its line goes to standard error, once per process
-    (a command that resolves `auto` before loading says it once the model has loaded)."""
-    device = torch.device(device)
-    key = str(device) if device.type == "cuda" else device.type
-    if key not in _chosen:
-        _chosen[key] = _probe(device)
-    if say and not _quiet and key not in _said:
-        _said.add(key)
-        print(announcement(_chosen[key]), file=sys.stderr, flush=True)
-    return _chosen[key]
+Probe = Callable[[torch.device, Decoder], PrecisionChoice]
+"""What `auto` asks: the precision to decode a model (behind its decoder) in on a device, and why."""
 
 
 def announcement(choice: PrecisionChoice) -> str:
@@ -213,11 +164,31 @@ def announcement(choice: PrecisionChoice) -> str:
     return f"decoding in {choice.precision}: {choice.reason} (--precision {other} to override)"
 
 
-def resolve_precision(precision: str | None, device: str | torch.device, say: bool = True) -> str:
-    """The precision a checkpoint decodes in on `device`: `precision` itself, checked, or for `auto` (and
-    None) [`auto_precision`][attnx.inference.precision.auto_precision]'s choice (said with `say`)."""
-    device = torch.device(device)
+_probe: ProbeCache[Probe, PrecisionChoice] = ProbeCache(probe_device, announcement)
+
+
+def decoding_probe(probe: Probe, say: bool = True) -> contextlib.AbstractContextManager:
+    """Within the block, `auto` asks `probe` (measured afresh, cached for the block) instead of the model;
+    without `say`, nothing is said in the block (a test process whose other tests count output lines)."""
+    return _probe.replaced(probe, say)
+
+
+def auto_precision(decoder: Decoder | nn.Module, say: bool = True) -> PrecisionChoice:
+    """What `auto` decodes `decoder` (or a model) in on its models' device: probed on the first call for that
+    device (its CUDA index) and model shape, then the same answer for the rest of the process. With `say`, its
+    line goes to standard error, once per process (a command that resolves `auto` before decoding says it once
+    the model has loaded)."""
+    decoder = as_decoder(decoder)
+    device = next(decoder.models[0].parameters()).device
+    key = (str(device) if device.type == "cuda" else device.type, model_signature(decoder))
+    return _probe.choice(key, device, decoder, say=say)
+
+
+def resolve_precision(precision: str | None, decoder: Decoder | nn.Module, say: bool = True) -> str:
+    """The precision `decoder` (or a model) decodes in on its device: `precision` itself, checked, or for `auto`
+    (and None) [`auto_precision`][attnx.inference.precision.auto_precision]'s choice (said with `say`)."""
+    decoder = as_decoder(decoder)
     if precision is None or precision == AUTO:
-        return auto_precision(device, say).precision
-    check_precision(precision, device.type)
+        return auto_precision(decoder, say).precision
+    check_precision(precision, next(decoder.models[0].parameters()).device.type)
     return precision

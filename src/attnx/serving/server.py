@@ -30,7 +30,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import litserve as ls
 
@@ -46,6 +46,9 @@ from attnx.serving.processes import (
 )
 from attnx.serving.settings import ServeSettings
 from attnx.serving.validation import CONSTRAINTS, FIELD, SCORES, SEARCH, RequestLimitsMiddleware
+
+if TYPE_CHECKING:
+    from attnx.inference.translator import Translator
 
 API_PATH = "/translate"
 log = logging.getLogger(__name__)
@@ -268,13 +271,18 @@ def build_server(model: str, search: SearchConfig, settings: ServeSettings) -> l
     )
 
 
-def resolved_precision(model: str, settings: ServeSettings) -> ServeSettings:
-    """`settings` with `auto` resolved on their device (measured and said once, here): every worker then
-    decodes in the same precision, and `/info` names it."""
-    from attnx.inference.load import decoding_precision
+def resolved_precision(
+    model: str, settings: ServeSettings, loaded: Translator | None = None
+) -> ServeSettings:
+    """`settings` with `auto` resolved on their device (measured on the model and said once, here): every
+    worker then decodes in the same precision, and `/info` names it. `loaded`: the model already loaded on the
+    CPU, which a CPU server measures instead of loading it again."""
+    from attnx.inference.load import DecodingPrecision, decoding_precision
 
-    runs_in = decoding_precision(model, settings.precision, settings.device)
-    runs_in.say()
+    if loaded is not None and str(settings.device).split(":")[0] == "cpu":
+        runs_in = DecodingPrecision.of(loaded, settings.precision)
+    else:
+        runs_in = decoding_precision(model, settings.precision, settings.device)
     return dataclasses.replace(settings, precision=runs_in.precision, compute_type=runs_in.compute_type)
 
 
@@ -285,9 +293,17 @@ def serve(model: str, search: SearchConfig, settings: ServeSettings) -> None:
     check_port_free(settings.host, settings.port)
     # Load once here so a bad model or search setting is a one-line error, not a worker's traceback; the
     # workers load their own copy, in the precision chosen here once for all of them.
-    check = load(model, device="cpu", search=search, max_tokens=settings.max_tokens, precision="32-true")
+    on_cpu = str(settings.device).split(":")[0] == "cpu"
+    check = load(
+        model,
+        device="cpu",
+        search=search,
+        max_tokens=settings.max_tokens,
+        precision=settings.precision if on_cpu else "32-true",
+        compute_type=settings.compute_type if on_cpu else None,
+    )
     resolved = check.search
-    settings = resolved_precision(model, settings)
+    settings = resolved_precision(model, settings, check)
     server = build_server(model, resolved, settings)
     ready = threading.Event()
     announce_when_ready(

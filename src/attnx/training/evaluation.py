@@ -27,7 +27,6 @@ from attnx.evaluation.bleu import BleuReport, score
 from attnx.inference.config import AUTO, PAPER_SEARCH, Precision, SearchConfig, check_precision
 from attnx.inference.lexical import PhraseIds
 from attnx.inference.phrases import check_phrases, encode_phrases, parse_line
-from attnx.inference.precision import resolve_precision
 from attnx.inference.progress import Progress
 
 """§6.1's beam 4, α 0.6, maximum length input + 50 (copied, never modified)."""
@@ -139,6 +138,7 @@ class TranslationEvaluator(Callback):
         src, src_mask = batch.src[on_device], batch.src_mask[on_device]
         width = int(src_mask.sum(1).max())  # the selected rows may need fewer columns
         translator = module.translator(search, precision=self.decodes_in or self.precision)
+        self.decodes_in = translator.precision  # `auto`: measured on the model, now on its device, said once
         if self._phrases is None or trainer.validating or trainer.sanity_checking:
             hyps = translator.translate_tensors(src[:, :width], src_mask[:, :width])
         else:
@@ -185,11 +185,9 @@ class TranslationEvaluator(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # before any step: a precision the device cannot decode in is a usage error, not a failure hours in
-        if stage in ("test", "predict") or self.bleu_samples > 0:
-            self.decodes_in = resolve_precision(self.precision, trainer.strategy.root_device)
-        elif (
-            self.precision != AUTO
-        ):  # nothing decodes (validation BLEU off): auto is neither measured nor said
+        # `auto` is measured on the model where it decodes, by the first batch that decodes; nothing decodes
+        # with validation BLEU off, and then it is neither measured nor said
+        if self.precision != AUTO:
             check_precision(self.precision, trainer.strategy.root_device.type)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
