@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,8 @@ from attnx.data.datamodule import TranslationDataModule
 from attnx.data.mixing import MixedBatchSampler, MixedEpochBatchSampler, training_corpora
 from attnx.data.sampling import SubwordSampling
 from attnx.errors import ConfigError
+from tests.conftest import free_port
+from tests.data.test_datamodule import DDP_SCRIPT
 
 SIZES = {"big": 3000, "small": 1000}  # Multi30k's first 3,000 training pairs, then the next 1,000
 
@@ -282,3 +287,31 @@ def test_a_mix_keeps_subword_sampling(two_corpora: Path) -> None:
     batch = dm.train_dataloader().dataset[(epoch, indices)]
     assert batch.index.tolist() == indices.tolist()
     assert "corpus mix (data.corpus_weights {big: 1, small: 1})" in sampler.summary()
+
+
+@pytest.mark.slow
+def test_real_ddp_ranks_split_each_weighted_epoch(two_corpora: Path, tmp_path: Path) -> None:
+    """Two CPU processes under Lightning's DDP: Lightning keeps the mixed sampler, and rank r trains on every
+    second batch of the epoch's draws from r on, as the single-process sampler lays the epoch out."""
+    script = tmp_path / "ddp.py"
+    script.write_text(
+        DDP_SCRIPT.replace(
+            "TranslationDataModule(sys.argv[1], max_tokens=8192)",
+            "TranslationDataModule(sys.argv[1], max_tokens=2048, corpus_weights={'big': 1, 'small': 1})",
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script), str(two_corpora), str(tmp_path)],
+        env={**os.environ, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["sampler"] == "MixedBatchSampler" and r["replicas"] == 2 for r in ranks)
+    one = mixed(two_corpora, {"big": 1, "small": 1}, max_tokens=2048, shape_buckets=0).train_sampler
+    epoch = np.resize(one.epoch_batches(0), 2 * len(ranks[0]["seen"]))
+    for rank, recorded in enumerate(ranks):
+        expected = [one.order[one.bounds[k] : one.bounds[k + 1]].tolist() for k in epoch[rank::2]]
+        assert recorded["seen"] == expected
