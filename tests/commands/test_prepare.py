@@ -137,3 +137,53 @@ def test_sigterm_at_every_moment_is_one_line_and_a_consistent_corpus(tmp_path: P
             PreparedCorpus(out).verify_split("train")
         outcomes.add((child.returncode, outcome))
     assert (143, "kept") in outcomes and any(outcome == "new" for _, outcome in outcomes), outcomes
+
+
+def test_named_corpora_record_their_rows_and_share_one_vocabulary(toy: Path, tmp_path: Path) -> None:
+    extra = sentences(50, 9)  # the back-translated corpus alone has the letters j, q and z
+    write_pair(
+        tmp_path / "bt" / "train", [f"{s} jazz quiz" for s in extra], [f"{t} Jazz" for t in translate(extra)]
+    )
+    argv = ["--train", f"real={toy / 'train'}", "--train", f"bt={tmp_path / 'bt' / 'train'}"]
+    argv += ["--train_repeat", "[2, 1]", "--train_tag", '["", "<BT>"]', "--vocab_size", "70"]
+    assert run(toy, tmp_path / "out", *argv) == 0
+    corpus = PreparedCorpus(tmp_path / "out")
+    corpora = corpus.meta["splits"]["train"]["corpora"]
+    assert list(corpora) == ["real", "bt"]
+    assert corpora["real"]["rows"] == [0, 600] and corpora["bt"]["rows"] == [600, 650]  # real pairs twice
+    train, tag = corpus.dataset("train"), corpus.tokenizer.sp.piece_to_id("<BT>")
+    assert [tag in train[i][0] for i in range(len(train))] == [False] * 600 + [True] * 50
+    # one SentencePiece model trained on both: letters only the back-translated corpus has are pieces of it
+    assert corpus.tokenizer.sp.unk_id() not in corpus.tokenizer.sp.encode("jazz quiz")
+
+    renamed = ["--train", f"europarl={toy / 'train'}", "--train", f"bt={tmp_path / 'bt' / 'train'}"]
+    assert run(toy, tmp_path / "out", *renamed, *argv[4:]) == 0  # a new name is not an old corpus reused
+    assert list(PreparedCorpus(tmp_path / "out").meta["splits"]["train"]["corpora"]) == ["europarl", "bt"]
+
+
+def test_unnamed_corpora_keep_their_prefixes_as_names(toy: Path, tmp_path: Path) -> None:
+    assert run(toy, tmp_path / "out") == 0
+    corpora = PreparedCorpus(tmp_path / "out").meta["splits"]["train"]["corpora"]
+    assert list(corpora) == [str(toy / "train")] and corpora[str(toy / "train")]["rows"] == [0, 300]
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (
+            ["a", "a"],
+            "the training corpus name 'a' is given twice in --train: give each corpus a name of its own",
+        ),
+        (["a b", "c"], "bad corpus name 'a b' in --train"),
+    ],
+)
+def test_a_corpus_name_given_twice_or_malformed_is_one_line(
+    toy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], names: list[str], message: str
+) -> None:
+    extra = sentences(50, 9)
+    write_pair(tmp_path / "bt" / "train", extra, translate(extra))
+    argv = ["--src_lang", "en", "--tgt_lang", "de", "--output", str(tmp_path / "out")]
+    for name, prefix in zip(names, [toy / "train", tmp_path / "bt" / "train"], strict=True):
+        argv += ["--train", f"{name}={prefix}"]
+    err = error_of(capsys, argv)
+    assert message in err and not (tmp_path / "out").exists()

@@ -76,7 +76,10 @@ def prepare(
     Args:
         src_lang: Source language code: the file suffix, e.g. en.
         tgt_lang: Target language code: the file suffix, e.g. de.
-        train: Training corpus prefix; a list concatenates several corpora: --train '[europarl, commoncrawl]'.
+        train: Training corpus prefix, or NAME=PREFIX; a list (or the option repeated) concatenates several
+            corpora, each recorded under its name in meta.json: --train europarl=raw/europarl --train
+            bt=raw/backtranslated. Named corpora can be mixed by weight in fit (data.corpus_weights,
+            data.sampling_temperature); an unnamed corpus is named by its prefix.
         output: Output directory: new, empty, or written by an earlier prepare (reused when inputs and settings match).
         valid: Validation set prefix (split name: valid), or NAME=PREFIX.
         test: Test set prefixes, split name 'test' unless written NAME=PREFIX: --test newstest2014=PATH.

@@ -38,6 +38,7 @@ from attnx.errors import ConfigError
 from attnx.training.best import BestCheckpoint
 from attnx.training.captured_steps import CapturedSteps, capture_plan
 from attnx.training.checkpointing import AtomicCheckpointIO
+from attnx.training.corpus_mix import CorpusMixLog
 from attnx.training.ema import WeightEMA
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.fit_estimate import fit_estimate_lines
@@ -199,6 +200,7 @@ class AttnxCLI(LightningCLI):
         )
         if subcommand == "fit":
             callbacks.append(CapturedSteps(self.config["fit"].get("cuda_graphs")))
+            callbacks.append(CorpusMixLog())  # logs only where data.corpus_weights/sampling_temperature mix
         kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(plugins=plugins, **kwargs)
 

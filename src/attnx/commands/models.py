@@ -289,7 +289,7 @@ def _section(values: Any, name: str) -> dict[str, Any]:
 def batch_plan(values: Any, base: Path) -> str | None:
     """The training batches of the prepared corpus a fit config names, in one line, when it exists here."""
     from attnx.data.corpus import META
-    from attnx.data.datamodule import TranslationDataModule, auto_shape_buckets
+    from attnx.data.datamodule import PLAN_OPTIONS, TranslationDataModule, auto_shape_buckets
     from attnx.data.errors import DataError
 
     data = _section(values, "data")
@@ -299,9 +299,7 @@ def batch_plan(values: Any, base: Path) -> str | None:
         directory = root / str(data["data_dir"])
         if (directory / META).is_file():
             try:
-                options = {
-                    k: data[k] for k in ("max_tokens", "seed", "shape_buckets") if data.get(k) is not None
-                }
+                options = {k: data[k] for k in PLAN_OPTIONS if data.get(k) is not None}
                 datamodule = TranslationDataModule(str(directory), **options)
                 if "shape_buckets" not in options:  # what `attnx fit` chooses from its precision and device
                     trainer = _section(values, "trainer")

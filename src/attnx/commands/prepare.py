@@ -21,6 +21,7 @@ from typing import Any
 from attnx.data.errors import DataError
 from attnx.data.prepare.interrupt import STOP_SIGNALS, Interrupted, interrupt
 from attnx.data.prepare.pipeline import prepare
+from attnx.data.prepare.read import corpus_name
 from attnx.data.prepare.reports import report, write_report
 from attnx.data.prepare.settings import TRAIN, Inputs, Settings
 from attnx.data.prepare.vocabulary import read_sentencepiece
@@ -55,8 +56,7 @@ def prepare_command(
         train = [train]
     if isinstance(test, str):
         test = [test]
-    if len(set(train)) != len(train):
-        raise DataError("a training corpus is given twice in --train")
+    names, train = training_corpora(train, settings.src_lang)
     check_per_corpus(settings, len(train))
     prefixes: dict[str, list[str]] = {TRAIN: list(train)}
     for value, default in [(valid, "valid")] * bool(valid) + [(t, "test") for t in test]:
@@ -65,6 +65,7 @@ def prepare_command(
             raise DataError(f"split {name!r} is given twice; name extra test sets with --test NAME=PREFIX")
         prefixes[name] = [prefix]
     inputs = Inputs.from_prefixes(prefixes, settings.src_lang, settings.tgt_lang)
+    inputs.train_names = names
     brought = None if spm_model is None else Path(spm_model)
     if brought is not None:  # a model that cannot serve is said before any input is read
         settings = brought_model_settings(settings, brought, vocab_size_given)
@@ -118,6 +119,32 @@ def check_per_corpus(settings: Settings, corpora: int) -> None:
             )
     if "" in settings.user_defined_symbols:
         raise DataError("--user_defined_symbols has an empty symbol")
+
+
+def training_corpora(train: Sequence[str], src_lang: str) -> tuple[list[str], list[str]]:
+    """(names, prefixes) of the `--train` corpora, each `PREFIX` or `NAME=PREFIX`; the names are [] when none
+    is given (each corpus is then named by its prefix, as before names existed)."""
+    named = [value.partition("=") for value in train]
+    prefixes = [prefix if sep else name for name, sep, prefix in named]
+    if len(set(prefixes)) != len(prefixes):
+        raise DataError("a training corpus is given twice in --train")
+    if not any(sep for _, sep, _ in named):
+        return [], prefixes
+    names = []
+    for value, (name, sep, prefix) in zip(train, named, strict=True):
+        if sep and not SPLIT_NAME.fullmatch(name):
+            raise DataError(
+                f"bad corpus name {name!r} in --train {value!r}: use letters, digits, '_', '.', '-' (e.g. "
+                "--train europarl=raw/europarl)"
+            )
+        names.append(name if sep else corpus_name(Path(prefix), src_lang))
+    twice = next((name for name in names if names.count(name) > 1), None)
+    if twice is not None:
+        raise DataError(
+            f"the training corpus name {twice!r} is given twice in --train: give each corpus a name of its own "
+            "(--train NAME=PREFIX)"
+        )
+    return names, prefixes
 
 
 def _named(value: str, default: str) -> tuple[str, str]:

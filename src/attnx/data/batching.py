@@ -246,14 +246,18 @@ class TokenBatchSampler(DistributedSampler):
         self.max_tokens = max_tokens
         self.shape_buckets = shape_buckets
         self.buckets = LengthBuckets(shape_buckets, max_tokens) if shape_buckets else None
-        self.order, self.bounds = plan_batches(
-            src_lengths, tgt_lengths, max_tokens, seed if shuffle else None, self.buckets
-        )
+        self.order, self.bounds = self.plan(src_lengths, tgt_lengths, seed if shuffle else None)
         self.shapes, self.padding = batch_shapes(
             src_lengths, tgt_lengths, self.order, self.bounds, self.buckets
         )
         self.consumed = 0  # batches yielded so far in this epoch, on this rank
         self._resume: tuple[int, int] | None = None
+
+    def plan(
+        self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, seed: int | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The batches, `(order, bounds)` of [`plan_batches`][attnx.data.batching.plan_batches]."""
+        return plan_batches(src_lengths, tgt_lengths, self.max_tokens, seed, self.buckets)
 
     @property
     def num_batches(self) -> int:
@@ -285,12 +289,14 @@ class TokenBatchSampler(DistributedSampler):
     def batch_order(self, epoch: int | None = None) -> np.ndarray:
         """The batch numbers this rank visits in `epoch` (default: the current one)."""
         epoch = self.epoch if epoch is None else epoch
-        if self.shuffle:
-            order = np.random.default_rng((self.seed, epoch)).permutation(self.num_batches)
-        else:
-            order = np.arange(self.num_batches)
-        padded = np.resize(order, len(self) * self.num_replicas)  # repeats from the start
+        padded = np.resize(self.epoch_batches(epoch), len(self) * self.num_replicas)  # repeats from the start
         return padded[self.rank :: self.num_replicas]
+
+    def epoch_batches(self, epoch: int) -> np.ndarray:
+        """The batch numbers of `epoch` over all ranks, in the order they are visited."""
+        if self.shuffle:
+            return np.random.default_rng((self.seed, epoch)).permutation(self.num_batches)
+        return np.arange(self.num_batches)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         start = self._resume[1] if self._resume is not None else 0
@@ -306,6 +312,14 @@ class TokenBatchSampler(DistributedSampler):
         return {
             "epoch": self.epoch,
             "consumed": self.consumed if consumed is None else consumed,
+            **self.plan_key(),
+        }
+
+    PLAN_NAMES = {"seed": "seed", "num_batches": "batches", "num_replicas": "world size"}
+
+    def plan_key(self) -> dict[str, Any]:
+        """What a position in an epoch is only valid for: the seed, the batches, the world size, the buckets."""
+        return {
             "seed": self.seed,
             "num_batches": self.num_batches,
             "num_replicas": self.num_replicas,
@@ -314,16 +328,16 @@ class TokenBatchSampler(DistributedSampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state`: the next epoch iterated is `state["epoch"]`, from its next batch."""
-        keys = ("seed", "num_batches", "num_replicas", "shape_buckets")
-        theirs = tuple(state.get(key, 0 if key == "shape_buckets" else None) for key in keys)
-        ours = (self.seed, self.num_batches, self.num_replicas, self.shape_buckets)
+        ours = self.plan_key()
+        theirs = {key: state.get(key, 0 if key == "shape_buckets" else None) for key in ours}
         self.epoch = int(state["epoch"])
         if theirs != ours:
+            names = "/".join(self.PLAN_NAMES.get(key, key.replace("_", " ")) for key in ours)
             warnings.warn(
-                "the batch plan differs from the checkpoint's (seed/batches/world size/shape buckets "
-                f"{'/'.join(map(str, theirs))} there, {'/'.join(map(str, ours))} here): epoch {self.epoch} "
-                "restarts from its first batch; resume with the same corpus, max_tokens, seed, shape buckets and "
-                "number of devices to continue exactly",
+                f"the batch plan differs from the checkpoint's ({names} {'/'.join(map(str, theirs.values()))} "
+                f"there, {'/'.join(map(str, ours.values()))} here): epoch {self.epoch} restarts from its first "
+                "batch; resume with the same corpus, max_tokens, seed, shape buckets, corpus mix and number of "
+                "devices to continue exactly",
                 stacklevel=2,
             )
             return

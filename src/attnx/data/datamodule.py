@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from attnx.data.batching import BatchDataset, TokenBatchSampler, no_collate
 from attnx.data.corpus import PreparedCorpus
+from attnx.data.mixing import CorpusMix, MixedBatchSampler, MixedEpochBatchSampler, corpus_mix
 from attnx.data.sampling import (
     NO_SAMPLING,
     EpochBatchSampler,
@@ -30,6 +31,10 @@ from attnx.errors import ConfigError
 
 AUTO_SHAPE_BUCKETS = 8
 """The multiple `shape_buckets: null` pads to where fewer shapes pay (bf16/fp16, GPUs)."""
+
+
+PLAN_OPTIONS = ("max_tokens", "seed", "shape_buckets", "corpus_weights", "sampling_temperature")
+"""The options of the data module that decide the training batches of an epoch (besides the corpus)."""
 
 
 def auto_shape_buckets(precision: str, on_gpu: bool) -> int:
@@ -79,6 +84,15 @@ class TranslationDataModule(L.LightningDataModule):
             (BPE-dropout; [`SubwordSampling`][attnx.data.sampling.SubwordSampling]): `alpha` 0 (the default)
             keeps the prepared segmentation. The batches keep their plan and shapes; validation, test and predict
             keep the prepared segmentation.
+        corpus_weights: Mix the named training corpora of the prepared folder (`attnx prepare --train NAME=PREFIX
+            ...`) by weight, e.g. `{europarl: 1, news: 3}`: each corpus's share of the training pairs is its
+            weight over the sum (times its size^(1/T) with `sampling_temperature`); 0 leaves a corpus out. Every
+            corpus needs a weight. Batches stay length-sorted within one corpus; an epoch holds as many batches
+            as one pass over the corpora taking part ([`attnx.data.mixing`][attnx.data.mixing]). None (the
+            default): each pair once an epoch.
+        sampling_temperature: Draw corpus i with share ∝ (n_i/N)^(1/T) of its pairs n_i (multilingual NMT's
+            temperature sampling): 1 keeps the natural proportions, 5 flattens them toward equal shares.
+            Combined with `corpus_weights`, the weights multiply these shares. None: no temperature.
     """
 
     def __init__(
@@ -94,6 +108,8 @@ class TranslationDataModule(L.LightningDataModule):
         test_split: str = "test",
         shape_buckets: int | None = None,
         subword_sampling: SubwordSampling = NO_SAMPLING,
+        corpus_weights: dict[str, float] | None = None,
+        sampling_temperature: float | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -117,6 +133,10 @@ class TranslationDataModule(L.LightningDataModule):
             subword_sampling = SubwordSampling(**subword_sampling)
         self.subword_sampling = subword_sampling
         self._corpus = PreparedCorpus(data_dir)
+        self.corpus_mix: CorpusMix | None = corpus_mix(
+            self._corpus, train_split, corpus_weights, sampling_temperature
+        )
+        """The training corpora's mix asked by `corpus_weights`/`sampling_temperature`, None without them."""
         self._train_sampler: TokenBatchSampler | None = None
         self._resume: dict[str, Any] | None = None
 
@@ -174,6 +194,9 @@ class TranslationDataModule(L.LightningDataModule):
                     planned_lengths(lengths, factor, self.max_tokens)
                     for lengths, factor in zip((src_lengths, tgt_lengths), factors, strict=True)
                 )
+            mixed = {} if self.corpus_mix is None else {"mix": self.corpus_mix}
+            if mixed:
+                sampler = MixedEpochBatchSampler if self.subword_sampling.enabled else MixedBatchSampler
             self._train_sampler = sampler(
                 src_lengths,
                 tgt_lengths,
@@ -183,6 +206,7 @@ class TranslationDataModule(L.LightningDataModule):
                 num_replicas=world_size,
                 rank=rank,
                 shape_buckets=self.resolved_shape_buckets(),
+                **mixed,
             )
             if self.subword_sampling.enabled:
                 self._train_sampler.sampling_line = (

@@ -39,7 +39,8 @@ class SplitStats:
     max_id: dict[str, int] = field(default_factory=dict)
     """Largest token id in each language's `.bin`: what opening the corpus checks the file against."""
     corpora: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Training only: each corpus's pairs read and kept, dropped per reason, and examples of dropped pairs."""
+    """Training only: each corpus's pairs read and kept, dropped per reason, examples of dropped pairs, and
+    `rows`: [first, end) of its pairs in the training split (each corpus's pairs follow the previous one's)."""
     language_id: str = ""
     """Training only: "on", or why language identification did not run."""
 
@@ -132,10 +133,13 @@ def encode_split(
                     code = np.asarray(codes[position : position + len(s)])
                     position += len(s)
                     keep = _keep(src_lens, tgt_lens, settings, corpora, code, s, t)
+                    times = keep.astype(np.int64)
                     if settings.train_repeat:
-                        times = keep * np.asarray(settings.train_repeat)[code >> 32]
+                        times = times * np.asarray(settings.train_repeat)[code >> 32]
                         ids = {side: _repeat_rows(x, lens, times) for side, (x, lens) in ids.items()}
-                    elif not keep.all():
+                    for corpus, rows in enumerate(np.bincount(code >> 32, times, len(corpora))):
+                        corpora[corpus].written += int(rows)
+                    if not settings.train_repeat and not keep.all():
                         ids = {
                             side: (x[np.repeat(keep, lens)], lens[keep]) for side, (x, lens) in ids.items()
                         }

@@ -9,6 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from attnx.data.corpus import FORMAT_VERSION, META, SPM_MODEL, checksums, ids_dtype
 from attnx.data.errors import DataError
 from attnx.data.prepare.clean import LINES, clean_training_split
@@ -175,9 +177,11 @@ def encode_splits(
         if train:
             dropped = sum((c.dropped for c in corpora), Counter())
             stats[name].dropped = {k: v for k, v in dropped.items() if v}
-            names = [corpus_name(p, settings.src_lang) for p in inputs.splits[TRAIN][0]]
+            names = inputs.train_names or [corpus_name(p, settings.src_lang) for p in inputs.splits[TRAIN][0]]
             stats[name].corpora = {n: c.as_dict() for n, c in zip(names, corpora, strict=True)}
+            ends = np.cumsum([c.written for c in corpora])
             for i, c in enumerate(stats[name].corpora.values()):
+                c["rows"] = [int(ends[i] - corpora[i].written), int(ends[i])]
                 if settings.train_repeat:
                     c["repeat"] = settings.train_repeat[i]
                 if settings.train_tag and settings.train_tag[i]:

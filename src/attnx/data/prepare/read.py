@@ -53,6 +53,8 @@ class CorpusStats:
     pairs: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    written: int = 0
+    """Rows written into the training split (kept pairs times `--train_repeat`), one run of rows after another's."""
 
     def drop(self, reason: str, where: np.ndarray, src: list[str], tgt: list[str], lines: np.ndarray,
              notes: Sequence[str] | None = None) -> None:  # fmt: skip

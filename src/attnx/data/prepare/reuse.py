@@ -44,7 +44,10 @@ def fingerprints(inputs: Inputs, settings: Settings, spm_model: Path | None = No
     else:
         brought = {}  # a corpus prepared before --spm_model existed keeps its fingerprint
         spm_fp = _digest({"format": FORMAT_VERSION, "train": stats[TRAIN], **settings.spm_part()})
-    corpus_fp = _digest({"format": FORMAT_VERSION, "inputs": stats, "settings": asdict(settings), **brought})
+    named = {"train_names": inputs.train_names} if inputs.train_names else {}  # unnamed: as before names
+    corpus_fp = _digest(
+        {"format": FORMAT_VERSION, "inputs": stats, "settings": asdict(settings), **brought, **named}
+    )
     return corpus_fp, spm_fp
 
 

@@ -58,6 +58,8 @@ class Inputs:
     """Split name → (source files, target files); train may concatenate several corpora."""
 
     splits: dict[str, tuple[list[Path], list[Path]]] = field(default_factory=dict)
+    train_names: list[str] = field(default_factory=list)
+    """The name of each training corpus (`--train NAME=PREFIX`), or [] to name each by its prefix."""
 
     @classmethod
     def from_prefixes(cls, prefixes: dict[str, list[str]], src_lang: str, tgt_lang: str) -> Inputs:
