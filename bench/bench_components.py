@@ -82,6 +82,11 @@ def plain(source: Path, out: Path, lines: int | None) -> Path:
     return out
 
 
+def run_name(arm: str) -> str:
+    """The folder of an arm's run under WORK/runs: its name in letters, digits and dashes."""
+    return "".join(c if c.isalnum() else "-" for c in arm).strip("-")
+
+
 def tokens_per_s(run: Path) -> float:
     """Median of the run's logged `train/tokens_per_s` (source + target real tokens)."""
     rates = []
@@ -125,6 +130,9 @@ def main() -> None:
         "--steps", type=int, help="training budget in optimizer updates, instead of --minutes"
     )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
+    parser.add_argument(
+        "--precision", help="every arm's --trainer.precision (default: the config's, chosen from the CPU)"
+    )
     parser.add_argument("--figure", type=Path, help="also draw BLEU and training speed per arm here (PNG)")
     parser.add_argument("--train_lines", type=int, help="smoke test only: train on the first N pairs")
     parser.add_argument("--test_lines", type=int, help="smoke test only: score the first N test sentences")
@@ -148,12 +156,14 @@ def main() -> None:
     sentences = len(source.read_text(encoding="utf-8").splitlines())
     search = ("--search.beam", "4", "--search.alpha", "0.6")
     rows = []
-    for i, arm in enumerate(arms):
-        name = f"arm{i}"
+    for arm in arms:
+        name = run_name(arm)  # by arm, not by position: a study given more arms later keeps its runs
         budget = {"steps": args.steps} if args.steps else {"minutes": args.minutes}
         config = steps.arm_config(name, data, **budget)
         values = yaml.safe_load(config.read_text(encoding="utf-8"))
         values.setdefault("model", {})["transformer"] = ARMS[arm]
+        if args.precision:
+            values["trainer"]["precision"] = args.precision
         if args.steps:  # a short budget still logs its speed a few times
             values["trainer"]["log_every_n_steps"] = max(1, min(25, args.steps // 10))
         config.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
