@@ -58,6 +58,8 @@ class Inputs:
     """Split name → (source files, target files); train may concatenate several corpora."""
 
     splits: dict[str, tuple[list[Path], list[Path]]] = field(default_factory=dict)
+    alignments: dict[str, list[Path]] = field(default_factory=dict)
+    """Split name → word alignment files in Pharaoh format, one per corpus of the split ([attnx.data.prepare.alignments][])."""
 
     @classmethod
     def from_prefixes(cls, prefixes: dict[str, list[str]], src_lang: str, tgt_lang: str) -> Inputs:
