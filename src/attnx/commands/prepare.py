@@ -123,9 +123,9 @@ def alignment_inputs(
     found = {TRAIN: [Path(p) for p in train_align]} if train_align else {}
     if valid_align is not None and valid is not None:
         found[_named(valid, "valid")[0]] = [Path(valid_align)]
-    given = [("--train_align", Path(p)) for p in train_align] + [("--valid_align", Path(valid_align))] * bool(
-        valid_align
-    )
+    given = [("--train_align", Path(p)) for p in train_align]
+    if valid_align is not None:
+        given.append(("--valid_align", Path(valid_align)))
     for option, path in given:
         if not path.is_file():
             raise DataError(f"{option} {path}: no such file")

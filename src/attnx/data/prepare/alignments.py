@@ -47,13 +47,13 @@ def parse_links(line: str, path: Path, number: int) -> list[tuple[int, int]]:
     return links
 
 
-def check_line_count(path: Path, expected: int, corpus: str) -> None:
-    """One line per line of the corpus, or a line naming both counts."""
+def check_line_count(path: Path, expected: int, corpus: Path) -> None:
+    """One line per line of the corpus (whose source side is `corpus`), or a line naming both counts."""
     lines = count_lines(path)
     if lines != expected:
         raise DataError(
-            f"{path} has {lines:,} lines and its corpus {corpus} has {expected:,}: give the alignments of that "
-            "very corpus, one line per line (a blank line for a pair without links)"
+            f"{path} has {lines:,} lines and the corpus it aligns ({corpus}) has {expected:,}: give the alignments "
+            "of that very corpus, one line per pair (a blank line for a pair without links)"
         )
 
 

@@ -158,9 +158,10 @@ def read_splits(
         else:
             read, _ = normalize_split(name, srcs, tgts, *texts[name])
             stats[name] = SplitStats(0, 0, 0, read, {}, files)
-        counts = [c.read for c in corpora] if name == TRAIN else [stats[name].read]
-        for path, count, src in zip(inputs.alignments.get(name, []), counts, srcs, strict=True):
-            check_line_count(path, count, str(src.with_suffix("")) + ".*")
+        if name in inputs.alignments:
+            counts = [c.read for c in corpora] if name == TRAIN else [stats[name].read]
+            for path, count, src in zip(inputs.alignments[name], counts, srcs, strict=True):
+                check_line_count(path, count, src)
     return texts, stats, corpora
 
 
