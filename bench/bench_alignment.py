@@ -59,16 +59,23 @@ def measure(checkpoint: Path, sources: list[str], targets: list[str], reference:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", nargs="+", type=Path, required=True, help="checkpoints to compare")
-    parser.add_argument("--source", type=Path, required=True, help="held-out source text, one sentence a line")
+    parser.add_argument(
+        "--source", type=Path, required=True, help="held-out source text, one sentence a line"
+    )
     parser.add_argument("--target", type=Path, required=True, help="its reference translations")
-    parser.add_argument("--reference", type=Path, required=True, help="the aligner's Pharaoh links of the pairs")
+    parser.add_argument(
+        "--reference", type=Path, required=True, help="the aligner's Pharaoh links of the pairs"
+    )
     parser.add_argument("--pairs", type=int, default=1000, help="the first this many pairs")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = parser.parse_args(argv)
     sources, targets = read_lines(args.source, args.pairs), read_lines(args.target, args.pairs)
     lines = read_lines(args.reference, args.pairs)
     if not (len(sources) == len(targets) == len(lines)):
-        print(f"error: {len(sources)} sources, {len(targets)} targets and {len(lines)} alignment lines", file=sys.stderr)
+        print(
+            f"error: {len(sources)} sources, {len(targets)} targets and {len(lines)} alignment lines",
+            file=sys.stderr,
+        )
         return 2
     reference = [set(parse_links(line, args.reference, k)) for k, line in enumerate(lines, 1)]
     rows = [measure(path, sources, targets, reference) for path in args.checkpoint]
@@ -77,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| checkpoint | pairs | precision | recall | AER |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['checkpoint']} | {r['pairs']} | {r['precision']:.3f} | {r['recall']:.3f} | {r['aer']:.3f} |")
+        print(
+            f"| {r['checkpoint']} | {r['pairs']} | {r['precision']:.3f} | {r['recall']:.3f} | {r['aer']:.3f} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

@@ -79,7 +79,9 @@ def test_the_gradient_flows_only_through_the_chosen_layer_and_head(layer: int, h
         heads = range(attention.n_heads) if head == "mean" else [head]
         assert all(per_head[h] > 0 for h in heads)
         assert all(per_head[h] == 0 for h in range(attention.n_heads) if h not in heads)
-        assert w_k.any() and not any(p.grad is not None and p.grad.any() for p in decoder_layer.ffn.parameters())
+        assert w_k.any() and not any(
+            p.grad is not None and p.grad.any() for p in decoder_layer.ffn.parameters()
+        )
 
 
 @pytest.mark.parametrize(
@@ -120,14 +122,19 @@ def aligned_corpus(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     for split in ("train", "val"):
         src = (root / f"{split}.en").read_text(encoding="utf-8").splitlines()
         tgt = (root / f"{split}.de").read_text(encoding="utf-8").splitlines()
-        lines = [" ".join(f"{i}-{i}" for i in range(min(len(s.split()), len(t.split())))) for s, t in zip(src, tgt)]
+        lines = [
+            " ".join(f"{i}-{i}" for i in range(min(len(s.split()), len(t.split()))))
+            for s, t in zip(src, tgt, strict=True)
+        ]
         (root / f"{split}.align").write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path_factory.mktemp("aligned") / "prepared"
     argv = ["prepare", "--src_lang", "en", "--tgt_lang", "de", "--spm_model", str(corpus / "spm.model")]
     argv += ["--train", str(root / "train"), "--valid", str(root / "val"), "--output", str(out)]
     argv += ["--train_align", str(root / "train.align"), "--valid_align", str(root / "val.align")]
     argv += ["--drop_wrong_language", "false", "--workers", "1"]
-    done = subprocess.run([sys.executable, "-m", "attnx", *argv], capture_output=True, text=True, env=os.environ)
+    done = subprocess.run(
+        [sys.executable, "-m", "attnx", *argv], capture_output=True, text=True, env=os.environ
+    )
     assert done.returncode == 0, done.stderr
     return out
 

@@ -17,7 +17,10 @@ from tests.data.prepare.conftest import base, error_of
 
 
 def diagonal(src: list[str], tgt: list[str]) -> list[str]:
-    return [" ".join(f"{i}-{i}" for i in range(min(len(s.split()), len(t.split())))) for s, t in zip(src, tgt)]
+    return [
+        " ".join(f"{i}-{i}" for i in range(min(len(s.split()), len(t.split()))))
+        for s, t in zip(src, tgt, strict=True)
+    ]
 
 
 def test_a_bad_field_is_one_error_naming_the_file_and_line() -> None:
@@ -30,7 +33,14 @@ def test_each_word_link_links_every_piece_of_the_two_words(tmp_path: Path) -> No
     src, tgt = ["xylophones are big", "one"], ["gross sind xylophone", "eins"]
     write_pair(tmp_path / "train", src * 40, tgt * 40)
     write(tmp_path / "train.align", ["0-2 2-0", ""] * 40)
-    argv = ["--train_align", str(tmp_path / "train.align"), "--drop_duplicates", "false", "--vocab_size", "28"]
+    argv = [
+        "--train_align",
+        str(tmp_path / "train.align"),
+        "--drop_duplicates",
+        "false",
+        "--vocab_size",
+        "28",
+    ]
     assert run(tmp_path, tmp_path / "out", *argv) == 0
     corpus = PreparedCorpus(tmp_path / "out")
     dataset, sp = corpus.dataset("train"), corpus.tokenizer.sp
@@ -41,7 +51,7 @@ def test_each_word_link_links_every_piece_of_the_two_words(tmp_path: Path) -> No
     def word_pieces(ids: list[int], text: str) -> list[int]:
         """The positions of the pieces of `text`, a word of the sentence `ids`."""
         words, at = [], -1
-        for k, i in enumerate(ids):
+        for i in ids:
             at += sp.id_to_piece(i).startswith("▁")
             words.append(at)
         target = sp.decode(ids).split().index(text)
@@ -74,8 +84,12 @@ def test_pairs_that_cleaning_drops_or_repeats_take_their_alignment_line_along(tm
     assert run(tmp_path, tmp_path / "out", *argv, "--train_repeat", "[2]") == 0
     corpus = PreparedCorpus(tmp_path / "out")
     dataset = corpus.dataset("train")
-    lines_of = [src.index(corpus.tokenizer.decode(list(map(int, dataset[i][0])))) for i in range(len(dataset))]
-    assert {10, 20, 30} & set(lines_of) == set() and lines_of[0] == lines_of[1] == 0  # dropped; each pair twice
+    lines_of = [
+        src.index(corpus.tokenizer.decode(list(map(int, dataset[i][0])))) for i in range(len(dataset))
+    ]
+    assert {10, 20, 30} & set(lines_of) == set() and lines_of[0] == lines_of[
+        1
+    ] == 0  # dropped; each pair twice
     counts = np.diff(np.asarray(dataset.link_offsets))
     expected = [k % 2 == 0 for k in lines_of]
     assert [bool(c) for c in counts] == expected
@@ -104,7 +118,10 @@ def test_an_alignment_file_of_another_length_is_refused_naming_both_counts(
     src = (toy / "train.en").read_text().splitlines()
     write(tmp_path / "short.align", diagonal(src, src)[:-2])
     err = error_of(capsys, small(toy, tmp_path / "out") + ["--train_align", str(tmp_path / "short.align")])
-    assert f"{tmp_path / 'short.align'} has 298 lines and the corpus it aligns ({toy / 'train.en'}) has 300" in err
+    assert (
+        f"{tmp_path / 'short.align'} has 298 lines and the corpus it aligns ({toy / 'train.en'}) has 300"
+        in err
+    )
     err = error_of(capsys, small(toy, tmp_path / "out") + ["--train_align", "[a, b]"])
     assert "--train_align has 2 files for 1 --train corpora" in err
     err = error_of(capsys, small(toy, tmp_path / "out") + ["--valid_align", str(tmp_path / "short.align")])
