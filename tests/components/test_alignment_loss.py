@@ -169,3 +169,17 @@ def test_attnx_fit_trains_on_alignments_logs_the_term_apart_and_resumes_exactly(
     assert sorted(rest) == [3, 4, 5]
     for step, loss in rest.items():
         assert loss == pytest.approx(whole[step], rel=1e-6, abs=1e-6), f"step {step}"
+
+
+def test_attnx_fit_refuses_a_negative_lambda_in_one_line_naming_the_key(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnx.cli import main as attnx
+
+    monkeypatch.chdir(tmp_path)
+    loss = '{"name": "guided_alignment", "args": {"alignment_lambda": -0.1}}'
+    assert attnx(fit_args(corpus, "--model.loss", loss)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "attnx fit: error: model.loss.args.alignment_lambda must be a finite number ≥ 0 (e.g. 0.05), got -0.1"
+    ]

@@ -11,6 +11,8 @@
     {split}.{lang}.idx.npy     int64 offsets: sentence i is ids[idx[i]:idx[i + 1]]   (n + 1 entries)
     {split}.{lang}.len.npy     int32 sentence lengths in tokens, without BOS/EOS     (n entries)
     {split}.{lang}             normalized text, one segment a line (every split but train): what is scored
+    {split}.align.bin, .align.idx.npy   with `--train_align`/`--valid_align`: each pair's (source piece, target
+                               piece) links, uint16, and the int64 index of each pair's first link
 
 Everything numeric is opened with `np.memmap`: loading a 4.5M-pair corpus reads a few kilobytes, creates
 no Python object per sentence, and DDP ranks share the page cache instead of each holding a copy.

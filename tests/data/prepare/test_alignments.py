@@ -11,7 +11,7 @@ import pytest
 from attnx.data.batching import collate_indices
 from attnx.data.corpus import PreparedCorpus
 from attnx.data.errors import DataError
-from attnx.data.prepare.alignments import parse_links
+from attnx.data.prepare.alignments import PieceMap, parse_links
 from tests.data.conftest import run, sentences, translate, write, write_pair
 from tests.data.prepare.conftest import base, error_of
 
@@ -126,3 +126,45 @@ def test_an_alignment_file_of_another_length_is_refused_naming_both_counts(
     assert "--train_align has 2 files for 1 --train corpora" in err
     err = error_of(capsys, small(toy, tmp_path / "out") + ["--valid_align", str(tmp_path / "short.align")])
     assert "--valid_align needs --valid" in err
+
+
+def test_a_tagged_corpus_skips_its_tag_and_each_corpus_reads_its_own_file(tmp_path: Path) -> None:
+    first, second = sentences(60, seed=7), sentences(60, seed=8)
+    write_pair(tmp_path / "a", first, translate(first))
+    write_pair(tmp_path / "b", second, translate(second))
+    write(tmp_path / "a.align", ["0-0"] * 60)  # first words linked
+    write(
+        tmp_path / "b.align", ["1-0"] * 60
+    )  # the second source word (after the tag) to the first target word
+    argv = ["--train", f"[{tmp_path / 'a'}, {tmp_path / 'b'}]", "--train_tag", '["", "<BT>"]']
+    argv += [
+        "--train_align",
+        f"[{tmp_path / 'a.align'}, {tmp_path / 'b.align'}]",
+        "--drop_duplicates",
+        "false",
+    ]
+    assert run(tmp_path, tmp_path / "out", *argv) == 0
+    corpus = PreparedCorpus(tmp_path / "out")
+    dataset, tokenizer = corpus.dataset("train"), corpus.tokenizer
+    for i in (0, len(dataset) - 1):  # a pair of each corpus
+        src_ids, tgt_ids = (list(map(int, ids)) for ids in dataset[i])
+        links = np.asarray(
+            dataset.links[dataset.link_offsets[i] : dataset.link_offsets[i + 1]], dtype=np.int64
+        )
+        text = tokenizer.decode(src_ids).split()
+        source = tokenizer.decode([src_ids[s] for s in sorted(set(links[:, 0].tolist()))])
+        target = tokenizer.decode([tgt_ids[t] for t in sorted(set(links[:, 1].tolist()))])
+        assert source == (text[0] if i == 0 else text[2]), (i, text)  # past the tag: the aligner never saw it
+        assert target == tokenizer.decode(tgt_ids).split()[0]
+
+
+def test_the_word_of_each_piece_is_the_same_from_the_marks_and_from_the_offsets(corpus: Path) -> None:
+    """The fast way (pieces that start a word carry `▁`) and the fallback (each piece's byte offset) agree."""
+    tokenizer = PreparedCorpus(corpus).tokenizer
+    pieces = PieceMap(tokenizer)
+    lines = (corpus.parent / "train.de").read_text(encoding="utf-8").splitlines()[:200]
+    for line in [" ".join(line.split()) for line in lines] + ["Zwei Männer öffnen ½ Tür"]:
+        ids = tokenizer.encode(line)
+        marked = pieces.words(line, ids)
+        assert marked.tolist() == pieces.by_offsets(line).tolist(), line
+        assert marked[-1] == len(line.split()) - 1

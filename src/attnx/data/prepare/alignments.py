@@ -70,8 +70,13 @@ class PieceMap:
         index = np.cumsum(self.starts[np.asarray(ids, dtype=np.int64)]) - 1
         if len(ids) and index[0] == 0 and index[-1] == len(text.split()) - 1:
             return index
-        # a piece that starts a word without the mark (a user-defined symbol first): by character offsets
-        pieces = self.tokenizer.sp.encode(text, out_type="immutable_proto").pieces
+        # a word without a marked piece (one the normalization removes, a user-defined symbol first)
+        return self.by_offsets(text)
+
+    def by_offsets(self, text: str) -> np.ndarray:
+        """[`words`][attnx.data.prepare.alignments.PieceMap.words] from where each piece begins in `text`'s bytes
+        (the slower way, for the lines whose marks do not count their words)."""
+        pieces = self.tokenizer.sp.encode(text, return_type="proto").pieces
         spaces = np.cumsum(np.frombuffer(text.encode(), np.uint8) == ord(" "))  # spaces up to each byte
         return np.array([spaces[min(p.begin, len(spaces) - 1)] for p in pieces], dtype=np.int64)
 
