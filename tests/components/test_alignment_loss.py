@@ -183,3 +183,18 @@ def test_attnx_fit_refuses_a_negative_lambda_in_one_line_naming_the_key(
     assert err == [
         "attnx fit: error: model.loss.args.alignment_lambda must be a finite number ≥ 0 (e.g. 0.05), got -0.1"
     ]
+
+
+def test_guided_training_steps_read_back_once_per_optimizer_step(
+    aligned_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The alignment term adds no wait for the device: its counts stay there, its sums join the step's one read."""
+    from attnx.cli import main as attnx
+    from tests.training.test_host_syncs import QUIET, STEPS, count_read_backs
+
+    sites = count_read_backs(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert attnx(fit_args(aligned_corpus, *GUIDED, *QUIET)) == 0
+    checks = {site: n for site, n in sites.items() if "training/module.py" in site}
+    assert list(checks.values()) == [STEPS], sites
+    assert not {site: n for site, n in sites.items() if site not in checks}, sites
