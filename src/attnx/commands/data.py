@@ -109,7 +109,7 @@ def prepare(
         train_align: Word alignments of each --train corpus for guided alignment (loss guided_alignment), in
             Pharaoh format: one line per line of the corpus, 0-based `source-target` pairs of its
             whitespace-separated words (eflomal, fast_align), mapped onto the pieces; one file per --train corpus,
-            in order. Pairs that cleaning drops drop their line. See docs/training.md#guided-alignment.
+            in order. Pairs that cleaning drops drop their line. See "Guided alignment" in docs/training.md.
         valid_align: The same for --valid: what val/alignment_loss is measured on.
     """
     from attnx.commands.prepare import prepare_command
