@@ -12,7 +12,17 @@ from types import ModuleType
 import pluggy
 
 from attnx import hookspecs
-from attnx.components import attention, feedforward, gated, loss, norm, positional, relative, rotary
+from attnx.components import (
+    alignment_loss,
+    attention,
+    feedforward,
+    gated,
+    loss,
+    norm,
+    positional,
+    relative,
+    rotary,
+)
 from attnx.registry import ComponentRegistry
 
 _BUILT_INS: tuple[ModuleType, ...] = (
@@ -24,6 +34,7 @@ _BUILT_INS: tuple[ModuleType, ...] = (
     relative,
     norm,
     loss,
+    alignment_loss,
 )
 
 DEFAULT_PLUGINS: tuple[str, ...] = tuple(module.__name__ for module in _BUILT_INS)

@@ -100,6 +100,35 @@ def test_decode_step_returns_the_cross_attention_of_the_full_pass_when_asked():
                 )  # no padding
 
 
+def test_decode_features_computes_the_weights_of_one_layer_only_when_asked(monkeypatch: pytest.MonkeyPatch):
+    """Guided alignment's seam: `weights_layer` gives that layer's encoder-decoder attention, the same as a pass
+    asking every layer's, and the other layers run without explicit weights."""
+    model = build_transformer(tiny_config(decoder_layers=3)).eval()
+    src, src_mask, _, tgt_in = pair_batch()
+    explicit: list[bool] = []
+    forward = type(model.decoder_layers[0].cross_attn).forward
+
+    def recorded(self, *args, need_weights: bool = False, **kwargs):
+        if any(self is layer.cross_attn for layer in model.decoder_layers):
+            explicit.append(need_weights)
+        return forward(self, *args, need_weights=need_weights, **kwargs)
+
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        every: list[torch.Tensor] = []
+        features = model.decode_features(tgt_in, memory, src_mask, weights=every)
+        monkeypatch.setattr(type(model.decoder_layers[0].cross_attn), "forward", recorded)
+        for layer in (1, -1):
+            one: list[torch.Tensor] = []
+            explicit.clear()
+            same = model.decode_features(tgt_in, memory, src_mask, weights=one, weights_layer=layer)
+            assert len(one) == 1 and explicit == [i == layer % 3 for i in range(3)]
+            torch.testing.assert_close(one[0], every[layer])
+            torch.testing.assert_close(same, features, rtol=1e-5, atol=1e-5)
+        with pytest.raises(IndexError, match="decoder layer 3 does not exist: the decoder has 3 layers"):
+            model.decode_features(tgt_in, memory, src_mask, weights=[], weights_layer=3)
+
+
 def test_cache_follows_reorder():
     model = build_transformer(tiny_config()).eval()
     src, src_mask, _, tgt_in = pair_batch()

@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 
 from attnx.cli import main as attnx
+from attnx.components.alignment_loss import GuidedAlignmentLoss
 from attnx.training import captured_steps
 from attnx.training.capture import MAX_GRAPHS
 from attnx.training.captured_steps import capture_plan, planned_shapes, syncs_gradients
@@ -52,6 +53,9 @@ def test_on_a_gpu_capture_is_on_by_default_where_batches_come_in_shape_buckets()
         False,
         "captured steps: off (the module optimizes manually)",
     )
+    guided = SimpleNamespace(automatic_optimization=True, loss=GuidedAlignmentLoss())
+    on, line = capture_plan(True, trainer(GPU), guided)
+    assert not on and line.startswith("captured steps: off (loss GuidedAlignmentLoss:")
 
 
 def test_under_ddp_capture_needs_gradient_accumulation_and_other_strategies_train_eagerly() -> None:

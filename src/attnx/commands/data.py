@@ -62,6 +62,8 @@ def prepare(
     report: Path | None = None,
     workers: int | None = None,
     spm_model: Path | None = None,
+    train_align: str | list[str] | None = None,
+    valid_align: Path | None = None,
 ) -> int:
     """Train one joint SentencePiece BPE model on both languages and write a memory-mapped binarized corpus.
 
@@ -107,6 +109,11 @@ def prepare(
             meta.json records its path and SHA-256. It must have attnx's special ids (pad 0, unk 1, bos 2,
             eos 3); --vocab_size is read from it, and the options that shape training (--sample_size,
             --character_coverage, --seed) do not apply.
+        train_align: Word alignments of each --train corpus for guided alignment (loss guided_alignment), in
+            Pharaoh format: one line per line of the corpus, 0-based `source-target` pairs of its
+            whitespace-separated words (eflomal, fast_align), mapped onto the pieces; one file per --train corpus,
+            in order. Pairs that cleaning drops drop their line. See "Guided alignment" in docs/training.md.
+        valid_align: The same for --valid: what val/alignment_loss is measured on.
     """
     from attnx.commands.prepare import prepare_command
 
@@ -135,4 +142,6 @@ def prepare(
         report_file=report,
         spm_model=spm_model,
         vocab_size_given=vocab_size is not None,
+        train_align=[train_align] if isinstance(train_align, str) else list(train_align or []),
+        valid_align=valid_align,
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attnx.data.errors import DataError
+from attnx.data.prepare.alignments import MAX_PIECES
 from attnx.data.prepare.interrupt import STOP_SIGNALS, Interrupted, interrupt
 from attnx.data.prepare.pipeline import prepare
 from attnx.data.prepare.read import corpus_name
@@ -39,6 +40,8 @@ def prepare_command(
     report_file: str | Path | None = None,
     spm_model: str | Path | None = None,
     vocab_size_given: bool = True,
+    train_align: Sequence[str | Path] = (),
+    valid_align: str | Path | None = None,
 ) -> int:
     """`attnx prepare` (see `attnx.commands.data.prepare` for the options): check, build, report."""
     if (
@@ -66,6 +69,7 @@ def prepare_command(
         prefixes[name] = [prefix]
     inputs = Inputs.from_prefixes(prefixes, settings.src_lang, settings.tgt_lang)
     inputs.train_names = names
+    inputs.alignments = alignment_inputs(settings, train, train_align, valid, valid_align)
     brought = None if spm_model is None else Path(spm_model)
     if brought is not None:  # a model that cannot serve is said before any input is read
         settings = brought_model_settings(settings, brought, vocab_size_given)
@@ -100,6 +104,38 @@ def brought_model_settings(settings: Settings, spm_model: Path, vocab_size_given
                 f"is trained: leave out --{option}"
             )
     return dataclasses.replace(settings, vocab_size=model.vocab_size)
+
+
+def alignment_inputs(
+    settings: Settings,
+    train: Sequence[str],
+    train_align: Sequence[str | Path],
+    valid: str | None,
+    valid_align: str | Path | None,
+) -> dict[str, list[Path]]:
+    """Split name → its alignment files, checked to exist, one per corpus (`--train_align`, `--valid_align`)."""
+    if train_align and len(train_align) != len(train):
+        raise DataError(
+            f"--train_align has {len(train_align)} files for {len(train)} --train corpora: give one per corpus, "
+            "in order"
+        )
+    if valid_align is not None and valid is None:
+        raise DataError("--valid_align needs --valid: the alignments of which validation set?")
+    found = {TRAIN: [Path(p) for p in train_align]} if train_align else {}
+    if valid_align is not None and valid is not None:
+        found[_named(valid, "valid")[0]] = [Path(valid_align)]
+    given = [("--train_align", Path(p)) for p in train_align]
+    if valid_align is not None:
+        given.append(("--valid_align", Path(valid_align)))
+    for option, path in given:
+        if not path.is_file():
+            raise DataError(f"{option} {path}: no such file")
+    if found and settings.max_sentence_tokens > MAX_PIECES:
+        raise DataError(
+            f"alignments index pieces as 16-bit numbers: with --train_align or --valid_align, "
+            f"--max_sentence_tokens must be at most {MAX_PIECES}"
+        )
+    return found
 
 
 def check_per_corpus(settings: Settings, corpora: int) -> None:

@@ -42,7 +42,14 @@ class TranslationModel(Protocol):
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:  # (B, S, D)
         ...
 
-    def decode_features(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:  # (B, T, D)
+    def decode_features(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        weights: list | None = None,
+        weights_layer: int | None = None,
+    ) -> Tensor:  # (B, T, D); `weights` receives (B, H, T, S) encoder-decoder attention
         ...
 
     def __call__(self, src: Tensor, tgt_in: Tensor, src_mask: Tensor) -> Tensor:  # (B, T, V) logits
@@ -55,6 +62,27 @@ class LossSums(NamedTuple):
     loss: Tensor  # label-smoothed cross-entropy, summed; what is optimized (after dividing by `tokens`)
     nll: Tensor  # plain negative log-likelihood of the reference tokens, summed; perplexity = exp(nll / tokens)
     tokens: Tensor  # number of counted positions
+    alignment: Tensor | None = None
+    """Guided alignment only: the cross-entropy of the attention against the alignments, summed over the
+    aligned target positions ([attnx.components.alignment_loss][])."""
+    aligned: Tensor | None = None
+    """Guided alignment only: the number of target positions that have an alignment."""
+    alignment_lambda: float = 0.0
+    """The weight of `alignment` in the objective."""
+
+    def objective(self) -> Tensor:
+        """What is optimized (before dividing by `tokens`): `loss`, plus `alignment_lambda × alignment`."""
+        if self.alignment is None:
+            return self.loss
+        return self.loss + self.alignment_lambda * self.alignment
+
+
+def alignment_sums(sums: LossSums) -> Tensor:
+    """`(4,)`: the loss and NLL sums, the alignment cross-entropy sum and the aligned target positions (zeros
+    without guided alignment): what training and validation add up per batch."""
+    if sums.alignment is None or sums.aligned is None:
+        return torch.cat([torch.stack([sums.loss, sums.nll]), sums.loss.new_zeros(2)])
+    return torch.stack([sums.loss, sums.nll, sums.alignment, sums.aligned.to(sums.loss.dtype)])
 
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> LossSums:
@@ -241,7 +269,10 @@ class LabelSmoothedLoss:
 
     def __call__(self, model: TranslationModel, batch: Batch) -> LossSums:
         memory = model.encode(batch.src, batch.src_mask)  # (B, S, D)
-        features = model.decode_features(batch.tgt_in, memory, batch.src_mask)  # (B, T, D)
+        return self.score(model, batch, model.decode_features(batch.tgt_in, memory, batch.src_mask))
+
+    def score(self, model: TranslationModel, batch: Batch, features: Tensor) -> LossSums:
+        """The loss of `batch` from the decoder's output `features` `(B, T, D)`."""
         counted = batch.tgt_positions  # index_select, not features[tgt_mask]: no wait for the GPU
         # all B·T positions passed (a captured step's fixed shape): those whose target is padding count nothing
         every = len(counted) == batch.tgt_out.numel()

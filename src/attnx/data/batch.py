@@ -32,6 +32,9 @@ class Batch:
     # A captured step passes all B*T positions (a shape that does not depend on the data): positions
     # whose tgt_out is PAD_ID then count nothing.
     tgt_positions: Tensor | None = None
+    # (N, 3) long: batch row, target position, source position of each aligned piece pair (guided alignment);
+    # None where the split was prepared without alignments
+    alignment: Tensor | None = None
 
     def __post_init__(self) -> None:
         # found here, on the host where batches are built: selecting the counted positions with the boolean
@@ -55,6 +58,7 @@ class Batch:
             n_tgt_tokens=self.n_tgt_tokens,
             index=self.index,
             tgt_positions=move(self.tgt_positions),
+            alignment=None if self.alignment is None else move(self.alignment),
         )
 
     def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Batch:

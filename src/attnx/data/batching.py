@@ -154,6 +154,15 @@ def collate_indices(
     tgt_in[:, 0] = BOS_ID
     tgt_in[rows, cols + 1] = tokens
     src_t, tgt_in_t, tgt_out_t = map(torch.from_numpy, (src, tgt_in, tgt_out))
+    alignment = None
+    if dataset.links is not None and dataset.link_offsets is not None:
+        starts = np.asarray(dataset.link_offsets[indices], dtype=np.int64)
+        counts = np.asarray(dataset.link_offsets[indices + 1], dtype=np.int64) - starts
+        at = np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        links = np.asarray(dataset.links[at], dtype=np.int64)  # (N, 2) source piece, target piece
+        alignment = torch.from_numpy(
+            np.stack([np.repeat(batch, counts), links[:, 1], links[:, 0]], axis=1)
+        )  # (N, 3) batch row, target position, source position
     return Batch(
         src=src_t,
         tgt_in=tgt_in_t,
@@ -163,6 +172,7 @@ def collate_indices(
         n_src_tokens=int(src_lens.sum()) + len(indices),
         n_tgt_tokens=int(tgt_lens.sum()) + len(indices),
         index=torch.from_numpy(indices.copy()),
+        alignment=alignment,
     )
 
 

@@ -11,6 +11,8 @@
     {split}.{lang}.idx.npy     int64 offsets: sentence i is ids[idx[i]:idx[i + 1]]   (n + 1 entries)
     {split}.{lang}.len.npy     int32 sentence lengths in tokens, without BOS/EOS     (n entries)
     {split}.{lang}             normalized text, one segment a line (every split but train): what is scored
+    {split}.align.bin, .align.idx.npy   with `--train_align`/`--valid_align`: each pair's (source piece, target
+                               piece) links, uint16, and the int64 index of each pair's first link
 
 Everything numeric is opened with `np.memmap`: loading a 4.5M-pair corpus reads a few kilobytes, creates
 no Python object per sentence, and DDP ranks share the page cache instead of each holding a copy.
@@ -42,6 +44,10 @@ META = "meta.json"
 SPM_MODEL = "spm.model"
 BINARY = (".bin", ".idx.npy", ".len.npy")
 """What each language of a split is stored in: `{split}.{lang}` + each of these."""
+ALIGNMENT = (".align.bin", ".align.idx.npy")
+"""What a split's alignments are stored in (`attnx prepare --train_align`): `{split}` + each of these. The
+`.bin` holds uint16 (source piece, target piece) links, 0-based over the pair's pieces without `</s>`; pair `i`'s
+links are rows `idx[i]:idx[i + 1]` (int64, n + 1 entries)."""
 
 
 log = logging.getLogger(__name__)
@@ -83,9 +89,19 @@ class ParallelDataset:
     Pickling (to DataLoader workers) carries paths, not data; each process maps the files itself.
     """
 
-    def __init__(self, data_dir: str | Path, split: str, src_lang: str, tgt_lang: str, dtype: str) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        split: str,
+        src_lang: str,
+        tgt_lang: str,
+        dtype: str,
+        aligned: bool = False,
+    ) -> None:
         self.data_dir, self.split = Path(data_dir), split
         self.src_lang, self.tgt_lang, self.dtype = src_lang, tgt_lang, dtype
+        self.aligned = aligned
+        """Whether the split has alignments: `links` `(M, 2)` and `link_offsets` `(n + 1,)` ([`ALIGNMENT`][attnx.data.corpus.ALIGNMENT])."""
         self._map()
 
     def _map(self) -> None:
@@ -98,6 +114,11 @@ class ParallelDataset:
 
         self.src_ids, self.src_offsets, self.src_lengths = side(self.src_lang)
         self.tgt_ids, self.tgt_offsets, self.tgt_lengths = side(self.tgt_lang)
+        self.links: np.ndarray | None = None
+        self.link_offsets: np.ndarray | None = None
+        if self.aligned:
+            self.links = _open(self.data_dir / f"{self.split}{ALIGNMENT[0]}", np.uint16).reshape(-1, 2)
+            self.link_offsets = np.load(self.data_dir / f"{self.split}{ALIGNMENT[1]}", mmap_mode="r")
 
     def __len__(self) -> int:
         return len(self.src_lengths)
@@ -107,7 +128,7 @@ class ParallelDataset:
         return np.array(self.src_ids[so[i] : so[i + 1]]), np.array(self.tgt_ids[to[i] : to[i + 1]])
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("data_dir", "split", "src_lang", "tgt_lang", "dtype")
+        keep = ("data_dir", "split", "src_lang", "tgt_lang", "dtype", "aligned")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -254,11 +275,32 @@ class PreparedCorpus:
         """
         self._check(split)
         self.verify([f"{split}.{lang}{end}" for lang in (self.src_lang, self.tgt_lang) for end in BINARY])
-        dataset = ParallelDataset(self.data_dir, split, self.src_lang, self.tgt_lang, self.meta["dtype"])
+        aligned = bool(self.meta["splits"][split].get("alignments"))
+        if aligned:
+            self.verify([f"{split}{end}" for end in ALIGNMENT])
+        dataset = ParallelDataset(
+            self.data_dir, split, self.src_lang, self.tgt_lang, self.meta["dtype"], aligned
+        )
         if split not in self._checked:
             self._check_ids(split, dataset)
+            self._check_links(split, dataset)
             self._checked.add(split)
         return dataset
+
+    def _check_links(self, split: str, dataset: ParallelDataset) -> None:
+        """A split's alignments cover its pairs and point inside them (source and target pieces)."""
+        if dataset.links is None or dataset.link_offsets is None:
+            return
+        offsets, links = dataset.link_offsets, dataset.links
+        path = self.data_dir / f"{split}{ALIGNMENT[0]}"
+        if len(offsets) != len(dataset) + 1 or int(offsets[-1]) != len(links):
+            raise self._damaged(path.name, f"holds {len(links):,} links for an index of {int(offsets[-1]):,}")
+        rows = np.repeat(np.arange(len(dataset)), np.diff(offsets))
+        if len(rows) and (
+            (links[:, 0] >= dataset.src_lengths[rows]).any()
+            or (links[:, 1] >= dataset.tgt_lengths[rows]).any()
+        ):
+            raise self._damaged(path.name, "links a piece beyond its pair's length")
 
     def _check_ids(self, split: str, dataset: ParallelDataset) -> None:
         recorded = self.meta["splits"][split].get("max_id") or {}

@@ -151,17 +151,34 @@ class Transformer(nn.Module):
         return self.encoder_norm(x)
 
     def decode_features(
-        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, weights: list | None = None
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        weights: list | None = None,
+        weights_layer: int | None = None,
     ) -> Tensor:
         """Teacher-forced decoder output before the pre-softmax projection, `(B, T, D)`.
 
-        Training projects only the rows it scores (padding never reaches the `V`-wide softmax).
+        Training projects only the rows it scores (padding never reaches the `V`-wide softmax). A `weights`
+        list receives each decoder layer's encoder-decoder attention `(B, H, T, S)`; with `weights_layer`
+        (0-based, negative from the last) only that layer's, the others keep the fused kernel (what guided
+        alignment trains on, in the same pass).
         """
+        n = len(self.decoder_layers)
+        if weights_layer is not None and not -n <= weights_layer < n:
+            raise IndexError(f"decoder layer {weights_layer} does not exist: the decoder has {n} layers")
         x = self._embed(tgt_in, self.tgt_embedding, self.tgt_positional)
         with attention_backends(x):
-            for layer in self.decoder_layers:
+            for i, layer in enumerate(self.decoder_layers):
+                asked = weights_layer is None or i == weights_layer % n
                 x = self._layer(
-                    layer, x, memory, src_mask, weights=weights, positions=self._inside(self.tgt_positional)
+                    layer,
+                    x,
+                    memory,
+                    src_mask,
+                    weights=weights if asked else None,
+                    positions=self._inside(self.tgt_positional),
                 )
         return self.decoder_norm(x)
 

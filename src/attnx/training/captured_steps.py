@@ -63,6 +63,12 @@ def capture_plan(
         )
     if not module.automatic_optimization:
         return False, "captured steps: off (the module optimizes manually)"
+    loss = getattr(module, "loss", None)
+    if not getattr(loss, "capturable", True):
+        return False, (
+            f"captured steps: off (loss {type(loss).__name__}: its batches have shapes that depend on the "
+            "data)"
+        )
     ddp = isinstance(strategy, DDPStrategy)
     accumulate = trainer.accumulate_grad_batches
     if ddp and accumulate == 1:

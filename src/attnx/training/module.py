@@ -23,7 +23,7 @@ from attnx.checkpoint import (
     make_metadata,
     upgrade_checkpoint,
 )
-from attnx.components.loss import LossSums
+from attnx.components.loss import LossSums, alignment_sums
 from attnx.data.batch import Batch
 from attnx.data.tokenizer import Tokenizer
 from attnx.errors import AttnxError, ConfigError
@@ -173,11 +173,12 @@ class TranslationTask(pl.LightningModule):
         sums = self._replayed(batch, batch_idx)
         if sums is None:
             computed: LossSums = self.loss(self.model, batch)
-            loss = computed.loss / batch.n_tgt_tokens
-            sums = torch.stack([computed.loss, computed.nll]).detach()
+            loss = computed.objective() / batch.n_tgt_tokens
+            sums = alignment_sums(computed).detach()
         else:
             # for Lightning's bookkeeping only: the replayed graph has added the gradients already
             loss = sums[0] / batch.n_tgt_tokens
+            sums = torch.cat([sums, sums.new_zeros(2)])
         # logged once a step from the host (on_before_optimizer_step), never here: see attnx.training.host_syncs
         self._step_losses.append((batch_idx, batch.n_tgt_tokens, sums))
         return loss
@@ -228,23 +229,27 @@ class TranslationTask(pl.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Check and log the step's losses, and its learning rate: once per optimizer step, from the host."""
         if self._step_losses:
-            loss, nll = self._check_losses()
+            loss, nll, alignment = self._check_losses()
             log_host(self, "train/loss", loss, prog_bar=True)
             log_host(self, "train/nll", nll)
             log_host(self, "train/ppl", perplexity(nll))
+            if alignment is not None:
+                log_host(self, "train/alignment_loss", alignment)
         log_host(self, "train/lr", optimizer.param_groups[0]["lr"], prog_bar=True)
 
-    def _check_losses(self) -> tuple[float, float]:
+    def _check_losses(self) -> tuple[float, float, float | None]:
         """The loss and NLL per target token over the step's batches; refuses to step on a NaN or infinite
         loss. Read back once per optimizer step, before it changes the weights, rather than at each batch:
         a read-back makes the host wait until the GPU has run everything queued, and at every batch of a step
         (8 in the paper's setting on one GPU) that wait leaves the GPU idle while the host prepares the next."""
         batches, tokens, sums = zip(*self._step_losses, strict=True)
         self._step_losses.clear()
-        rows = torch.stack(sums).double().tolist()  # per batch: loss and NLL sums; the step's one read-back
-        per_token = [loss / n for (loss, _), n in zip(rows, tokens, strict=True)]
+        rows = torch.stack(sums).double().tolist()  # per batch: loss, NLL, alignment sums, aligned positions
+        per_token = [(loss + alignment) / n for (loss, _, alignment, _), n in zip(rows, tokens, strict=True)]
         if all(math.isfinite(v) for v in per_token):
-            return sum(r[0] for r in rows) / sum(tokens), sum(r[1] for r in rows) / sum(tokens)
+            aligned = sum(r[3] for r in rows)
+            alignment = sum(r[2] for r in rows) / aligned if aligned else None
+            return sum(r[0] for r in rows) / sum(tokens), sum(r[1] for r in rows) / sum(tokens), alignment
         value, batch_idx = next(
             (v, b) for v, b in zip(per_token, batches, strict=True) if not math.isfinite(v)
         )
@@ -293,19 +298,25 @@ class TranslationTask(pl.LightningModule):
     # ------------------------------------------------------------------------ validation and test: loss
 
     def _start_sums(self) -> None:
-        self._sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        self._sums = torch.zeros(5, dtype=torch.float64, device=self.device)
 
     def _add_sums(self, batch: Batch) -> None:
         sums = self.loss(self.model, batch)
-        self._sums += torch.stack([sums.loss.double(), sums.nll.double(), sums.tokens.double()])
+        self._sums += torch.cat([sums.tokens.double().reshape(1), alignment_sums(sums).double()])
 
     def _log_sums(self, stage: str) -> None:
-        loss, nll, tokens = self.trainer.strategy.reduce(self._sums, reduce_op="sum").tolist()
+        tokens, loss, nll, alignment, aligned = self.trainer.strategy.reduce(
+            self._sums, reduce_op="sum"
+        ).tolist()
         tokens = max(tokens, 1.0)
         # every rank holds the same values: sync_dist only averages equal numbers (and keeps Lightning quiet)
         self.log(f"{stage}/loss", loss / tokens, prog_bar=stage == "val", sync_dist=True)
         self.log(f"{stage}/nll", nll / tokens, sync_dist=True)
         self.log(f"{stage}/ppl", perplexity(nll / tokens), sync_dist=True)
+        if (
+            aligned
+        ):  # guided alignment on a split prepared with alignments: the term apart, per aligned position
+            self.log(f"{stage}/alignment_loss", alignment / aligned, sync_dist=True)
 
     def on_validation_epoch_start(self) -> None:
         self._start_sums()

@@ -22,6 +22,9 @@ from attnx.data.text import read_chunks
 from attnx.data.tokenizer import Tokenizer
 from attnx.files import DISK_FULL, open_for_writing
 
+KEPT = ".kept"
+"""Scratch file beside the training lines file (`train.kept`): the corpus and line of each training pair written."""
+
 ENCODE_LINES = 20_000
 """Lines encoded at once: SentencePiece returns Python lists of ints, about 36 bytes a token, so keep it modest."""
 
@@ -43,6 +46,8 @@ class SplitStats:
     `rows`: [first, end) of its pairs in the training split (each corpus's pairs follow the previous one's)."""
     language_id: str = ""
     """Training only: "on", or why language identification did not run."""
+    alignments: dict[str, Any] = field(default_factory=dict)
+    """With alignments: their files, the piece links written and the pairs that have any."""
 
 
 def encode_chunk(
@@ -121,6 +126,8 @@ def encode_split(
     stems = {side: out / f"{name}.{lang}" for side, lang in langs.items()}
     files = {side: open_for_writing(f"{stem}.bin") for side, stem in stems.items()}
     files |= {f"{side}.len": open_for_writing(f"{stem}.len.raw") for side, stem in stems.items()}
+    if lines is not None:  # the corpus and line of every pair written, for its alignment
+        files["kept"] = open_for_writing(lines.with_suffix(KEPT))
     try:
         with tqdm(desc=f"encode {name}", unit=" pairs", disable=None, leave=False) as bar:
             chunks = zip(
@@ -139,6 +146,8 @@ def encode_split(
                         ids = {side: _repeat_rows(x, lens, times) for side, (x, lens) in ids.items()}
                     for corpus, rows in enumerate(np.bincount(code >> 32, times, len(corpora))):
                         corpora[corpus].written += int(rows)
+                    if "kept" in files:  # the corpus and line of every pair written, for its alignment
+                        files["kept"].write(np.repeat(code, times).astype(np.int64).tobytes())
                     if not settings.train_repeat and not keep.all():
                         ids = {
                             side: (x[np.repeat(keep, lens)], lens[keep]) for side, (x, lens) in ids.items()

@@ -13,8 +13,9 @@ import numpy as np
 
 from attnx.data.corpus import FORMAT_VERSION, META, SPM_MODEL, checksums, ids_dtype
 from attnx.data.errors import DataError
+from attnx.data.prepare.alignments import check_line_count, write_alignments
 from attnx.data.prepare.clean import LINES, clean_training_split
-from attnx.data.prepare.encode import SplitStats, encode_split
+from attnx.data.prepare.encode import KEPT, SplitStats, encode_split
 from attnx.data.prepare.interrupt import Interrupted, uninterrupted
 from attnx.data.prepare.publish import _publish, check_output, expected_files, scratch_directory
 from attnx.data.prepare.read import CorpusStats, corpus_name, normalize_split
@@ -157,6 +158,10 @@ def read_splits(
         else:
             read, _ = normalize_split(name, srcs, tgts, *texts[name])
             stats[name] = SplitStats(0, 0, 0, read, {}, files)
+        if name in inputs.alignments:
+            counts = [c.read for c in corpora] if name == TRAIN else [stats[name].read]
+            for path, count, src in zip(inputs.alignments[name], counts, srcs, strict=True):
+                check_line_count(path, count, src)
     return texts, stats, corpora
 
 
@@ -174,6 +179,15 @@ def encode_splits(
         )  # fmt: skip
         stats[name].pairs, stats[name].src_tokens, stats[name].tgt_tokens = pairs, src_tokens, tgt_tokens
         stats[name].max_id = max_id
+        if name in inputs.alignments:
+            codes = kept = None
+            if train:
+                codes = np.fromfile(work / LINES, np.int64)
+                kept = np.fromfile((work / LINES).with_suffix(KEPT), np.int64)
+            shifts = [int(bool(tag)) for tag in settings.train_tag] or [0] * len(inputs.alignments[name])
+            stats[name].alignments = write_alignments(
+                name, inputs.alignments[name], (src_text, tgt_text), work, tokenizer, shifts, codes, kept
+            )
         if train:
             dropped = sum((c.dropped for c in corpora), Counter())
             stats[name].dropped = {k: v for k, v in dropped.items() if v}

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from attnx.data.corpus import FORMAT_VERSION, META, SPM_MODEL
+from attnx.data.corpus import ALIGNMENT, FORMAT_VERSION, META, SPM_MODEL
 from attnx.data.errors import DataError
 from attnx.data.prepare.interrupt import uninterrupted
 from attnx.data.prepare.reports import is_report
@@ -37,6 +37,8 @@ def expected_files(meta: dict[str, Any]) -> list[str]:
             files += [f"{name}.{lang}.bin", f"{name}.{lang}.idx.npy", f"{name}.{lang}.len.npy"]
             if name != TRAIN:
                 files.append(f"{name}.{lang}")
+        if meta["splits"][name].get("alignments"):
+            files += [f"{name}{end}" for end in ALIGNMENT]
     return files
 
 

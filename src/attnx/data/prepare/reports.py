@@ -46,6 +46,11 @@ def report(meta: dict[str, Any]) -> str:
                 lines.append(
                     f"    {corpus}: {c['pairs']:,} pairs{used}; " + _dropped(c["dropped"], c["read"], reasons)
                 )
+        aligned = s.get("alignments") or {}
+        if aligned:
+            lines.append(
+                f"    alignments: {aligned['links']:,} piece links, {aligned['pairs_with_links']:,} pairs with links"
+            )
         if s.get("language_id") not in (None, "", "on"):
             lines.append(f"    language identification {s['language_id']}")
     return "\n".join(lines)

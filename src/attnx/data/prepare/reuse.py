@@ -44,6 +44,11 @@ def fingerprints(inputs: Inputs, settings: Settings, spm_model: Path | None = No
     else:
         brought = {}  # a corpus prepared before --spm_model existed keeps its fingerprint
         spm_fp = _digest({"format": FORMAT_VERSION, "train": stats[TRAIN], **settings.spm_part()})
+    if inputs.alignments:  # a corpus prepared without alignments keeps its fingerprint
+        brought["alignments"] = {
+            name: [[str(p.resolve()), file_digest(p)] for p in files]
+            for name, files in inputs.alignments.items()
+        }
     named = {"train_names": inputs.train_names} if inputs.train_names else {}  # unnamed: as before names
     corpus_fp = _digest(
         {"format": FORMAT_VERSION, "inputs": stats, "settings": asdict(settings), **brought, **named}

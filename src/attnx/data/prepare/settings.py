@@ -60,6 +60,8 @@ class Inputs:
     splits: dict[str, tuple[list[Path], list[Path]]] = field(default_factory=dict)
     train_names: list[str] = field(default_factory=list)
     """The name of each training corpus (`--train NAME=PREFIX`), or [] to name each by its prefix."""
+    alignments: dict[str, list[Path]] = field(default_factory=dict)
+    """Split name → word alignment files in Pharaoh format, one per corpus of the split ([attnx.data.prepare.alignments][])."""
 
     @classmethod
     def from_prefixes(cls, prefixes: dict[str, list[str]], src_lang: str, tgt_lang: str) -> Inputs:
