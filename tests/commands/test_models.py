@@ -159,3 +159,27 @@ def test_describe_counts_grouped_query_attention_and_a_gated_network(
     assert (
         model.decoder_layers[0].self_attn.in_proj.out_features == 32 + 2 * 8
     )  # W^Q, and one head of W^K, W^V
+
+
+def test_describe_counts_the_lora_adapters_of_a_fit_config(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A config with lora.rank: the adapters' parameters are counted, and only they have gradients and Adam's
+    moments in the estimate."""
+    from attnx.model.lora import adapter_targets, add_adapters
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lora.yaml").write_text(
+        "model: {transformer: {d_model: 32, d_ff: 64, n_heads: 4, encoder_layers: 2, decoder_layers: 2}}\n"
+        "lora: {rank: 4, projections: [in_proj, out_proj]}\n"
+    )
+    assert main(["describe", "--config", "lora.yaml", "--vocab_size", "300", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    model = build_transformer(
+        TransformerConfig(vocab_size=300, d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2)
+    )
+    add_adapters(model, adapter_targets(model, ["in_proj", "out_proj"], ["*"]), 4, 16.0)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    assert f"parameters: {total:,} " in out and f"; {trainable:,} of them train (lora rank 4)" in out
+    assert (
+        f"Adam {8 * trainable / 2**10:,.0f} KiB of the {trainable:,} trainable parameters of {total:,}" in out
+    )

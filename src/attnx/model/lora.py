@@ -56,6 +56,12 @@ def adapter_targets(model: nn.Module, projections: list[str], layers: list[str])
     return names
 
 
+def adapter_parameters(model: nn.Module, names: list[str], rank: int) -> int:
+    """Parameters that adapters of `rank` on the projections `names` of `model` add: `r · (in + out)` each."""
+    linears = [model.get_submodule(name) for name in names]
+    return sum(rank * (linear.in_features + linear.out_features) for linear in linears)
+
+
 def add_adapters(model: nn.Module, names: list[str], rank: int, alpha: float) -> None:
     """Freeze every weight of `model` and put a trainable adapter on each projection named in `names`."""
     if rank < 1 or not alpha > 0:
