@@ -164,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--val_check_interval", type=int, help="validate every N batches (default the README's)"
     )
+    parser.add_argument(
+        "--bleu_samples",
+        type=int,
+        help="validation sentences each validation scores (default the README's 200)",
+    )
     parser.add_argument("--train_lines", type=int, help="smoke test only: train on the first N pairs")
     parser.add_argument("--test_lines", type=int, help="smoke test only: score the first N test sentences")
     args = parser.parse_args(argv)
@@ -193,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             values["trainer"]["log_every_n_steps"] = max(1, min(25, args.steps // 10))
         if args.val_check_interval:
             values["trainer"]["val_check_interval"] = args.val_check_interval
+        if args.bleu_samples is not None:
+            values["evaluation"] = {"bleu_samples": args.bleu_samples}
         config.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
         commands.append(f"{arm}: {user_command(arm, args.ema_decay, args.alpha)}  "
                         f"(run as: attnx fit --config {MODEL_CONFIG} --config {config})")  # fmt: skip
