@@ -1,6 +1,6 @@
 """What LoRA and activation checkpointing save: trainable parameters and peak memory of a real `attnx fit`, beside
-what `attnx describe --device cpu` estimates, with and without each option (docs/benchmarks.md, "The training
-toolbox").
+what `attnx describe --device cpu` estimates, with and without each option (docs/training.md, "Measuring
+the options on your machine").
 
     python bench/bench_memory_options.py --work memory_runs [--data DIR] [--preset base] [--steps 10]
         [--max_tokens 1000] [--lora_rank 8] [--precision 32-true] [--threads 2] [--output table.md]

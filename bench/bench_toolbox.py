@@ -1,6 +1,6 @@
 """The training toolbox on Multi30k: the README's run against the same run with an EMA of the weights, with subword
-sampling, and with both, each trained for the same budget on one machine (the table and figure of
-docs/benchmarks.md, "The training toolbox").
+sampling, and with both, each trained for the same budget on one machine (docs/training.md, "Measuring the
+options on your machine").
 
     python bench/bench_toolbox.py --work toolbox_runs [--data DIR] [--minutes 30 | --steps N]
         [--ema_decay 0.999] [--alpha 0.1] [--arms readme,ema,...] [--threads 2] [--output table.md]
