@@ -183,3 +183,17 @@ def test_describe_counts_the_lora_adapters_of_a_fit_config(tmp_path: Path, monke
     assert (
         f"Adam {8 * trainable / 2**10:,.0f} KiB of the {trainable:,} trainable parameters of {total:,}" in out
     )
+
+
+def test_describe_reads_the_trainer_and_data_of_every_file_as_fit_merges_them(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A second file that only switches activation checkpointing on keeps big's 8 devices, batches and steps."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpointing.yaml").write_text(
+        "model:\n  transformer:\n    activation_checkpointing: true\n"
+    )
+    assert main(["describe", "--config", "big", "--config", "checkpointing.yaml", "--device", "a100"]) == 0
+    out = capsys.readouterr().out
+    assert "(a100, bf16-mixed, 1 batch of 3,125 tokens per side a step on each of 8 devices;" in out
+    assert "with activation checkpointing" in out and "for 300,000 steps (max_steps)" in out

@@ -9,6 +9,21 @@ from typing import Any
 from attnx.errors import ConfigError
 
 
+def files_merged(earlier: Any, later: Any) -> Any:
+    """Two fit config files' settings as `attnx fit --config A --config B` reads them: a later file's keys win,
+    mappings merge key by key, any other value (a list of callbacks, say) is replaced whole."""
+    if not isinstance(earlier, dict) or not isinstance(later, dict):
+        return later
+    out = dict(earlier)
+    for key, value in later.items():
+        out[key] = (
+            files_merged(out[key], value)
+            if isinstance(out.get(key), dict) and isinstance(value, dict)
+            else value
+        )
+    return out
+
+
 def section(values: Any, name: str) -> dict[str, Any]:
     """The settings of section `name` of a fit config (its `init_args` where it has them), else {}."""
     section = values.get(name) if isinstance(values, dict) else None

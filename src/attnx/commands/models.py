@@ -220,7 +220,7 @@ def describe(
 
     import yaml
 
-    from attnx.commands.fit_sections import batch_plan, run_estimate
+    from attnx.commands.fit_sections import batch_plan, files_merged, run_estimate
     from attnx.commands.fit_sections import section as fit_section
     from attnx.model import TransformerConfig, build_transformer
     from attnx.model.builders import count_parameters, decoding_cache_values, training_flops_per_token
@@ -241,11 +241,12 @@ def describe(
         data_dir: tuple[Any, Path] | None = None
         vocab_set = False
         for path in paths:
-            values = yaml.safe_load(path.read_text(encoding="utf-8"))
-            settings = checked_section(values, str(path))
+            read = yaml.safe_load(path.read_text(encoding="utf-8"))
+            settings = checked_section(read, str(path))
             section = merged(section, settings, TransformerConfig)
             vocab_set = vocab_set or "vocab_size" in settings
-            data_dir = corpus_of(values, path) or data_dir
+            data_dir = corpus_of(read, path) or data_dir
+            values = files_merged(values, read)  # the trainer, data and lora sections of all the files
         model_config = TransformerConfig.from_dict(section)
         label = " + ".join(map(str, paths))
         if vocab_set:
@@ -287,7 +288,7 @@ def describe(
     )
     cache = {k: f"{2 * n:,} bytes per {k[4:].replace('_', ' ')}" for k, n in decoding_cache_values(c).items()}
     print(f"decoding cache per sentence (keys and values, 2 bytes each in bf16): {', '.join(cache.values())}")
-    plan = batch_plan(values, path.parent) if config else None
+    plan = batch_plan(values, data_dir[1] if data_dir else Path.cwd()) if config else None
     if plan:
         print(plan)
     if device is None:
