@@ -197,3 +197,25 @@ def test_describe_reads_the_trainer_and_data_of_every_file_as_fit_merges_them(
     out = capsys.readouterr().out
     assert "(a100, bf16-mixed, 1 batch of 3,125 tokens per side a step on each of 8 devices;" in out
     assert "with activation checkpointing" in out and "for 300,000 steps (max_steps)" in out
+
+
+@pytest.mark.parametrize(
+    ("component", "added"),
+    [
+        ("norm: {name: rmsnorm}", -(2 * 2 + 2 * 3) * 32),  # a gain and no bias in each of the 10 norms
+        ("positional: {name: rotary}", 0),  # no parameters, as the sinusoid
+        ("positional: {name: t5_relative}", 2 * 32 * 4),  # one table of 32 buckets x 4 heads per stack
+    ],
+)
+def test_describe_counts_the_parameters_each_component_has(
+    component: str, added: int, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    def parameters(transformer: str) -> int:
+        (tmp_path / "m.yaml").write_text(f"model:\n  transformer:\n    {transformer}\n")
+        assert main(["describe", "--config", "tiny", "--config", "m.yaml", "--vocab_size", "300"]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("parameters: "))
+        return int(line.split()[1].replace(",", ""))
+
+    assert parameters(component) - parameters("dropout: 0.1") == added
