@@ -16,8 +16,9 @@ from torch.nn.utils import parametrize
 
 from attnx.errors import ConfigError
 
-PROJECTIONS = ("in_proj", "out_proj", "w1", "w2")
-"""The projections adapters may go on: attention's stacked W^Q/W^K/W^V and W^O, the FFN's two layers."""
+PROJECTIONS = ("in_proj", "out_proj", "w1", "w2", "w", "v")
+"""The projections adapters may go on: attention's stacked W^Q/W^K/W^V and W^O, the paper's FFN's two layers
+`w1` and `w2`, a gated FFN's (SwiGLU, GEGLU) gate `w` and linear branch `v` (its output layer is `w2` too)."""
 
 
 class LowRankDelta(nn.Module):

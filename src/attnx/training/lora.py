@@ -40,7 +40,8 @@ class LowRankAdapters(Callback):
                 trains.
             alpha: The adapters' scale is alpha / rank (the LoRA paper's α).
             projections: Which projections get adapters, among `in_proj` (attention's W^Q, W^K, W^V), `out_proj`
-                (W^O), `w1` and `w2` (the feed-forward layers). Default: `in_proj` and `out_proj`.
+                (W^O), `w1` and `w2` (the feed-forward layers; a gated one's are `w`, `v` and `w2`). Default:
+                `in_proj` and `out_proj`.
             layers: Glob patterns over the layers' names, `encoder_layers.N` and `decoder_layers.N`: e.g.
                 `[decoder_layers.*]` for the decoder alone. Default: every layer.
         """
