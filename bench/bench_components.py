@@ -12,6 +12,11 @@ gives, per arm: BLEU, chrF2, trainable parameters, training tokens/s (the median
 `train/tokens_per_s`, source + target tokens) and decoding sentences/s (`attnx translate` of the test set,
 the whole command's time). Arms run one after another, so a time budget gives each the same machine only
 on a machine nothing else loads; `--steps` gives each the same number of updates whatever the load.
+
+Expected wall time: per arm, its `--minutes` of training (30 by default) plus its averaging and its beam
+search over the 1,000 test sentences, after one `attnx prepare` of Multi30k; the ten arms at the default take
+over five hours. `--arms` runs only the arms named (`--arms paper,rotary`); the arms already done in WORK are
+not run again, so a study can be run a few arms at a time.
 `alibi` needs the out-of-tree plugin installed (`pip install -e plugins/alibi`).
 
 Every step is an `attnx` command (logged in WORK/logs); a step already done is not repeated, so running the
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -62,6 +68,12 @@ ARMS: dict[str, dict[str, Any]] = {
 COLUMNS = ["model", "BLEU", "chrF2", "parameters", "train tokens/s", "decode sentences/s (beam 4)"]
 
 
+def run_name(arm: str) -> str:
+    """The folder name of an arm's run, config, translation and score (`runs/NAME`, ...): its own, whichever
+    arms a study names, so that a study run a few arms at a time finds each arm's run again."""
+    return "arm_" + re.sub(r"[^a-z0-9]+", "_", arm.lower()).strip("_")
+
+
 def check_modern() -> None:
     from importlib import resources
 
@@ -80,11 +92,6 @@ def plain(source: Path, out: Path, lines: int | None) -> Path:
             kept = f if lines is None else (line for _, line in zip(range(lines), f, strict=False))
             out.write_text("".join(kept), encoding="utf-8")
     return out
-
-
-def run_name(arm: str) -> str:
-    """The folder of an arm's run under WORK/runs: its name in letters, digits and dashes."""
-    return "".join(c if c.isalnum() else "-" for c in arm).strip("-")
 
 
 def tokens_per_s(run: Path) -> float:
@@ -122,7 +129,7 @@ def figure(rows: list[list[str]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_options(parser)
     parser.add_argument("--minutes", type=float, default=30, help="wall-clock training budget of every arm")
@@ -136,7 +143,7 @@ def main() -> None:
     parser.add_argument("--figure", type=Path, help="also draw BLEU and training speed per arm here (PNG)")
     parser.add_argument("--train_lines", type=int, help="smoke test only: train on the first N pairs")
     parser.add_argument("--test_lines", type=int, help="smoke test only: score the first N test sentences")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     arms = [arm.strip() for arm in args.arms.split(",")]
     unknown = [arm for arm in arms if arm not in ARMS]
     if unknown:
@@ -157,7 +164,7 @@ def main() -> None:
     search = ("--search.beam", "4", "--search.alpha", "0.6")
     rows = []
     for arm in arms:
-        name = run_name(arm)  # by arm, not by position: a study given more arms later keeps its runs
+        name = run_name(arm)
         budget = {"steps": args.steps} if args.steps else {"minutes": args.minutes}
         config = steps.arm_config(name, data, **budget)
         values = yaml.safe_load(config.read_text(encoding="utf-8"))
@@ -177,7 +184,8 @@ def main() -> None:
     publish(f"Components on Multi30k en-de, {budget_text} of training each", COLUMNS, rows, args.output)
     if args.figure:
         figure(rows, args.figure)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -159,3 +159,63 @@ def test_describe_counts_grouped_query_attention_and_a_gated_network(
     assert (
         model.decoder_layers[0].self_attn.in_proj.out_features == 32 + 2 * 8
     )  # W^Q, and one head of W^K, W^V
+
+
+def test_describe_counts_the_lora_adapters_of_a_fit_config(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A config with lora.rank: the adapters' parameters are counted, and only they have gradients and Adam's
+    moments in the estimate."""
+    from attnx.model.lora import adapter_targets, add_adapters
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lora.yaml").write_text(
+        "model: {transformer: {d_model: 32, d_ff: 64, n_heads: 4, encoder_layers: 2, decoder_layers: 2}}\n"
+        "lora: {rank: 4, projections: [in_proj, out_proj]}\n"
+    )
+    assert main(["describe", "--config", "lora.yaml", "--vocab_size", "300", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    model = build_transformer(
+        TransformerConfig(vocab_size=300, d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2)
+    )
+    add_adapters(model, adapter_targets(model, ["in_proj", "out_proj"], ["*"]), 4, 16.0)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    assert f"parameters: {total:,} " in out and f"; {trainable:,} of them train (lora rank 4)" in out
+    assert (
+        f"Adam {8 * trainable / 2**10:,.0f} KiB of the {trainable:,} trainable parameters of {total:,}" in out
+    )
+
+
+def test_describe_reads_the_trainer_and_data_of_every_file_as_fit_merges_them(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A second file that only switches activation checkpointing on keeps big's 8 devices, batches and steps."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpointing.yaml").write_text(
+        "model:\n  transformer:\n    activation_checkpointing: true\n"
+    )
+    assert main(["describe", "--config", "big", "--config", "checkpointing.yaml", "--device", "a100"]) == 0
+    out = capsys.readouterr().out
+    assert "(a100, bf16-mixed, 1 batch of 3,125 tokens per side a step on each of 8 devices;" in out
+    assert "with activation checkpointing" in out and "for 300,000 steps (max_steps)" in out
+
+
+@pytest.mark.parametrize(
+    ("component", "added"),
+    [
+        ("norm: {name: rmsnorm}", -(2 * 2 + 2 * 3) * 32),  # a gain and no bias in each of the 10 norms
+        ("positional: {name: rotary}", 0),  # no parameters, as the sinusoid
+        ("positional: {name: t5_relative}", 2 * 32 * 4),  # one table of 32 buckets x 4 heads per stack
+    ],
+)
+def test_describe_counts_the_parameters_each_component_has(
+    component: str, added: int, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    def parameters(transformer: str) -> int:
+        (tmp_path / "m.yaml").write_text(f"model:\n  transformer:\n    {transformer}\n")
+        assert main(["describe", "--config", "tiny", "--config", "m.yaml", "--vocab_size", "300"]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("parameters: "))
+        return int(line.split()[1].replace(",", ""))
+
+    assert parameters(component) - parameters("dropout: 0.1") == added

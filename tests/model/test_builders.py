@@ -132,8 +132,10 @@ def test_architecture_leaves_out_only_what_acts_while_training():
         {"feedforward": {"name": "swiglu"}},  # three d x d_ff matrices
         {"self_attention": {"name": "multihead", "args": {"kv_heads": 2}}},  # W^K, W^V of 2 heads of 4
         {"cross_attention": {"name": "multihead", "args": {"kv_heads": 1}}, "feedforward": {"name": "geglu"}},
+        {"norm": {"name": "rmsnorm"}, "positional": {"name": "rotary"}},  # no matrices of their own
+        {"positional": {"name": "t5_relative"}},  # a bias added to the scores: no multiply-add
     ],
-    ids=["paper", "swiglu", "gqa", "mqa-cross-geglu"],
+    ids=["paper", "swiglu", "gqa", "mqa-cross-geglu", "rmsnorm-rotary", "t5_relative"],
 )
 def test_training_flops_per_token_are_three_times_the_forward_matmuls_torch_counts(components):
     """A forward pass with equal source and target lengths (the formula charges the encoder-decoder keys and

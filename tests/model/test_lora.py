@@ -53,3 +53,21 @@ def test_wrong_choices_are_one_line(projections, layers, message) -> None:
 def test_a_rank_below_1_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^lora\.rank must be >= 1"):
         add_adapters(build_transformer(tiny_config()), [], rank=0, alpha=1.0)
+
+
+def test_a_gated_feed_forward_network_takes_adapters_on_its_three_matrices() -> None:
+    from attnx.model import ComponentSpec
+    from attnx.model.lora import adapter_parameters
+
+    model = build_transformer(tiny_config(feedforward=ComponentSpec("swiglu"))).eval()
+    names = adapter_targets(model, ["w", "v", "w2"], ["encoder_layers.0"])
+    assert names == ["encoder_layers.0.ffn.w", "encoder_layers.0.ffn.v", "encoder_layers.0.ffn.w2"]
+    expected = adapter_parameters(model, names, 2)
+    assert expected == 3 * 2 * (32 + 64)  # rank 2 x (d_model + d_ff) each
+    src, src_mask, _, tgt_in = pair_batch()
+    before = model(src, tgt_in, src_mask)
+    add_adapters(model, names, rank=2, alpha=4.0)
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == expected
+    with torch.no_grad():
+        model.encoder_layers[0].ffn.v.parametrizations.weight[0].lora_B.fill_(0.1)
+    assert not torch.allclose(model(src, tgt_in, src_mask), before)

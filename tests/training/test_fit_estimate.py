@@ -46,3 +46,41 @@ def test_a_resumed_run_is_estimated_for_what_is_left_and_a_run_without_validatio
     )
     trainer.val_check_interval = 4
     assert len(fit_estimate_lines(trainer, module, data)) == 2
+
+
+def test_under_lora_only_the_adapters_have_gradients_and_adam_moments(corpus: Path) -> None:
+    """fit estimates before LoRA's callback puts the adapters on: they are counted as the model will have them
+    (its frozen weights once, the adapters' gradients and Adam's moments alone)."""
+    import copy
+    from types import SimpleNamespace
+
+    from attnx.data.corpus import PreparedCorpus
+    from attnx.model import build_transformer
+    from attnx.model.lora import adapter_targets, add_adapters
+    from attnx.training.lora import LowRankAdapters
+
+    prepared = PreparedCorpus(corpus)
+    config = tiny_config(vocab_size=prepared.vocab_size)
+    module = SimpleNamespace(config=config, model=build_transformer(config))
+    data = SimpleNamespace(corpus=prepared, train_split="train", max_tokens=512, eval_max_tokens=512)
+    lora = LowRankAdapters(rank=4, projections=["in_proj", "w2"], layers=["decoder_layers.*"])
+    trainer = SimpleNamespace(
+        strategy=SimpleNamespace(root_device=torch.device("cpu")),
+        precision="32-true",
+        accumulate_grad_batches=1,
+        max_steps=10,
+        callbacks=[lora],
+        val_check_interval=4,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+    )
+    adapted = copy.deepcopy(module.model)
+    add_adapters(adapted, adapter_targets(adapted, lora.projections, lora.layers), 4, 16.0)
+    trainable = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in adapted.parameters())
+    assert 0 < trainable < total / 10
+    memory = fit_estimate_lines(trainer, module, data)[0]
+    assert f"of the {trainable:,} trainable parameters of {total:,}" in memory
+    assert lora.parameters(adapted) == (total, trainable)  # the same once the adapters are on
+    trainer.callbacks = []
+    assert "trainable" not in fit_estimate_lines(trainer, module, data)[0]

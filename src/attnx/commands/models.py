@@ -121,6 +121,10 @@ FIT_SECTIONS = (
     "evaluation",
     "progress",
     "throughput",
+    "best",
+    "ema",
+    "lora",
+    "init_from",
     "optimizer",
     "lr_scheduler",
     "ckpt_path",
@@ -192,7 +196,8 @@ def describe(
     the prepared corpus the config's data.data_dir names (when it exists here), else the paper's 37,000.
     Where that corpus exists, its training batches are counted too: how many an epoch, in how many tensor
     shapes (data.shape_buckets), and their share of padding. The estimate (attnx.training.estimate) takes the
-    config's data.max_tokens, trainer.accumulate_grad_batches, max_steps and max_time.
+    config's data.max_tokens, trainer.accumulate_grad_batches, max_steps and max_time. Where the config has
+    LoRA adapters (lora.rank), their parameters are counted, and only they have gradients and Adam's moments.
 
     Args:
         config: A fit config (its model.transformer section) or a transformer YAML: a path or a packaged name.
@@ -215,6 +220,8 @@ def describe(
 
     import yaml
 
+    from attnx.commands.fit_sections import batch_plan, files_merged, run_estimate
+    from attnx.commands.fit_sections import section as fit_section
     from attnx.model import TransformerConfig, build_transformer
     from attnx.model.builders import count_parameters, decoding_cache_values, training_flops_per_token
 
@@ -234,11 +241,12 @@ def describe(
         data_dir: tuple[Any, Path] | None = None
         vocab_set = False
         for path in paths:
-            values = yaml.safe_load(path.read_text(encoding="utf-8"))
-            settings = checked_section(values, str(path))
+            read = yaml.safe_load(path.read_text(encoding="utf-8"))
+            settings = checked_section(read, str(path))
             section = merged(section, settings, TransformerConfig)
             vocab_set = vocab_set or "vocab_size" in settings
-            data_dir = corpus_of(values, path) or data_dir
+            data_dir = corpus_of(read, path) or data_dir
+            values = files_merged(values, read)  # the trainer, data and lora sections of all the files
         model_config = TransformerConfig.from_dict(section)
         label = " + ".join(map(str, paths))
         if vocab_set:
@@ -250,7 +258,15 @@ def describe(
     if vocab_size:
         model_config.vocab_size, vocab_source = vocab_size, "--vocab_size"
     model = build_transformer(model_config)
-    params = count_parameters(model)
+    params, trainable = count_parameters(model), None
+    lora = fit_section(values, "lora")
+    if lora.get("rank") is not None:  # the fit config's adapters: only they train
+        from attnx.training.lora import LowRankAdapters
+
+        try:
+            params, trainable = LowRankAdapters(**lora).parameters(model)
+        except TypeError as err:
+            raise ConfigError(f"lora section of {label}: {err}") from None
     flops = training_flops_per_token(model_config, seq_len, seq_len)
     c = model_config
     print(f"model: {label}")
@@ -262,137 +278,24 @@ def describe(
         f"  components: self-attention {c.self_attention.name}, cross-attention {c.cross_attention.name}, "
         f"feed-forward {c.feedforward.name}, positional {c.positional.name}, norm {c.norm.name} ({c.norm_position})"
     )
-    print(f"parameters: {params:,} ({params / 1e6:.1f}M)")
+    print(
+        f"parameters: {params:,} ({params / 1e6:.1f}M)"
+        + (f"; {trainable:,} of them train (lora rank {lora['rank']}), the rest frozen" if trainable else "")
+    )
     print(
         f"training FLOPs per token (source+target, length {seq_len} each): "
         f"{flops['per_token'] / 1e6:.1f} MFLOP; per target token: {flops['per_target_token'] / 1e6:.1f} MFLOP"
     )
     cache = {k: f"{2 * n:,} bytes per {k[4:].replace('_', ' ')}" for k, n in decoding_cache_values(c).items()}
     print(f"decoding cache per sentence (keys and values, 2 bytes each in bf16): {', '.join(cache.values())}")
-    plan = batch_plan(values, path.parent) if config else None
+    plan = batch_plan(values, data_dir[1] if data_dir else Path.cwd()) if config else None
     if plan:
         print(plan)
     if device is None:
         print("memory and time: add --device h100|h200|a100|cpu for an estimate")
         return 0
-    for line in run_estimate(values, model_config, params, device, precision, mfu, seq_len, devices):
+    for line in run_estimate(
+        values, model_config, params, device, precision, mfu, seq_len, devices, trainable
+    ):
         print(line)
     return 0
-
-
-def _section(values: Any, name: str) -> dict[str, Any]:
-    section = values.get(name) if isinstance(values, dict) else None
-    section = section.get("init_args", section) if isinstance(section, dict) else None
-    return section if isinstance(section, dict) else {}
-
-
-def batch_plan(values: Any, base: Path) -> str | None:
-    """The training batches of the prepared corpus a fit config names, in one line, when it exists here."""
-    from attnx.data.corpus import META
-    from attnx.data.datamodule import PLAN_OPTIONS, TranslationDataModule, auto_shape_buckets
-    from attnx.data.errors import DataError
-
-    data = _section(values, "data")
-    if "data_dir" not in data:
-        return None
-    for root in (Path.cwd(), base):
-        directory = root / str(data["data_dir"])
-        if (directory / META).is_file():
-            try:
-                options = {k: data[k] for k in PLAN_OPTIONS if data.get(k) is not None}
-                datamodule = TranslationDataModule(str(directory), **options)
-                if "shape_buckets" not in options:  # what `attnx fit` chooses from its precision and device
-                    trainer = _section(values, "trainer")
-                    on_gpu = str(trainer.get("accelerator", "auto")) in ("gpu", "cuda")
-                    precision = trainer.get("precision")
-                    if precision is None and not on_gpu:  # chosen from this CPU's bf16 units, as fit does
-                        from attnx.training.precision import choose_cpu_precision, cpu_flags
-
-                        precision = choose_cpu_precision(cpu_flags()).precision
-                    datamodule.shape_buckets = auto_shape_buckets(str(precision), on_gpu)
-                return datamodule.train_sampler.summary()
-            except (DataError, OSError, KeyError, ValueError) as err:
-                return f"batches: not counted, {directory} cannot be read as a prepared corpus ({err!r})"
-    return None
-
-
-def run_estimate(
-    values: Any,
-    model_config: Any,
-    parameters: int,
-    device: str,
-    precision: str | None,
-    mfu: float | None,
-    seq_len: int,
-    devices: int | None = None,
-) -> list[str]:
-    """The estimate lines of `describe --device`, from the config's trainer and data sections."""
-    from attnx.training.estimate import estimate_run, larger_batches
-    from attnx.training.precision import FP32, choose_cpu_precision, cpu_flags
-
-    trainer, data = _section(values, "trainer"), _section(values, "data")
-    precision = precision or trainer.get("precision")
-    if not precision:
-        precision = choose_cpu_precision(cpu_flags()).precision if device == "cpu" else "bf16-mixed"
-    if device != "cpu" and str(precision).startswith("32"):
-        precision = FP32
-    max_tokens = int(data.get("max_tokens") or 4096)
-    accumulate = int(trainer.get("accumulate_grad_batches") or 1)
-    configured = trainer.get("devices")
-    configured = configured if isinstance(configured, int) and configured > 0 else 1
-    devices = devices or configured
-    if devices < 1:
-        raise ConfigError(f"--devices must be at least 1, got {devices}")
-    if devices != configured:  # the same tokens a step: accumulate what the missing devices would have done
-        accumulate = max(1, round(accumulate * configured / devices))
-    estimate = estimate_run(
-        model_config,
-        parameters,
-        max_tokens,
-        str(precision),
-        device,
-        accumulate=accumulate,
-        max_steps=trainer.get("max_steps"),
-        max_time_seconds=max_time_seconds(trainer.get("max_time")),
-        mfu=mfu,
-        src_len=seq_len,
-        tgt_len=seq_len,
-        captured=captures(values, device, devices, accumulate),
-    )
-    batch = f"{accumulate} batch{'es' * (accumulate > 1)} of {max_tokens:,} tokens per side a step"
-    where = f" on each of {devices} devices" if devices > 1 else " on 1 device"
-    lines = estimate.lines()
-    if device != "cpu":
-        interval = trainer.get("val_check_interval")
-        if isinstance(interval, int) and devices != configured:  # it counts batches: as many a step
-            interval = max(1, round(interval * configured / devices))
-        hint = larger_batches(estimate, model_config, max_tokens, seq_len, seq_len, interval)
-        lines += [hint] if hint else []
-    return [f"estimate ({device}, {precision}, {batch}{where}; estimates, not measurements):"] + [
-        f"  {line}" for line in lines
-    ]
-
-
-def captures(values: Any, device: str, devices: int, accumulate: int) -> bool:
-    """Whether `attnx fit` would capture this config's steps on `device` (attnx.training.captured_steps): a
-    GPU, `cuda_graphs` not false, shape buckets (or `cuda_graphs: true`), and not DDP without accumulation."""
-    enabled = values.get("cuda_graphs") if isinstance(values, dict) else None
-    buckets = _section(values, "data").get("shape_buckets")
-    return (
-        device != "cpu"
-        and enabled is not False
-        and (buckets != 0 or enabled is True)
-        and not (devices > 1 and accumulate == 1)
-    )
-
-
-def max_time_seconds(value: Any) -> float | None:
-    """Lightning's `max_time` (`DD:HH:MM:SS`, or a mapping of timedelta fields) in seconds."""
-    import datetime
-
-    if not value:
-        return None
-    if isinstance(value, dict):
-        return datetime.timedelta(**value).total_seconds()
-    days, hours, minutes, seconds = (int(x) for x in str(value).split(":"))
-    return datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()

@@ -16,6 +16,9 @@ class GatedFeedForward(nn.Module):
     of the paper's two-matrix network; `d_ff = 2/3 · 4 · d_model` matches them (Shazeer's choice). `bias`
     (default off, as in the paper) adds biases to all three; `dropout` acts on the gated hidden activations.
     The gate's activation is each registered class's own: SiLU for SwiGLU, GELU for GEGLU.
+    [`hidden`][attnx.components.gated.GatedFeedForward.hidden] is everything before `W2`, a method of its own:
+    where it is compiled ([`fuse_pointwise`][attnx.training.fusion.fuse_pointwise]) the activation, the
+    product and the dropout after the two matrix products are one kernel.
     """
 
     matrices = 3
@@ -36,8 +39,11 @@ class GatedFeedForward(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = self.activation(self.w(x)) * self.v(x)  # (B, T, d_ff)
-        return self.w2(F.dropout(hidden, self.dropout, self.training))  # (B, T, D)
+        return self.w2(self.hidden(x))  # (B, T, D)
+
+    def hidden(self, x: Tensor) -> Tensor:
+        """`Dropout(act(x W) ⊗ x V)`, `(B, T, d_ff)`."""
+        return F.dropout(self.activation(self.w(x)) * self.v(x), self.dropout, self.training)
 
 
 class SwiGLUFeedForward(GatedFeedForward):

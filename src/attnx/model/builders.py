@@ -35,7 +35,9 @@ class TransformerConfig:
     n_heads: int = 8
     """Attention heads h; d_k = d_v = d_model / h (§3.2.2)."""
     d_ff: int = 2048
-    """Inner width of the position-wise feed-forward network (§3.3)."""
+    """Inner width of the position-wise feed-forward network (§3.3). For a gated network (`swiglu`, `geglu`)
+    it is the width of each of its three `d_model x d_ff` matrices, so the same `d_ff` has 1.5x the parameters
+    and FLOPs of the paper's two: about 2/3 of the paper's width keeps them equal (d_ff 688 against 1024)."""
     encoder_layers: int = 6
     """Encoder layers N (§3.1)."""
     decoder_layers: int = 6
@@ -143,10 +145,7 @@ def refuse_positions(
 
 def build_transformer(config: TransformerConfig, registry: ComponentRegistry | None = None) -> Transformer:
     """Assemble a Transformer from `config`, looking components up in `registry` (default: installed plugins)."""
-    if registry is None:
-        from attnx.plugins import registry as installed
-
-        registry = installed()
+    registry = installed_registry(registry)
     _check(config)
     d, h = config.d_model, config.n_heads
     residual = RESIDUALS[config.norm_position]
@@ -222,33 +221,49 @@ def build_transformer(config: TransformerConfig, registry: ComponentRegistry | N
     )
 
 
+def installed_registry(registry: ComponentRegistry | None = None) -> ComponentRegistry:
+    """`registry`, or the installed plugins' when None."""
+    if registry is not None:
+        return registry
+    from attnx.plugins import registry as installed
+
+    return installed()
+
+
+def layer_matrices(
+    config: TransformerConfig, registry: ComponentRegistry | None = None
+) -> tuple[float, float]:
+    """Weights of the matrices of one encoder layer and of one decoder layer (each a multiply-add per token).
+
+    Attention: W^Q and W^O of `d x d`, W^K and W^V of `kv_heads / n_heads` of that (grouped-query attention,
+    `kv_heads` in an attention's args); the feed-forward network: as many `d x d_ff` matrices as its class's
+    `matrices` says (3 for a gated one, 2 when absent), looked up in `registry` (default: installed plugins).
+    """
+    registry = installed_registry(registry)
+    d, f, h = config.d_model, config.d_ff, config.n_heads
+    ffn = getattr(registry.get(Kind.FEEDFORWARD, config.feedforward.name), "matrices", 2) * d * f
+
+    def projections(spec: ComponentSpec) -> float:  # W^Q, W^O, and W^K, W^V over kv_heads / n_heads
+        return 2 * d * d + 2 * d * d * (spec.args.get("kv_heads") or h) / h
+
+    encoder = projections(config.self_attention) + ffn
+    return encoder, encoder + projections(config.cross_attention)
+
+
 def training_flops_per_token(
     config: TransformerConfig, src_len: float, tgt_len: float, registry: ComponentRegistry | None = None
 ) -> dict[str, float]:
     """Training FLOPs (forward + backward = 3 × forward, 2 FLOPs per multiply-add) per real token.
 
-    Counts every matmul: projections and FFNs of each layer, attention scores and weighted sums
-    (`2·len·d` each per query, full square as the kernels compute it), and the output projection.
-    Grouped-query attention (`kv_heads` in an attention's args) shrinks W^K and W^V to `kv_heads / n_heads`
-    of their rows; the feed-forward network multiplies by as many `d x d_ff` matrices as its class's
-    `matrices` says (3 for a gated one, 2 when absent), looked up in `registry` (default: installed plugins).
-    `per_token` divides by source + target tokens, `per_target_token` by target tokens only.
+    Counts every matmul: the layers' matrices ([`layer_matrices`][attnx.model.builders.layer_matrices]:
+    grouped-query attention's smaller W^K and W^V, a gated network's three matrices), attention scores and
+    weighted sums (`2·len·d` each per query, full square as the kernels compute it), and the output
+    projection. `per_token` divides by source + target tokens, `per_target_token` by target tokens only.
     """
-    if registry is None:
-        from attnx.plugins import registry as installed
-
-        registry = installed()
-    d, f, v, h = config.d_model, config.d_ff, config.vocab_size, config.n_heads
-    ffn_matrices = getattr(registry.get(Kind.FEEDFORWARD, config.feedforward.name), "matrices", 2)
-
-    def projections(spec: ComponentSpec) -> float:  # W^Q, W^O, and W^K, W^V over kv_heads / n_heads
-        return 2 * d * d + 2 * d * d * (spec.args.get("kv_heads") or h) / h
-
-    ffn = ffn_matrices * d * f
-    enc_layer = projections(config.self_attention) + ffn + 2 * src_len * d  # MACs per source token per layer
-    dec_layer = (
-        projections(config.self_attention) + projections(config.cross_attention) + ffn + 2 * tgt_len * d
-    ) + 2 * src_len * d
+    d, v = config.d_model, config.vocab_size
+    encoder, decoder = layer_matrices(config, registry)
+    enc_layer = encoder + 2 * src_len * d  # MACs per source token per layer
+    dec_layer = decoder + 2 * tgt_len * d + 2 * src_len * d
     fwd_src = 2 * config.encoder_layers * enc_layer
     fwd_tgt = 2 * (config.decoder_layers * dec_layer + d * v)
     total = 3 * (fwd_src * src_len + fwd_tgt * tgt_len)

@@ -16,8 +16,9 @@ from torch.nn.utils import parametrize
 
 from attnx.errors import ConfigError
 
-PROJECTIONS = ("in_proj", "out_proj", "w1", "w2")
-"""The projections adapters may go on: attention's stacked W^Q/W^K/W^V and W^O, the FFN's two layers."""
+PROJECTIONS = ("in_proj", "out_proj", "w1", "w2", "w", "v")
+"""The projections adapters may go on: attention's stacked W^Q/W^K/W^V and W^O, the paper's FFN's two layers
+`w1` and `w2`, a gated FFN's (SwiGLU, GEGLU) gate `w` and linear branch `v` (its output layer is `w2` too)."""
 
 
 class LowRankDelta(nn.Module):
@@ -54,6 +55,12 @@ def adapter_targets(model: nn.Module, projections: list[str], layers: list[str])
             "decoder_layers.N; `*` matches any)"
         )
     return names
+
+
+def adapter_parameters(model: nn.Module, names: list[str], rank: int) -> int:
+    """Parameters that adapters of `rank` on the projections `names` of `model` add: `r · (in + out)` each."""
+    linears = [model.get_submodule(name) for name in names]
+    return sum(rank * (linear.in_features + linear.out_features) for linear in linears)
 
 
 def add_adapters(model: nn.Module, names: list[str], rank: int, alpha: float) -> None:

@@ -6,7 +6,8 @@ its first lines for the device it runs on. Every figure is an estimate, said as 
 * memory per device: fp32 weights (4 bytes a parameter; Lightning's bf16-mixed keeps them in fp32 as well),
   their gradients (4), Adam's two moments (8), and the activations a training batch of `max_tokens` source and
   `max_tokens` target tokens keeps for the backward pass
-  ([`activation_bytes`][attnx.training.estimate.activation_bytes]);
+  ([`activation_bytes`][attnx.training.activations.activation_bytes], counted for the config's components);
+  under LoRA gradients and Adam's moments of the adapters alone;
 * time: the batch's training FLOPs ([training_flops_per_token][attnx.model.builders.training_flops_per_token],
   padding included) over the device's peak in the precision that runs times a stated MFU (model FLOPs
   utilization). Peaks: [`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS] (data sheets) for GPUs, this CPU's
@@ -25,6 +26,7 @@ import torch
 from attnx.errors import ConfigError
 from attnx.model import TransformerConfig
 from attnx.model.builders import training_flops_per_token
+from attnx.training.activations import activation_bytes
 from attnx.training.capture import pool_bytes
 from attnx.training.throughput import GPU_PEAKS, cpu_peak_flops, gpu_peak, precision_dtype
 
@@ -45,63 +47,6 @@ host time, however fast the GPU: the floor of the time estimate on GPUs."""
 
 DEVICES = {"h100": "h100", "h200": "h200", "a100": "a100"}
 """`--device` names → their [`GPU_PEAKS`][attnx.training.throughput.GPU_PEAKS] key (the SXM parts); `cpu` is this CPU."""
-
-# Bytes the backward pass keeps per token, per layer, counted from the tensors attnx's own layers save for it
-# (torch.autograd.graph.saved_tensors_hooks over an encoder and a decoder layer, torch 2.13, dropout on) in
-# fp32; under bf16/fp16 autocast about 0.7 of it (matrix products save 2-byte copies; norms, softmax
-# statistics and residuals stay fp32).
-ENCODER_BYTES = (40, 4)  # (per d_model, per d_ff) for each source token and encoder layer
-DECODER_BYTES = (60, 4)  # the same for each target token and decoder layer
-CROSS_BYTES = 8  # per d_model for each source token and decoder layer: cross-attention keys and values
-EMBEDDING_BYTES = 12  # per d_model for each token: embedding, positions, dropout, the encoder's output
-HALF_PRECISION_SHARE = 0.7
-CPU_BF16_ATTENTION_BYTES = 6  # per head, query and key: bf16 on CPU computes attention explicitly (fp32
-# softmax + bf16 copy), where the fused kernels of fp32 and of GPUs keep only a per-row statistic
-
-
-def activation_bytes(
-    config: TransformerConfig,
-    src_tokens: int,
-    tgt_tokens: int,
-    precision: str = "32-true",
-    device: str = "cuda",
-    src_len: float = 25.0,
-    tgt_len: float = 25.0,
-) -> int:
-    """Bytes of the activations one training batch keeps for its backward pass, plus the loss's share.
-
-    `src_tokens`/`tgt_tokens`: the batch's padded tokens per side; `src_len`/`tgt_len`: its padded lengths
-    (they only matter where attention weights are kept). The loss projects the target positions onto the
-    vocabulary and takes its gradients in the forward pass: the features' gradient is kept, and on GPUs the
-    whole batch's logits exist at once for a moment (CPUs take them in chunks).
-    """
-    d, f, v = config.d_model, config.d_ff, config.vocab_size
-    encoder_layer = src_tokens * (ENCODER_BYTES[0] * d + ENCODER_BYTES[1] * f)
-    decoder_layer = tgt_tokens * (DECODER_BYTES[0] * d + DECODER_BYTES[1] * f) + src_tokens * CROSS_BYTES * d
-    half = precision_dtype(precision) in (torch.bfloat16, torch.float16)
-    share = HALF_PRECISION_SHARE if half else 1.0
-    if config.activation_checkpointing:
-        # each layer keeps its fp32 input; one layer at a time holds its whole activations, recomputed
-        layers = 4 * d * (src_tokens * config.encoder_layers + tgt_tokens * config.decoder_layers)
-        layers += share * max(encoder_layer, decoder_layer)
-    else:
-        layers = share * (config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer)
-    layers += share * (src_tokens + tgt_tokens) * EMBEDDING_BYTES * d
-    if half:
-        # autocast keeps a 2-byte copy of every matrix it multiplies by until the backward pass
-        matrices = config.encoder_layers * (4 * d * d + 2 * d * f) + config.decoder_layers * (
-            8 * d * d + 2 * d * f
-        )
-        layers += 2 * (matrices + v * d)
-        if device == "cpu":
-            heads = config.n_heads
-            queries_keys = src_tokens * src_len * config.encoder_layers
-            queries_keys += tgt_tokens * (tgt_len + src_len) * config.decoder_layers
-            layers += CPU_BF16_ATTENTION_BYTES * heads * queries_keys
-    loss = 4 * tgt_tokens * d + 4 * v * d  # the features' and the projection's gradients, fp32
-    if device != "cpu":
-        loss += 2 * 4 * tgt_tokens * v  # logits and their gradient, fp32, for a moment
-    return int(layers + loss)
 
 
 @dataclass(frozen=True)
@@ -126,6 +71,11 @@ class RunEstimate:
     captured_bytes: int = 0  # the captured steps' graph pool (attnx.training.capture), where they capture
     unchecked_activation_bytes: int = 0  # with activation checkpointing: the activations without it
     resumed_at: int = 0  # the step a resumed run starts from (`steps` and `run_seconds` are what is left)
+    trainable: int | None = None  # the parameters that train (LoRA: the adapters'); None: all of them
+
+    @property
+    def trained(self) -> int:
+        return self.parameters if self.trainable is None else self.trainable
 
     @property
     def weight_bytes(self) -> int:
@@ -133,11 +83,11 @@ class RunEstimate:
 
     @property
     def gradient_bytes(self) -> int:
-        return 4 * self.parameters
+        return 4 * self.trained
 
     @property
     def optimizer_bytes(self) -> int:
-        return 8 * self.parameters
+        return 8 * self.trained
 
     @property
     def memory_bytes(self) -> int:
@@ -148,7 +98,13 @@ class RunEstimate:
         """The estimate in a few lines, each saying it is one."""
         memory = (
             f"estimated memory per device: {_size(self.memory_bytes)} (weights {_size(self.weight_bytes)}, "
-            f"gradients {_size(self.gradient_bytes)}, Adam {_size(self.optimizer_bytes)}, activations "
+            f"gradients {_size(self.gradient_bytes)}, Adam {_size(self.optimizer_bytes)}"
+            + (
+                f" of the {self.trained:,} trainable parameters of {self.parameters:,}"
+                if self.trained != self.parameters
+                else ""
+            )
+            + f", activations "
             f"{_size(self.activation_bytes)}"
             + (
                 f" with activation checkpointing, {_size(self.unchecked_activation_bytes)} without"
@@ -231,6 +187,8 @@ def larger_batches(
 
 
 def _size(count: int) -> str:
+    if count < 2**20:  # LoRA's adapters: their gradients and moments may be a few hundred KiB
+        return f"{count / 2**10:,.0f} KiB"
     return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:,.0f} MiB"
 
 
@@ -291,6 +249,7 @@ def estimate_run(
     peak: tuple[float, str, str, float | None] | None = None,
     host_seconds_per_batch: float | None = None,
     captured: bool = False,
+    trainable: int | None = None,
 ) -> RunEstimate:
     """Memory and time of training `config` (`parameters` of them) in batches of `max_tokens` per side and
     device, `accumulate` batches a step, on `device` (`cpu`, `h100`, `h200`, `a100`, or a name from
@@ -303,7 +262,8 @@ def estimate_run(
     [`GPU_HOST_SECONDS_PER_LAYER`][attnx.training.estimate.GPU_HOST_SECONDS_PER_LAYER] per layer; none on CPU).
     The run ends at `max_steps` or after `max_time_seconds`, whichever comes first (neither given: no run time).
     `captured`: the steps are captured as CUDA graphs, whose pool holds a batch's memory once more
-    ([`pool_bytes`][attnx.training.capture.pool_bytes]).
+    ([`pool_bytes`][attnx.training.capture.pool_bytes]). `trainable`: the parameters that train, when not all
+    of them do (LoRA's adapters): only they have gradients and Adam's moments.
     """
     if mfu is not None and not 0 < mfu <= 1:
         raise ConfigError(f"mfu must be in (0, 1], got {mfu}")
@@ -338,6 +298,7 @@ def estimate_run(
         peak_source=source,
         mfu=mfu,
         parameters=parameters,
+        trainable=trainable,
         activation_bytes=activations,
         device_memory_gib=memory,
         step_seconds=step,

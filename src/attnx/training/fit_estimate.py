@@ -13,6 +13,7 @@ import torch
 
 from attnx.model.builders import count_parameters, training_flops_per_token
 from attnx.training.estimate import device_peak, duration_text, estimate_run, larger_batches
+from attnx.training.lora import LowRankAdapters
 from attnx.training.progress import no_validation_line, time_remaining
 from attnx.training.throughput import gpu_peak, precision_dtype
 
@@ -46,9 +47,13 @@ def fit_estimate_lines(
     tgt_len = float(np.mean(train.tgt_lengths)) + 1 if len(train) else 25.0
     config = module.config
     remaining = time_remaining(trainer)
+    parameters, trainable = count_parameters(module.model), None
+    for callback in trainer.callbacks:  # LoRA's adapters go on when fit starts, after this estimate
+        if isinstance(callback, LowRankAdapters) and callback.rank is not None:
+            parameters, trainable = callback.parameters(module.model)
     estimate = estimate_run(
         config,
-        count_parameters(module.model),
+        parameters,
         datamodule.max_tokens,
         precision,
         "cpu" if device.type == "cpu" else "cuda",
@@ -60,6 +65,7 @@ def fit_estimate_lines(
         tgt_len=tgt_len,
         peak=peak,
         captured=captured,
+        trainable=trainable,
     )
     lines = dataclasses.replace(estimate, resumed_at=resumed_step).lines()
     if estimate.steps is not None and (check := no_validation_line(trainer, resumed_step + estimate.steps)):

@@ -2,7 +2,8 @@
 
 At large batches a GPU step is the matrix products plus the pointwise passes between them, each a trip
 through memory: after every sub-layer dropout, the residual add and LayerNorm (the paper's
-`LayerNorm(x + Dropout(Sublayer(x)))`), and in every FFN the bias, ReLU and dropout. Fused, each is one read
+`LayerNorm(x + Dropout(Sublayer(x)))`), and in every FFN the bias, ReLU and dropout (in a gated one, SwiGLU's or
+GEGLU's activation, the product of its two branches and dropout). Fused, each is one read
 and one write. [`fuse_pointwise`][attnx.training.fusion.fuse_pointwise] compiles exactly those methods
 (`torch.compile` of a small function, shapes dynamic) and nothing else: the matrix products, attention and the
 loss stay as they are, and the layers stay plain PyTorch that computes the same eagerly (on CPU, or with the
@@ -29,12 +30,15 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import nn
 
 from attnx.components.feedforward import ReluFeedForward
+from attnx.components.gated import GEGLUFeedForward, SwiGLUFeedForward
 from attnx.model.layers import PostNorm, PreNorm
 
 POINTWISE_METHODS: dict[type[nn.Module], str] = {
     PostNorm: "merge",
     PreNorm: "merge",
     ReluFeedForward: "hidden",
+    SwiGLUFeedForward: "hidden",
+    GEGLUFeedForward: "hidden",
 }
 """The module classes whose pointwise tail is compiled, and the method that holds it. Components of other
 classes (a plugin's FFN or norm) run as they are."""
@@ -87,9 +91,15 @@ class FusedKernels(Callback):
             self._say(f"fused kernels: off on {device.type} (CUDA only); the layers run as they are")
             return
         self.fused = fuse_pointwise(pl_module.model, self.BACKEND)
+        layers = [*pl_module.model.encoder_layers, *pl_module.model.decoder_layers]
+        unfused = sorted(
+            {type(layer.ffn).__name__ for layer in layers} - {c.__name__ for c in POINTWISE_METHODS}
+        )
+        if unfused:
+            self._say(f"fused kernels: {', '.join(unfused)} left as it is (no compiled tail for its class)")
         self._say(
             f"fused kernels: the pointwise tails of {self.fused} residual connections and FFNs compiled "
-            "(dropout + residual + LayerNorm, bias + ReLU + dropout); the first step compiles them"
+            "(dropout + residual + norm, the FFN's activation + dropout); the first step compiles them"
         )
 
     def on_train_batch_start(

@@ -14,9 +14,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from torch import nn
 
 from attnx.errors import ConfigError
-from attnx.model.lora import PROJECTIONS, adapted, adapter_targets, add_adapters
+from attnx.model.lora import PROJECTIONS, adapted, adapter_parameters, adapter_targets, add_adapters
 from attnx.training.ema import WeightEMA
 
 LORA_KEY = "attnx_lora"
@@ -39,7 +40,8 @@ class LowRankAdapters(Callback):
                 trains.
             alpha: The adapters' scale is alpha / rank (the LoRA paper's α).
             projections: Which projections get adapters, among `in_proj` (attention's W^Q, W^K, W^V), `out_proj`
-                (W^O), `w1` and `w2` (the feed-forward layers). Default: `in_proj` and `out_proj`.
+                (W^O), `w1` and `w2` (the feed-forward layers; a gated one's are `w`, `v` and `w2`). Default:
+                `in_proj` and `out_proj`.
             layers: Glob patterns over the layers' names, `encoder_layers.N` and `decoder_layers.N`: e.g.
                 `[decoder_layers.*]` for the decoder alone. Default: every layer.
         """
@@ -52,6 +54,18 @@ class LowRankAdapters(Callback):
         unknown = sorted(set(self.projections) - set(PROJECTIONS))
         if unknown:
             raise ConfigError(f"lora.projections {unknown} unknown; choose among {list(PROJECTIONS)}")
+
+    def parameters(self, model: nn.Module) -> tuple[int, int | None]:
+        """`(all parameters, trainable ones)` of `model` once this run's adapters are on it (they are added when
+        fit starts); trainable None when every weight trains (no rank)."""
+        total = sum(p.numel() for p in model.parameters())
+        if self.rank is None:
+            return total, None
+        if adapted(model):
+            return total, sum(p.numel() for p in model.parameters() if p.requires_grad)
+        names = adapter_targets(model, self.projections, self.layers)
+        adapters = adapter_parameters(model, names, self.rank)
+        return total + adapters, adapters
 
     @property
     def state_key(self) -> str:

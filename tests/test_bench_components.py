@@ -1,0 +1,52 @@
+"""bench/bench_components.py (today's components against the paper's model): each arm's run under a name of its
+own, and a toy-size study run one arm at a time."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def load_script():
+    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_components.py` has it
+    spec = importlib.util.spec_from_file_location("bench_components", REPO / "bench" / "bench_components.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+components = load_script()
+
+
+def test_every_arm_runs_under_a_name_of_its_own() -> None:
+    names = [components.run_name(arm) for arm in components.ARMS]
+    assert len(set(names)) == len(names) and components.run_name("swiglu (d_ff 688)") == "arm_swiglu_d_ff_688"
+
+
+@pytest.mark.slow
+def test_a_study_run_one_arm_at_a_time_keeps_each_arm_s_own_run(shared_data: Path, tmp_path: Path) -> None:
+    """`--arms paper`, then `--arms swiglu` in the same work folder: the second trains its own model (not the
+    paper's run of the first, found again), then both together reuse the two runs."""
+    work = ["--work", str(tmp_path / "work"), "--data", str(shared_data), "--steps", "2", "--train_lines", "200",
+            "--test_lines", "2", "--vocab_size", "500", "--threads", "1"]  # fmt: skip
+
+    def rows(arms: str) -> dict[str, list[str]]:
+        out = tmp_path / f"{arms}.md"
+        assert components.main([*work, "--arms", arms, "--output", str(out)]) == 0
+        lines = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| ")]
+        return {cells[0].strip("| "): cells for cells in lines[1:]}
+
+    paper = rows("paper")["paper"]
+    swiglu = rows("swiglu (d_ff 688)")["swiglu (d_ff 688)"]
+    assert paper[3] != swiglu[3]  # parameters: three 256 x 688 matrices against two 256 x 1024 ones
+    both = rows("paper,swiglu (d_ff 688)")
+    assert both["paper"][3] == paper[3] and both["swiglu (d_ff 688)"][3] == swiglu[3]
+    assert sorted(p.name for p in (tmp_path / "work" / "runs").iterdir()) == [
+        "arm_paper",
+        "arm_swiglu_d_ff_688",
+    ]

@@ -1,0 +1,89 @@
+"""bench/bench_toolbox.py (the README's run against EMA, subword sampling and both): what it reads off the runs'
+CSV logs, how validation picks, and a toy-size run of two arms end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def load_script():
+    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_toolbox.py` has it: its `harness` module
+    spec = importlib.util.spec_from_file_location("bench_toolbox", REPO / "bench" / "bench_toolbox.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+toolbox = load_script()
+
+
+def test_validation_picks_the_best_last_validation_bleu_and_the_lower_loss_on_a_tie() -> None:
+    curves = {
+        "readme": {"val/bleu": [(500, 30.0), (1000, 36.0)], "val/loss": [(500, 3.0), (1000, 2.9)]},
+        "ema": {
+            "val/bleu": [(500, 37.0), (1000, 35.5)],
+            "val/loss": [(500, 2.8), (1000, 2.8)],
+        },  # best, not last
+        "subword sampling": {"val/bleu": [(1000, 36.0)], "val/loss": [(1000, 2.7)]},
+    }
+    assert toolbox.validation_pick(curves) == "subword sampling"  # readme's tie, lower loss
+    assert toolbox.validation_pick({"readme": {"val/bleu": [], "val/loss": []}}) is None
+
+
+def test_the_logs_of_a_resumed_run_are_read_in_version_order(tmp_path: Path) -> None:
+    header = "epoch,step,train/tokens_per_s,val/bleu,val/loss\n"
+    for version, text in ((10, "0,30,,12.5,3.1\n0,31,900,,\n"), (2, "0,10,1000,,\n0,20,,10.0,3.5\n")):
+        (tmp_path / f"version_{version}").mkdir()
+        (tmp_path / f"version_{version}" / "metrics.csv").write_text(header + text)
+    rows = toolbox.logged_rows(tmp_path)
+    assert [r["step"] for r in rows] == ["10", "20", "30", "31"]
+    assert toolbox.series(rows, "val/bleu") == [(20, 10.0), (30, 12.5)]
+    assert toolbox.median(rows, "train/tokens_per_s") == 950.0
+    assert toolbox.median(rows, "train/tgt_tokens_per_s") != toolbox.median(
+        rows, "train/tgt_tokens_per_s"
+    )  # nan
+
+
+def test_each_arm_adds_its_options_to_the_readme_command() -> None:
+    assert toolbox.arm_options("readme", 0.999, 0.1) == {}
+    both = toolbox.arm_options("ema + subword sampling", 0.999, 0.1)
+    assert both == {"ema": {"decay": 0.999}, "data": {"subword_sampling": {"alpha": 0.1}}}
+    assert toolbox.merged({"data": {"data_dir": "d"}}, both)["data"] == {
+        "data_dir": "d",
+        "subword_sampling": {"alpha": 0.1},
+    }
+    assert toolbox.user_command("ema + subword sampling", 0.999, 0.1) == (
+        "attnx fit --config configs/multi30k_cpu.yaml --ema.decay 0.999 --data.subword_sampling.alpha 0.1"
+    )
+
+
+@pytest.mark.slow
+def test_toy_run_of_two_arms_has_their_rows_curves_and_pick(
+    shared_data: Path, tmp_path: Path, capsys
+) -> None:
+    """The README's model for 4 updates on 200 pairs: the numbers mean nothing, the table, figure and pick exist."""
+    argv = ["--work", str(tmp_path / "work"), "--data", str(shared_data), "--steps", "4", "--train_lines", "200",
+            "--test_lines", "3", "--vocab_size", "500", "--val_check_interval", "2", "--bleu_samples", "3",
+            "--arms", "readme,ema + subword sampling", "--threads", "1",
+            "--output", str(tmp_path / "table.md"), "--figure", str(tmp_path / "curves.png")]  # fmt: skip
+    assert toolbox.main(argv) == 0
+    out = capsys.readouterr().out
+    table = (tmp_path / "table.md").read_text()
+    assert "| readme |" in table and "| ema + subword sampling |" in table and "1.00x |" in table
+    assert "chosen by validation (best last val BLEU): " in table
+    assert "--ema.decay 0.999 --data.subword_sampling.alpha 0.1" in table
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    assert "The training toolbox on Multi30k en-de, 4 updates of training each (" in out
+    logged = toolbox.logged_rows(tmp_path / "work" / "runs" / "toolbox_ema_subword_sampling")
+    assert len(toolbox.series(logged, "val/loss")) == 2  # validations at steps 2 and 4
+    fit_log = (tmp_path / "work" / "logs" / "fit_toolbox_ema_subword_sampling.log").read_text()
+    assert (
+        "ema: an average of the weights (decay 0.999" in fit_log
+        and "subword sampling: BPE-dropout 0.1" in fit_log
+    )
