@@ -138,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
     parser.add_argument(
+        "--warmup_steps",
+        type=int,
+        help="every arm's model.warmup_steps (default: the config's 800, for 30 minutes; scale it with the budget)",
+    )
+    parser.add_argument(
         "--precision", help="every arm's --trainer.precision (default: the config's, chosen from the CPU)"
     )
     parser.add_argument("--figure", type=Path, help="also draw BLEU and training speed per arm here (PNG)")
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     for arm in arms:
         name = run_name(arm)
         budget = {"steps": args.steps} if args.steps else {"minutes": args.minutes}
-        config = steps.arm_config(name, data, **budget)
+        config = steps.arm_config(name, data, warmup_steps=args.warmup_steps, **budget)
         values = yaml.safe_load(config.read_text(encoding="utf-8"))
         values.setdefault("model", {})["transformer"] = ARMS[arm]
         if args.precision:
