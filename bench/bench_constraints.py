@@ -37,6 +37,16 @@ from bench_constraints_draw import read_lines
 import attnx
 from attnx.evaluation.bleu import score
 
+FAIRSEQ_INTERACTIVE = """
+import fairseq.modules.transformer_layer as layer
+# fairseq 0.12.2's inference fast path (nested tensors, torch._transformer_encoder_layer_fwd) calls torch as
+# 1.12 took it; later torch fails there ("Mask Type should be defined"): keep the encoder on its ordinary forward
+layer.TransformerEncoderLayerBase.load_to_BT = property(lambda self: False, lambda self, value: None)
+from fairseq_cli.interactive import cli_main
+cli_main()
+"""
+"""`fairseq-interactive`, its encoder layers kept off the fast path that torch >= 2.x no longer accepts."""
+
 
 def timed(command: list[str], stdin: Path, env: dict[str, str]) -> tuple[float, str]:
     """Seconds and standard output of `command` reading `stdin`; exits with its error when it fails."""
@@ -137,7 +147,7 @@ def fairseq_rows(args, sources: list[str], refs: list[str], cons: list[dict], wo
         "\t".join([src, *(" ".join(sp.encode_as_pieces(p)) for p in c.get("include", []))])
         for src, c in zip(pieces, cons, strict=True)
     ]
-    base = [args.fairseq_python, "-m", "fairseq_cli.interactive", str(bin_dir), "--path", str(checkpoint)]
+    base = [args.fairseq_python, "-c", FAIRSEQ_INTERACTIVE, str(bin_dir), "--path", str(checkpoint)]
     base += [
         "--cpu",
         "--beam",
