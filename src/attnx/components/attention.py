@@ -69,9 +69,10 @@ def backend_enabled(backend: SDPBackend) -> bool:
 def explicit_on_cpu(q: Tensor) -> bool:
     """Whether attention of bf16 queries `q` `(B, H, T, d_k)` runs the explicit computation rather than
     PyTorch's CPU kernel, the slower of the two in bf16 training (its backward 4-9x the explicit one's) and for
-    one query a row, a decoding step over the cache (3-5x the explicit one's for 1,200 rows of 16-100 keys on a
-    2-core AMD EPYC with AVX512-BF16; `bench/bench_cpu_attention.py --decoding`). In fp32, and for longer query
-    blocks in bf16 inference, the kernel stays: there it was as fast or faster."""
+    one query a row, a decoding step over the cache (6-7x the explicit one's for 1,200 rows of 16 or 40 keys on
+    a 2-core AMD EPYC Zen 4; `bench/bench_cpu_attention.py --decoding`, docs/benchmarks.md). In fp32 the
+    explicit step is faster too (1.5-2x), but attention is a small part of an fp32 search: a whole one gained
+    4%, within its run-to-run spread, so fp32 keeps the kernel, as do longer query blocks in bf16 inference."""
     cpu_bf16 = q.device.type == "cpu" and q.dtype == torch.bfloat16
     return cpu_bf16 and (q.requires_grad or q.shape[2] == 1)
 
@@ -95,7 +96,8 @@ class MultiHeadAttention(nn.Module):
 
     §3.2.1 scaled dot-product attention `softmax(Q K^T / sqrt(d_k)) V` runs through
     `torch.nn.functional.scaled_dot_product_attention` (same result, fused kernel); the explicit
-    computation is used when the weights themselves are asked for, and for bf16 training on CPU: there PyTorch's
+    computation is used when the weights themselves are asked for, for bf16 decoding steps on CPU
+    ([`explicit_on_cpu`][attnx.components.attention.explicit_on_cpu]), and for bf16 training on CPU: there PyTorch's
     CPU flash kernel is the slow part of a step, its backward 4-9x the explicit computation's (`q k^T` and
     `weights v` as bf16 matrix products, the softmax in fp32) on a 2-core AMD EPYC with AVX512-BF16
     (`bench/bench_cpu_attention.py`, docs/benchmarks.md). In fp32 the two were within the noise of each other,
