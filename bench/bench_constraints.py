@@ -8,7 +8,7 @@ fairseq model of the same shape trained on the same pieces.
     python bench/bench_constraints.py --model averaged.ckpt \
         --source ../shared/data/multi30k/test_2016_flickr.en.gz \
         --references ../shared/data/multi30k/test_2016_flickr.de.gz --constraints /tmp/c1.jsonl \
-        [--beam 4] [--threads 1] [--limit N] \
+        [--beam 4] [--threads 1] [--limit N] [--precision 32-true bf16-mixed] [--repeats 2] \
         [--fairseq_python FAIRSEQ_VENV/bin/python --data data/multi30k --config configs/multi30k_cpu.yaml \
          --fairseq_steps 3000 | --fairseq_checkpoint checkpoint_last.pt]
 
@@ -48,27 +48,35 @@ cli_main()
 """`fairseq-interactive`, its encoder layers kept off the fast path that torch >= 2.x no longer accepts."""
 
 
-def timed(command: list[str], stdin: Path, env: dict[str, str]) -> tuple[float, str]:
-    """Seconds and standard output of `command` reading `stdin`; exits with its error when it fails."""
-    start = time.perf_counter()
-    with open(stdin, "rb") as f:
-        done = subprocess.run(command, stdin=f, capture_output=True, env=env)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(command[:4])} ... failed:\n{done.stderr.decode()[-3000:]}")
-    return seconds, done.stdout.decode("utf-8")
+REPEATS = 2
+"""Runs of every command (`--repeats`); the fastest counts, the whole set's and the first line's alike."""
+
+
+def timed(command: list[str], stdin: Path, env: dict[str, str], repeats: int = 1) -> tuple[float, str]:
+    """Seconds (the fastest of `repeats` runs) and standard output of `command` reading `stdin`; exits with its
+    error when it fails."""
+    best, out = float("inf"), ""
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with open(stdin, "rb") as f:
+            done = subprocess.run(command, stdin=f, capture_output=True, env=env)
+        best = min(best, time.perf_counter() - start)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(command[:4])} ... failed:\n{done.stderr.decode()[-3000:]}")
+        out = done.stdout.decode("utf-8")
+    return best, out
 
 
 def decoding_rate(
-    command: list[str], inputs: list[str], work: Path, env: dict[str, str]
+    command: list[str], inputs: list[str], work: Path, env: dict[str, str], repeats: int = REPEATS
 ) -> tuple[float, str]:
-    """Sentences/s of `command` over `inputs` (the run over the first line alone taken off: loading) and the
-    full run's output."""
+    """Sentences/s of `command` over `inputs` (the run over the first line alone taken off: loading, and
+    attnx's precision probe) and the full run's output, each the fastest of `repeats` runs."""
     full, first = work / "all.in", work / "first.in"
     full.write_text("".join(line + "\n" for line in inputs), encoding="utf-8")
     first.write_text(inputs[0] + "\n", encoding="utf-8")
-    seconds, out = timed(command, full, env)
-    load, _ = timed(command, first, env)
+    seconds, out = timed(command, full, env, repeats)
+    load, _ = timed(command, first, env, repeats)
     return (len(inputs) - 1) / max(seconds - load, 1e-9), out
 
 
@@ -79,20 +87,28 @@ def met_share(outputs: list[str], constraints: list[dict]) -> tuple[int, int]:
 
 
 def attnx_rows(
-    args: argparse.Namespace, sources: list[str], refs: list[str], cons: list[dict], work: Path, env
-):
+    args: argparse.Namespace,
+    precision: str,
+    sources: list[str],
+    refs: list[str],
+    cons: list[dict],
+    work: Path,
+    env: dict[str, str],
+) -> dict:
     base = [sys.executable, "-m", "attnx", "translate", "--model", str(args.model), "--device", "cpu"]
     base += ["--search.beam", str(args.beam), "--search.length_penalty", "fairseq", "--search.alpha", "1.0"]
+    base += ["--precision", precision]
     constraint_file = work / "constraints.jsonl"
     constraint_file.write_text("".join(json.dumps(c) + "\n" for c in cons), encoding="utf-8")
     first_constraint = work / "first.jsonl"
     first_constraint.write_text(json.dumps(cons[0]) + "\n", encoding="utf-8")
-    plain_rate, plain = decoding_rate(base, sources, work, env)
+    plain_rate, plain = decoding_rate(base, sources, work, env, args.repeats)
     full, first = work / "all.in", work / "first.in"
-    seconds, constrained = timed([*base, "--constraints", str(constraint_file)], full, env)
-    load, _ = timed([*base, "--constraints", str(first_constraint)], first, env)
+    seconds, constrained = timed([*base, "--constraints", str(constraint_file)], full, env, args.repeats)
+    load, _ = timed([*base, "--constraints", str(first_constraint)], first, env, args.repeats)
     rate = (len(sources) - 1) / max(seconds - load, 1e-9)
-    return report("attnx", plain.splitlines(), constrained.splitlines(), plain_rate, rate, refs, cons)
+    name = f"attnx ({precision})"
+    return report(name, plain.splitlines(), constrained.splitlines(), plain_rate, rate, refs, cons)
 
 
 def report(name, plain, constrained, plain_rate, rate, refs, cons) -> dict:
@@ -171,8 +187,10 @@ def fairseq_rows(args, sources: list[str], refs: list[str], cons: list[dict], wo
 
     # fairseq 0.12.2 pickles its options into checkpoints: torch >= 2.6 loads them only with weights_only off
     env = env | {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
-    plain_rate, plain = decoding_rate(base, pieces, work, env)
-    rate, constrained = decoding_rate([*base, "--constraints", "unordered"], with_phrases, work, env)
+    plain_rate, plain = decoding_rate(base, pieces, work, env, args.repeats)
+    rate, constrained = decoding_rate(
+        [*base, "--constraints", "unordered"], with_phrases, work, env, args.repeats
+    )
     return report("fairseq 0.12.2", texts(plain), texts(constrained), plain_rate, rate, refs, cons)
 
 
@@ -184,6 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--constraints", type=Path, required=True, help="bench_constraints_draw.py's output")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every decoder")
+    parser.add_argument(
+        "--precision",
+        nargs="+",
+        default=["auto"],
+        help="attnx translate --precision, a row for each (32-true: fairseq's arithmetic on CPU)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=REPEATS, help="runs of each command; the fastest counts"
+    )
     parser.add_argument("--limit", type=int, default=None, help="the first N sentences only")
     parser.add_argument("--fairseq_python", default=None, help="python of a virtual environment with fairseq")
     parser.add_argument(
@@ -209,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(sources)} sentences, beam {args.beam}, {args.threads} thread(s), load {os.getloadavg()[0]:.1f}"
     )
     with tempfile.TemporaryDirectory() as tmp:  # each row printed when measured: a later failure keeps it
-        print(
-            json.dumps(attnx_rows(args, sources, refs, cons, Path(tmp), env), ensure_ascii=False), flush=True
-        )
+        for precision in args.precision:
+            row = attnx_rows(args, precision, sources, refs, cons, Path(tmp), env)
+            print(json.dumps(row, ensure_ascii=False), flush=True)
         if args.fairseq_python:
             args.work.mkdir(parents=True, exist_ok=True)
             row = fairseq_rows(args, sources, refs, cons, Path(tmp), env)
