@@ -8,6 +8,7 @@ translation, a score) is not run again, so an interrupted benchmark continues wh
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shlex
@@ -42,6 +43,16 @@ def add_step_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every command")
     parser.add_argument("--output", type=Path, help="also write the table here")
+
+
+def plain(source: Path, out: Path, lines: int | None) -> Path:
+    """`source` (a .gz corpus side) as plain text in `out`, its first `lines` lines when given."""
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(source, "rt", encoding="utf-8") as f:
+            kept = f if lines is None else (line for _, line in zip(range(lines), f, strict=False))
+            out.write_text("".join(kept), encoding="utf-8")
+    return out
 
 
 class Steps:
@@ -91,6 +102,22 @@ class Steps:
                 "--output", str(out), *extra,
             )  # fmt: skip
         return out
+
+    def multi30k(
+        self, train_lines: int | None = None, test_lines: int | None = None
+    ) -> tuple[Path, Path, Path]:
+        """Multi30k prepared (once) as data/multi30k, and test_2016_flickr's two sides as plain text in raw/:
+        `(prepared folder, source, reference)`. `train_lines`, `test_lines`: the first lines only (a smoke test
+        of a script; its numbers mean nothing)."""
+        raw, train = self.work / "raw", self.data / "train"
+        if train_lines:
+            for lang in ("en", "de"):
+                plain(self.data / f"train.{lang}.gz", raw / f"train.{lang}", train_lines)
+            train = raw / "train"
+        data = self.prepare("multi30k", "en", "de", [str(train)])
+        source = plain(self.data / "test_2016_flickr.en.gz", raw / "test.en", test_lines)
+        reference = plain(self.data / "test_2016_flickr.de.gz", raw / "test.de", test_lines)
+        return data, source, reference
 
     def arm_config(
         self,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gzip
 import re
 import statistics
 from pathlib import Path
@@ -82,16 +81,6 @@ def check_modern() -> None:
     drifted = {key: value for key, value in MODERN.items() if preset.get(key) != value}
     if drifted:
         raise SystemExit(f"bench_components.MODERN differs from configs/modern_multi30k.yaml in {drifted}")
-
-
-def plain(source: Path, out: Path, lines: int | None) -> Path:
-    """`source` (a .gz corpus side) as plain text in `out`, its first `lines` lines when given."""
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with gzip.open(source, "rt", encoding="utf-8") as f:
-            kept = f if lines is None else (line for _, line in zip(range(lines), f, strict=False))
-            out.write_text("".join(kept), encoding="utf-8")
-    return out
 
 
 def tokens_per_s(run: Path) -> float:
@@ -156,15 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     check_modern()
     steps = Steps.from_args(args)
     work = steps.work
-    raw = work / "raw"
-    train = steps.data / "train"
-    if args.train_lines:
-        for lang in ("en", "de"):
-            plain(steps.data / f"train.{lang}.gz", raw / f"train.{lang}", args.train_lines)
-        train = raw / "train"
-    data = steps.prepare("multi30k", "en", "de", [str(train)])
-    source = plain(steps.data / "test_2016_flickr.en.gz", raw / "test.en", args.test_lines)
-    reference = plain(steps.data / "test_2016_flickr.de.gz", raw / "test.de", args.test_lines)
+    data, source, reference = steps.multi30k(args.train_lines, args.test_lines)
     sentences = len(source.read_text(encoding="utf-8").splitlines())
     search = ("--search.beam", "4", "--search.alpha", "0.6")
     rows = []

@@ -36,7 +36,6 @@ from typing import Any
 
 import yaml
 from attnx_steps import MODEL_CONFIG, Steps, add_step_options
-from bench_components import plain
 from harness import publish
 
 ARMS: dict[str, dict[str, bool]] = {
@@ -150,12 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [arm for arm in arms if arm not in ARMS]:
         parser.error(f"--arms: unknown {unknown}; choose among {', '.join(ARMS)}")
     steps = Steps.from_args(args)
-    train = steps.data / "train"
-    if args.train_lines:
-        for lang in ("en", "de"):
-            plain(steps.data / f"train.{lang}.gz", steps.work / "raw" / f"train.{lang}", args.train_lines)
-        train = steps.work / "raw" / "train"
-    data = steps.prepare("multi30k", "en", "de", [str(train)])
+    data, _, _ = steps.multi30k(args.train_lines)
     rows, commands = [], []
     for arm in arms:
         config, _ = arm_config(steps, arm, data, args.preset, args)

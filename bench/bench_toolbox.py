@@ -37,7 +37,6 @@ from typing import Any
 
 import yaml
 from attnx_steps import MODEL_CONFIG, Steps, add_step_options
-from bench_components import plain
 from harness import cpu_model, publish
 
 ARMS = ("readme", "ema", "subword sampling", "ema + subword sampling")
@@ -176,15 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [arm for arm in arms if arm not in ARMS]:
         parser.error(f"--arms: unknown {unknown}; choose among {', '.join(ARMS)}")
     steps = Steps.from_args(args)
-    work, raw = steps.work, steps.work / "raw"
-    train = steps.data / "train"
-    if args.train_lines:
-        for lang in ("en", "de"):
-            plain(steps.data / f"train.{lang}.gz", raw / f"train.{lang}", args.train_lines)
-        train = raw / "train"
-    data = steps.prepare("multi30k", "en", "de", [str(train)])
-    source = plain(steps.data / "test_2016_flickr.en.gz", raw / "test.en", args.test_lines)
-    reference = plain(steps.data / "test_2016_flickr.de.gz", raw / "test.de", args.test_lines)
+    work = steps.work
+    data, source, reference = steps.multi30k(args.train_lines, args.test_lines)
     search = ("--search.beam", "4", "--search.alpha", "0.6")
     budget = {"steps": args.steps} if args.steps else {"minutes": args.minutes}
     rows, curves, commands, speeds = [], {}, [], {}
