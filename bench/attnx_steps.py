@@ -45,6 +45,11 @@ def add_step_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", type=Path, help="also write the table here")
 
 
+def newer(result: Path, source: Path) -> bool:
+    """Whether `result` exists and was written after `source` (a step's result, not one of an earlier input)."""
+    return result.is_file() and (not source.exists() or result.stat().st_mtime >= source.stat().st_mtime)
+
+
 def plain(source: Path, out: Path, lines: int | None) -> Path:
     """`source` (a .gz corpus side) as plain text in `out`, its first `lines` lines when given."""
     if not out.is_file():
@@ -183,10 +188,11 @@ class Steps:
         return done
 
     def translate(self, name: str, model: str | Path, source: Path, *search: str) -> tuple[Path, float]:
-        """Translate `source` into outputs/NAME (once); returns the file and the seconds the command took."""
+        """Translate `source` into outputs/NAME (once for each model file: a model written since is translated
+        again); returns the file and the seconds the command took."""
         out = self.work / "outputs" / name
         timing = out.with_suffix(".seconds")
-        if not timing.is_file():
+        if not newer(timing, Path(model)):
             out.parent.mkdir(exist_ok=True)
             seconds = self.attnx(f"translate_{name}", "translate", "--model", str(model), "--input", str(source),
                                  "--output", str(out), "--force", "true", *search)  # fmt: skip
@@ -207,9 +213,9 @@ class Steps:
         return rows
 
     def score(self, name: str, hypotheses: Path, references: Path) -> dict[str, float]:
-        """`attnx score --format json` of a translation file."""
+        """`attnx score --format json` of a translation file (again when the file is newer than its score)."""
         out = self.work / "scores" / f"{name}.json"
-        if not out.is_file():
+        if not newer(out, hypotheses):
             out.parent.mkdir(exist_ok=True)
             self.attnx(f"score_{name}", "score", "--hypotheses", str(hypotheses), "--references", str(references),
                        "--format", "json")  # fmt: skip

@@ -28,6 +28,24 @@ def test_every_arm_runs_under_a_name_of_its_own() -> None:
     assert len(set(names)) == len(names) and components.run_name("swiglu (d_ff 688)") == "arm_swiglu_d_ff_688"
 
 
+def test_a_result_older_than_its_input_is_made_again(tmp_path: Path) -> None:
+    """A study run again in its folder scores a translation written since its score, and translates again
+    with a model written since its translation: a rerun never reports an earlier run's figures."""
+    import os
+
+    from attnx_steps import newer
+
+    source, result = tmp_path / "hypotheses", tmp_path / "score.json"
+    source.write_text("a\n")
+    assert not newer(result, source)  # no result yet
+    result.write_text("{}")
+    os.utime(source, (1_000_000, 2_000_000))
+    os.utime(result, (1_000_000, 1_000_000))
+    assert not newer(result, source)  # the source was written after its result
+    os.utime(result, (1_000_000, 3_000_000))
+    assert newer(result, source)
+
+
 @pytest.mark.slow
 def test_a_study_run_one_arm_at_a_time_keeps_each_arm_s_own_run(shared_data: Path, tmp_path: Path) -> None:
     """`--arms paper`, then `--arms swiglu` in the same work folder: the second trains its own model (not the

@@ -58,11 +58,11 @@ def test_the_draw_writes_one_line_per_reference_and_the_bench_reports_the_attnx_
     assert again.read_text() == out.read_text()  # the seed fixes the draw
     capsys.readouterr()
     argv = ["--model", str(trained), "--source", str(src_file), "--references", str(ref_file)]
-    assert bench.main([*argv, "--constraints", str(out)]) == 0
+    assert bench.main([*argv, "--constraints", str(out), "--precision", "32-true", "--repeats", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("6 sentences, beam 4")
     row = json.loads(lines[1])
-    assert row["toolkit"] == "attnx" and row["constraints met"].endswith("(100.0%)")
+    assert row["toolkit"] == "attnx (32-true)" and row["constraints met"].endswith("(100.0%)")
     assert set(row) >= {
         "BLEU unconstrained",
         "BLEU constrained",
