@@ -31,6 +31,21 @@ def model_config() -> dict:
     return yaml.safe_load(text)
 
 
+def add_budget_options(parser: argparse.ArgumentParser) -> None:
+    """The training budget every arm of a study gets: `--minutes` of wall-clock time, or `--steps` updates."""
+    parser.add_argument("--minutes", type=float, default=30, help="wall-clock training budget of every arm")
+    parser.add_argument(
+        "--steps", type=int, help="training budget in optimizer updates, instead of --minutes"
+    )
+
+
+def budget(args: argparse.Namespace) -> tuple[dict[str, float], str]:
+    """`add_budget_options`' budget as `Steps.arm_config` takes it, and in words for a table's title."""
+    if args.steps:
+        return {"steps": args.steps}, f"{args.steps} updates"
+    return {"minutes": args.minutes}, f"{args.minutes:g} minutes"
+
+
 def add_step_options(parser: argparse.ArgumentParser) -> None:
     """What every research benchmark takes: its work directory, the corpora, the vocabulary, the threads of
     every command and where its table goes."""

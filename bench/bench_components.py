@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from attnx_steps import Steps, add_step_options
+from attnx_steps import Steps, add_budget_options, add_step_options, budget
 from harness import publish
 
 MODERN = {
@@ -121,10 +121,7 @@ def figure(rows: list[list[str]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_options(parser)
-    parser.add_argument("--minutes", type=float, default=30, help="wall-clock training budget of every arm")
-    parser.add_argument(
-        "--steps", type=int, help="training budget in optimizer updates, instead of --minutes"
-    )
+    add_budget_options(parser)
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
     parser.add_argument(
         "--warmup_steps",
@@ -149,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     sentences = len(source.read_text(encoding="utf-8").splitlines())
     search = ("--search.beam", "4", "--search.alpha", "0.6")
     rows = []
+    limits, budget_text = budget(args)
     for arm in arms:
         name = run_name(arm)
-        budget = {"steps": args.steps} if args.steps else {"minutes": args.minutes}
-        config = steps.arm_config(name, data, warmup_steps=args.warmup_steps, **budget)
+        config = steps.arm_config(name, data, warmup_steps=args.warmup_steps, **limits)
         values = yaml.safe_load(config.read_text(encoding="utf-8"))
         values.setdefault("model", {})["transformer"] = ARMS[arm]
         if args.precision:
@@ -166,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         rate = tokens_per_s(work / "runs" / name)
         rows.append([arm, f"{score['bleu']:.2f}", f"{score['chrf']:.2f}", f"{parameters(averaged):,}",
                      f"{rate:,.0f}", f"{sentences / seconds:.1f}"])  # fmt: skip
-    budget_text = f"{args.steps} updates" if args.steps else f"{args.minutes:g} minutes"
     publish(f"Components on Multi30k en-de, {budget_text} of training each", COLUMNS, rows, args.output)
     if args.figure:
         figure(rows, args.figure)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from attnx_steps import MODEL_CONFIG, Steps, add_step_options
+from attnx_steps import MODEL_CONFIG, Steps, add_budget_options, add_step_options, budget
 from harness import cpu_model, publish
 
 ARMS = ("readme", "ema", "subword sampling", "ema + subword sampling")
@@ -150,10 +150,7 @@ def number(value: float, form: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_options(parser)
-    parser.add_argument("--minutes", type=float, default=30, help="wall-clock training budget of every arm")
-    parser.add_argument(
-        "--steps", type=int, help="training budget in optimizer updates, instead of --minutes"
-    )
+    add_budget_options(parser)
     parser.add_argument("--ema_decay", type=float, default=0.999, help="--ema.decay of the EMA arms")
     parser.add_argument(
         "--alpha", type=float, default=0.1, help="--data.subword_sampling.alpha of the sampling arms"
@@ -178,11 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     work = steps.work
     data, source, reference = steps.multi30k(args.train_lines, args.test_lines)
     search = ("--search.beam", "4", "--search.alpha", "0.6")
-    budget = {"steps": args.steps} if args.steps else {"minutes": args.minutes}
+    limits, budget_text = budget(args)
     rows, curves, commands, speeds = [], {}, [], {}
     for arm in arms:
         name = "toolbox_" + arm.replace(" + ", "_").replace(" ", "_")
-        config = steps.arm_config(name, data, **budget)
+        config = steps.arm_config(name, data, **limits)
         values = merged(
             yaml.safe_load(config.read_text(encoding="utf-8")), arm_options(arm, args.ema_decay, args.alpha)
         )
@@ -212,7 +209,6 @@ def main(argv: list[str] | None = None) -> int:
         row.append(
             number(speeds[arm] / reference_speed, ".2f") + "x" if not math.isnan(reference_speed) else "n/a"
         )
-    budget_text = f"{args.steps} updates" if args.steps else f"{args.minutes:g} minutes"
     title = f"The training toolbox on Multi30k en-de, {budget_text} of training each"
     publish(title, COLUMNS, rows, args.output)
     pick = validation_pick(curves)
