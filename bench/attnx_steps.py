@@ -8,15 +8,18 @@ translation, a score) is not run again, so an interrupted benchmark continues wh
 from __future__ import annotations
 
 import argparse
+import csv
 import gzip
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 from harness import data_root
@@ -46,11 +49,11 @@ def budget(args: argparse.Namespace) -> tuple[dict[str, float], str]:
     return {"minutes": args.minutes}, f"{args.minutes:g} minutes"
 
 
-def add_step_options(parser: argparse.ArgumentParser) -> None:
-    """What every research benchmark takes: its work directory, the corpora, the vocabulary, the threads of
-    every command and where its table goes."""
+def add_step_options(parser: Any, required: bool = True) -> None:
+    """What every research benchmark takes: its work directory (`required` unless the script has another
+    mode), the corpora, the vocabulary, the threads of every command and where its table goes."""
     parser.add_argument(
-        "--work", type=Path, required=True, help="work directory (created; reused to continue)"
+        "--work", type=Path, required=required, help="work directory (created; reused to continue)"
     )
     parser.add_argument("--data", help="corpora directory (default $ATTNX_DATA_DIR or ../shared/data)")
     parser.add_argument(
@@ -73,6 +76,28 @@ def plain(source: Path, out: Path, lines: int | None) -> Path:
             kept = f if lines is None else (line for _, line in zip(range(lines), f, strict=False))
             out.write_text("".join(kept), encoding="utf-8")
     return out
+
+
+def logged_rows(run: Path) -> list[dict[str, str]]:
+    """Every row of the run's CSV logs (`runs/NAME/version_*/metrics.csv`), its versions (a resumed run adds one)
+    in order."""
+    rows: list[dict[str, str]] = []
+    for metrics in sorted(run.glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])):
+        with open(metrics, newline="", encoding="utf-8") as f:
+            rows += list(csv.DictReader(f))
+    return rows
+
+
+def tokens_per_s(run: Path) -> float:
+    """Median of the run's logged `train/tokens_per_s` (source + target real tokens)."""
+    rates = [float(r["train/tokens_per_s"]) for r in logged_rows(run) if r.get("train/tokens_per_s")]
+    return statistics.median(rates) if rates else float("nan")  # nan: none logged
+
+
+def updates(run: Path) -> int:
+    """The optimizer updates the run made: Lightning logs a row with the count of updates before it, so the
+    last row's `step` is one less."""
+    return max((int(r["step"]) + 1 for r in logged_rows(run) if r.get("step")), default=0)
 
 
 class Steps:
@@ -124,17 +149,21 @@ class Steps:
         return out
 
     def multi30k(
-        self, train_lines: int | None = None, test_lines: int | None = None
+        self,
+        train_lines: int | None = None,
+        test_lines: int | None = None,
+        name: str = "multi30k",
+        *extra: str,
     ) -> tuple[Path, Path, Path]:
-        """Multi30k prepared (once) as data/multi30k, and test_2016_flickr's two sides as plain text in raw/:
-        `(prepared folder, source, reference)`. `train_lines`, `test_lines`: the first lines only (a smoke test
-        of a script; its numbers mean nothing)."""
+        """Multi30k prepared (once) as data/NAME (`extra`: more `attnx prepare` options), and test_2016_flickr's
+        two sides as plain text in raw/: `(prepared folder, source, reference)`. `train_lines`, `test_lines`: the
+        first lines only (a smoke test of a script; its numbers mean nothing)."""
         raw, train = self.work / "raw", self.data / "train"
         if train_lines:
             for lang in ("en", "de"):
                 plain(self.data / f"train.{lang}.gz", raw / f"train.{lang}", train_lines)
             train = raw / "train"
-        data = self.prepare("multi30k", "en", "de", [str(train)])
+        data = self.prepare(name, "en", "de", [str(train)], *extra)
         source = plain(self.data / "test_2016_flickr.en.gz", raw / "test.en", test_lines)
         reference = plain(self.data / "test_2016_flickr.de.gz", raw / "test.de", test_lines)
         return data, source, reference
@@ -150,7 +179,8 @@ class Steps:
     ) -> Path:
         """An override config: the run's data, its name (runs/ARM) and its budget: `minutes` of training, or
         `steps` optimizer updates (a budget that gives the same run on a busy machine, only later; its
-        checkpoints every `steps // 15` updates instead of every 2 minutes, the last 5 averaged as before)."""
+        checkpoints every `steps // 15` updates instead of every 2 minutes, the last 5 averaged as before, and
+        its speed logged at least 10 times)."""
         loggers = [
             {
                 "class_path": f"lightning.pytorch.loggers.{kind}",
@@ -169,7 +199,13 @@ class Steps:
                 if callback["class_path"].endswith(".PeriodicCheckpoint"):
                     every = max(1, steps // 15)
                     callback["init_args"] = {**callback["init_args"], "minutes": None, "every_n_steps": every}
-            trainer = {"max_time": None, "max_steps": steps, "logger": loggers, "callbacks": callbacks}
+            trainer = {
+                "max_time": None,
+                "max_steps": steps,
+                "logger": loggers,
+                "callbacks": callbacks,
+                "log_every_n_steps": max(1, min(25, steps // 10)),
+            }  # a short budget still logs its speed
         config = {"trainer": trainer, "data": {"data_dir": str(data_dir), **data}}
         if warmup_steps is not None:
             config["model"] = {"warmup_steps": warmup_steps}

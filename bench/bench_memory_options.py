@@ -5,8 +5,8 @@ the options on your machine").
     python bench/bench_memory_options.py --work memory_runs [--data DIR] [--preset base] [--steps 10]
         [--max_tokens 1000] [--lora_rank 8] [--precision 32-true] [--threads 2] [--output table.md]
 
-Every arm trains the paper's `--preset` model (base: 6+6 layers, d_model 512, 65M parameters with Multi30k's
-8k vocabulary: big enough that optimizer state and activations dominate the process) on Multi30k with the
+Every arm trains the paper's `--preset` model (base: 6+6 layers, d_model 512, 48M parameters with Multi30k's
+8k vocabulary, the paper's 65M with its 37k: big enough that optimizer state and activations dominate the process) on Multi30k with the
 README's recipe (configs/multi30k_cpu.yaml) for `--steps` optimizer updates of `--max_tokens` tokens a side,
 without validation or checkpoints on the way. Arms (ARMS below): the plain model, activation checkpointing
 (`model.transformer.activation_checkpointing: true`), LoRA (`--lora.rank`, adapters on attention's

@@ -28,7 +28,6 @@ mean nothing.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import shlex
 import statistics
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from attnx_steps import MODEL_CONFIG, Steps, add_budget_options, add_step_options, budget
+from attnx_steps import MODEL_CONFIG, Steps, add_budget_options, add_step_options, budget, logged_rows
 from harness import cpu_model, publish
 
 ARMS = ("readme", "ema", "subword sampling", "ema + subword sampling")
@@ -84,15 +83,6 @@ def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
             merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
         )
     return out
-
-
-def logged_rows(run: Path) -> list[dict[str, str]]:
-    """Every row of the run's CSV logs, its versions (a resumed run adds one) in order."""
-    rows: list[dict[str, str]] = []
-    for metrics in sorted(run.glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])):
-        with open(metrics, newline="", encoding="utf-8") as f:
-            rows += list(csv.DictReader(f))
-    return rows
 
 
 def series(rows: list[dict[str, str]], metric: str) -> list[tuple[int, float]]:
@@ -183,8 +173,6 @@ def main(argv: list[str] | None = None) -> int:
         values = merged(
             yaml.safe_load(config.read_text(encoding="utf-8")), arm_options(arm, args.ema_decay, args.alpha)
         )
-        if args.steps:  # a short budget still logs its speed a few times
-            values["trainer"]["log_every_n_steps"] = max(1, min(25, args.steps // 10))
         if args.val_check_interval:
             values["trainer"]["val_check_interval"] = args.val_check_interval
         if args.bleu_samples is not None:

@@ -61,9 +61,9 @@ def test_a_study_run_one_arm_at_a_time_keeps_each_arm_s_own_run(shared_data: Pat
 
     paper = rows("paper")["paper"]
     swiglu = rows("swiglu (d_ff 688)")["swiglu (d_ff 688)"]
-    assert paper[3] != swiglu[3]  # parameters: three 256 x 688 matrices against two 256 x 1024 ones
+    assert paper[4] != swiglu[4]  # parameters: three 256 x 688 matrices against two 256 x 1024 ones
     both = rows("paper,swiglu (d_ff 688)")
-    assert both["paper"][3] == paper[3] and both["swiglu (d_ff 688)"][3] == swiglu[3]
+    assert both["paper"][4] == paper[4] and both["swiglu (d_ff 688)"][4] == swiglu[4]
     assert sorted(p.name for p in (tmp_path / "work" / "runs").iterdir()) == [
         "arm_paper",
         "arm_swiglu_d_ff_688",
