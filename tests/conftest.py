@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import os
 import random
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -18,6 +21,18 @@ from attnx.inference.precision import PrecisionChoice, decoding_probe
 from attnx.model import TransformerConfig
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def bench_script(name: str) -> ModuleType:
+    """bench/NAME.py as a module, imported as `python bench/NAME.py` runs it: with bench/ on the path (its
+    `harness` and `attnx_steps`), and registered under its name (dataclasses look their module up there)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 pytest_plugins = ["tests.trained"]  # the small trained model, trained once per session for every folder
 

@@ -3,25 +3,14 @@ toy-size study that trains, scores and aligns both runs."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import bench_script
 
-
-def load_script():
-    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_alignment.py` has it
-    spec = importlib.util.spec_from_file_location("bench_alignment", REPO / "bench" / "bench_alignment.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-alignment = load_script()
+alignment = bench_script("bench_alignment")
 
 
 def test_piece_links_become_links_of_their_words() -> None:

@@ -3,24 +3,13 @@ own, and a toy-size study run one arm at a time."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import bench_script
 
-
-def load_script():
-    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_components.py` has it
-    spec = importlib.util.spec_from_file_location("bench_components", REPO / "bench" / "bench_components.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-components = load_script()
+components = bench_script("bench_components")
 
 
 def test_every_arm_runs_under_a_name_of_its_own() -> None:

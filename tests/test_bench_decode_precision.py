@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import bench_script
 
-
-def load_script():
-    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_decode_precision.py` has it: `harness`
-    spec = importlib.util.spec_from_file_location(
-        "bench_decode_precision", REPO / "bench" / "bench_decode_precision.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_script()
+bench = bench_script("bench_decode_precision")
 
 
 def test_toy_run_reports_every_engine_and_precision(trained: Path, shared_data: Path, tmp_path: Path, capsys):

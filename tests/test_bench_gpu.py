@@ -3,29 +3,17 @@ from the real training batches of a prepared corpus."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
 from attnx.data.batching import TokenBatchSampler
 from attnx.data.corpus import PreparedCorpus
-from tests.conftest import REPO
+from tests.conftest import REPO, bench_script
 
-
-def load_script():
-    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_gpu.py` has it: its `harness` module
-    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "bench" / "bench_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_script()
+bench = bench_script("bench_gpu")
 TOY = ["--model", "tiny", "--vocab_size", "300", "--max_tokens", "256", "--tokens_per_step", "512"]
 TOY += ["--steps", "1", "--warmup", "1", "--test_split", "test", "--decode_sentences", "4"]
 

@@ -3,27 +3,14 @@ what it reads off `attnx describe`, and a toy-size run of two arms end to end.""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from attnx.cli import main as attnx
-from tests.conftest import REPO
+from tests.conftest import bench_script
 
-
-def load_script():
-    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_memory_options.py` has it
-    spec = importlib.util.spec_from_file_location(
-        "bench_memory_options", REPO / "bench" / "bench_memory_options.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-memory = load_script()
+memory = bench_script("bench_memory_options")
 
 
 def test_the_counts_and_the_estimate_are_read_off_what_describe_prints(

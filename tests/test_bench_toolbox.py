@@ -3,24 +3,13 @@ CSV logs, how validation picks, and a toy-size run of two arms end to end."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import bench_script
 
-
-def load_script():
-    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/bench_toolbox.py` has it: its `harness` module
-    spec = importlib.util.spec_from_file_location("bench_toolbox", REPO / "bench" / "bench_toolbox.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-toolbox = load_script()
+toolbox = bench_script("bench_toolbox")
 
 
 def test_validation_picks_the_best_last_validation_bleu_and_the_lower_loss_on_a_tie() -> None:

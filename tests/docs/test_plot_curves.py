@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import bench_script
 
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("plot_curves", REPO / "bench" / "plot_curves.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-plot_curves = load_script()
+plot_curves = bench_script("plot_curves")
 
 
 def write_metrics(path: Path, *, minutes: bool = False) -> Path:
