@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from attnx_steps import Steps, add_budget_options, add_step_options, budget, tokens_per_s
+from attnx_steps import Steps, add_budget_options, add_step_options, budget, tokens_per_s, updates
 from harness import machine_line, publish
 
 from attnx.data.prepare.alignments import PieceMap, parse_links
@@ -114,9 +114,11 @@ def study(args: argparse.Namespace) -> int:
         hypotheses, _ = steps.translate(arm, averaged, source, "--search.beam", "4", "--search.alpha", "0.6")
         score = steps.score(arm, hypotheses, target)
         links = measure(averaged, sources, targets, reference)
-        rows.append([label, f"{score['bleu']:.2f}", f"{score['chrf']:.2f}", f"{tokens_per_s(steps.work / 'runs' / arm):,.0f}",
-                     f"{links['aer']:.3f}", f"{links['precision']:.3f}", f"{links['recall']:.3f}"])  # fmt: skip
-    columns = ["model", "BLEU", "chrF2", "train tokens/s", "AER", "precision", "recall"]
+        run = steps.work / "runs" / arm
+        rows.append([label, f"{score['bleu']:.2f}", f"{score['chrf']:.2f}", f"{tokens_per_s(run):,.0f}",
+                     f"{updates(run):,}", f"{links['aer']:.3f}", f"{links['precision']:.3f}",
+                     f"{links['recall']:.3f}"])  # fmt: skip
+    columns = ["model", "BLEU", "chrF2", "train tokens/s", "updates", "AER", "precision", "recall"]
     title = f"Guided alignment on Multi30k en-de, {budget_text} of training each, alignments of {len(sources)} test pairs"
     publish(title, columns, rows, args.output)
     return 0
@@ -151,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.work is not None:
         if args.train_align is None:
             parser.error("the study needs --train_align (the aligner's links of Multi30k's train)")
+        if args.json is not None:
+            parser.error("--json goes with --checkpoint; the study writes its table to --output")
         return study(args)
     if args.source is None or args.target is None:
         parser.error("--checkpoint needs --source and --target")

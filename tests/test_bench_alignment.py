@@ -27,6 +27,10 @@ def test_it_measures_checkpoints_or_runs_a_study_and_says_what_is_missing(
         (reference, "give --checkpoint (measure these) or --work (train both, then measure)"),
         ([*reference, "--work", str(tmp_path), "--checkpoint", "a.ckpt"], "give --checkpoint"),
         ([*reference, "--work", str(tmp_path)], "the study needs --train_align"),
+        (
+            [*reference, "--work", str(tmp_path), "--train_align", "t.align", "--json", "a.json"],
+            "--json goes with",
+        ),
         ([*reference, "--checkpoint", "a.ckpt"], "--checkpoint needs --source and --target"),
     ):
         with pytest.raises(SystemExit) as stopped:
@@ -52,7 +56,8 @@ def test_a_study_trains_the_model_with_and_without_guided_alignment_then_scores_
     rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     assert [row[0].strip() for row in rows] == ["paper (label-smoothed loss)", "guided alignment (λ 0.5)"]
     for row in rows:
-        aer, precision, recall = (float(cell) for cell in row[4:7])
+        assert int(row[4]) == 2  # updates
+        aer, precision, recall = (float(cell) for cell in row[5:8])
         assert 0 <= aer <= 1 and 0 <= precision <= 1 and 0 <= recall <= 1
     guided = yaml.safe_load((work / "configs" / "arm_guided_alignment.yaml").read_text())
     assert guided["model"]["loss"]["name"] == "guided_alignment"
