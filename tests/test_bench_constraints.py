@@ -4,25 +4,13 @@ references as the papers draw them, and the report's rows (the attnx side; fairs
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import random
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import bench_script
 
-
-def load_script(name: str):
-    sys.path.insert(0, str(REPO / "bench"))  # as `python bench/NAME.py` has it
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-draw_script = load_script("bench_constraints_draw")
-bench = load_script("bench_constraints")
+draw_script = bench_script("bench_constraints_draw")
+bench = bench_script("bench_constraints")
 
 
 def test_phrases_are_1_to_3_reference_words_not_overlapping_with_a_fixed_seed():

@@ -3,24 +3,12 @@ named corpora, a few steps of the tiny config, a row per corpus with shares that
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-
-
-def load_script():
-    sys.path.insert(
-        0, str(REPO / "bench")
-    )  # as `python bench/bench_corpus_mix.py` has it: its `harness` module
-    spec = importlib.util.spec_from_file_location("bench_corpus_mix", REPO / "bench" / "bench_corpus_mix.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import REPO, bench_script
 
 
 def test_toy_run_has_a_row_per_corpus(shared_data: Path, tmp_path: Path, capsys) -> None:
@@ -28,7 +16,7 @@ def test_toy_run_has_a_row_per_corpus(shared_data: Path, tmp_path: Path, capsys)
     argv = ["--data", str(shared_data), "--work", str(tmp_path / "work"), "--sizes", "big=300", "small=100"]
     argv += ["--weights", "big=1", "small=1", "--steps", "4", "--max_tokens", "512", "--vocab_size", "300"]
     argv += ["--config", str(REPO / "configs" / "tiny.yaml"), "--json", str(out)]
-    assert load_script().main(argv) == 0
+    assert bench_script("bench_corpus_mix").main(argv) == 0
     rows = json.loads(out.read_text())
     assert [row["corpus"] for row in rows] == ["big", "small"]
     assert [row["asked"] for row in rows] == [0.5, 0.5]

@@ -3,28 +3,16 @@ segmentation and one per alpha, with sampling resegmenting pairs and planning mo
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-from tests.conftest import REPO
-
-
-def load_script():
-    sys.path.insert(
-        0, str(REPO / "bench")
-    )  # as `python bench/bench_sampling.py` has it: its `harness` module
-    spec = importlib.util.spec_from_file_location("bench_sampling", REPO / "bench" / "bench_sampling.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import bench_script
 
 
 def test_toy_run_has_a_row_per_setting(corpus: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "rows.json"
     argv = ["--corpus", str(corpus), "--max_tokens", "512", "--alphas", "0.2", "--batches", "3"]
-    assert load_script().main([*argv, "--json", str(out)]) == 0
+    assert bench_script("bench_sampling").main([*argv, "--json", str(out)]) == 0
     prepared, sampled = json.loads(out.read_text())
     assert prepared["alpha"] == 0 and prepared["resegmented"] == 0
     assert sampled["resegmented"] > 0.5 and sampled["batches_per_epoch"] > prepared["batches_per_epoch"]
