@@ -24,6 +24,9 @@ from typing import Any
 import yaml
 from harness import data_root
 
+PAPER_BEAM = ("--search.beam", "4", "--search.alpha", "0.6")
+"""The paper's search (§6.1: beam 4, length penalty α 0.6), as `attnx translate` options."""
+
 MODEL_CONFIG = "multi30k_cpu"
 """The README's model: 3+3 layers, d_model 256, trained for `--minutes` on CPU."""
 
@@ -175,12 +178,15 @@ class Steps:
         minutes: float | None = None,
         steps: int | None = None,
         warmup_steps: int | None = None,
+        precision: str | None = None,
+        model: dict[str, Any] | None = None,
         **data: str,
     ) -> Path:
         """An override config: the run's data, its name (runs/ARM) and its budget: `minutes` of training, or
         `steps` optimizer updates (a budget that gives the same run on a busy machine, only later; its
         checkpoints every `steps // 15` updates instead of every 2 minutes, the last 5 averaged as before, and
-        its speed logged at least 10 times)."""
+        its speed logged at least 10 times); `precision` pins `trainer.precision`, `model` overrides `model`
+        keys (`transformer`, `loss`, ...)."""
         loggers = [
             {
                 "class_path": f"lightning.pytorch.loggers.{kind}",
@@ -206,9 +212,14 @@ class Steps:
                 "callbacks": callbacks,
                 "log_every_n_steps": max(1, min(25, steps // 10)),
             }  # a short budget still logs its speed
+        if precision is not None:
+            trainer["precision"] = precision
         config = {"trainer": trainer, "data": {"data_dir": str(data_dir), **data}}
+        model = dict(model or {})
         if warmup_steps is not None:
-            config["model"] = {"warmup_steps": warmup_steps}
+            model["warmup_steps"] = warmup_steps
+        if model:
+            config["model"] = model
         path = self.work / "configs" / f"{arm}.yaml"
         path.parent.mkdir(exist_ok=True)
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

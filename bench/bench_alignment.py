@@ -34,8 +34,7 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-from attnx_steps import Steps, add_budget_options, add_step_options, budget, tokens_per_s, updates
+from attnx_steps import PAPER_BEAM, Steps, add_budget_options, add_step_options, budget, tokens_per_s, updates
 from harness import machine_line, publish
 
 from attnx.data.prepare.alignments import PieceMap, parse_links
@@ -104,14 +103,11 @@ def study(args: argparse.Namespace) -> int:
         ("arm_paper", "paper (label-smoothed loss)", data, {}),
         ("arm_guided_alignment", f"guided alignment (λ {args.alignment_lambda:g})", aligned, {"loss": loss}),
     ):
-        config = steps.arm_config(arm, data_dir, warmup_steps=args.warmup_steps, **limits)
-        values = yaml.safe_load(config.read_text(encoding="utf-8"))
-        values.setdefault("model", {}).update(model)
-        if args.precision:
-            values["trainer"]["precision"] = args.precision
-        config.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+        config = steps.arm_config(
+            arm, data_dir, warmup_steps=args.warmup_steps, precision=args.precision, model=model, **limits
+        )
         averaged = steps.fit(arm, config)
-        hypotheses, _ = steps.translate(arm, averaged, source, "--search.beam", "4", "--search.alpha", "0.6")
+        hypotheses, _ = steps.translate(arm, averaged, source, *PAPER_BEAM)
         score = steps.score(arm, hypotheses, target)
         links = measure(averaged, sources, targets, reference)
         run = steps.work / "runs" / arm
@@ -119,7 +115,8 @@ def study(args: argparse.Namespace) -> int:
                      f"{updates(run):,}", f"{links['aer']:.3f}", f"{links['precision']:.3f}",
                      f"{links['recall']:.3f}"])  # fmt: skip
     columns = ["model", "BLEU", "chrF2", "train tokens/s", "updates", "AER", "precision", "recall"]
-    title = f"Guided alignment on Multi30k en-de, {budget_text} of training each, alignments of {len(sources)} test pairs"
+    title = f"Guided alignment on Multi30k en-de, {budget_text} of training each"
+    title += f", alignments of {len(sources)} test pairs"
     publish(title, columns, rows, args.output)
     return 0
 

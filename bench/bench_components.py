@@ -10,8 +10,9 @@ same `--minutes` of wall-clock time (or the same `--steps` optimizer updates), i
 then scored on test_2016_flickr with beam 4 (α 0.6) by `attnx score` (sacreBLEU BLEU and chrF2). The table
 gives, per arm: BLEU, chrF2, the BLEU of the last checkpoint alone (what averaging gave or cost), trainable
 parameters, training tokens/s (the median of the run's logged `train/tokens_per_s`, source + target tokens),
-the updates made and decoding sentences/s (`attnx translate` of the test set, the whole command's time). Arms run one after another, so a time budget gives each the same machine only
-on a machine nothing else loads; `--steps` gives each the same number of updates whatever the load.
+the updates made and decoding sentences/s (`attnx translate` of the test set, the whole command's time).
+Arms run one after another, so a time budget gives each the same machine only on a machine nothing else
+loads; `--steps` gives each the same number of updates whatever the load.
 
 Expected wall time: per arm, its `--minutes` of training (30 by default) plus its averaging and its beam
 search over the 1,000 test sentences, after one `attnx prepare` of Multi30k; the ten arms at the default take
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from attnx_steps import Steps, add_budget_options, add_step_options, budget, tokens_per_s, updates
+from attnx_steps import PAPER_BEAM, Steps, add_budget_options, add_step_options, budget, tokens_per_s, updates
 from harness import publish
 
 MODERN = {
@@ -154,21 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     work = steps.work
     data, source, reference = steps.multi30k(args.train_lines, args.test_lines)
     sentences = len(source.read_text(encoding="utf-8").splitlines())
-    search = ("--search.beam", "4", "--search.alpha", "0.6")
     rows = []
     limits, budget_text = budget(args)
     for arm in arms:
         name = run_name(arm)
-        config = steps.arm_config(name, data, warmup_steps=args.warmup_steps, **limits)
-        values = yaml.safe_load(config.read_text(encoding="utf-8"))
-        values.setdefault("model", {})["transformer"] = ARMS[arm]
-        if args.precision:
-            values["trainer"]["precision"] = args.precision
-        config.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+        model = {"transformer": ARMS[arm]}
+        config = steps.arm_config(
+            name, data, warmup_steps=args.warmup_steps, precision=args.precision, model=model, **limits
+        )
         averaged = steps.fit(name, config)
-        hypotheses, seconds = steps.translate(name, averaged, source, *search)
+        hypotheses, seconds = steps.translate(name, averaged, source, *PAPER_BEAM)
         score = steps.score(name, hypotheses, reference)
-        last, _ = steps.translate(f"{name}_last", averaged.with_name("last.ckpt"), source, *search)
+        last, _ = steps.translate(f"{name}_last", averaged.with_name("last.ckpt"), source, *PAPER_BEAM)
         last_score = steps.score(f"{name}_last", last, reference)
         run = work / "runs" / name
         rows.append([arm, f"{score['bleu']:.2f}", f"{score['chrf']:.2f}", f"{last_score['bleu']:.2f}",

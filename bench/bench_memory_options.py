@@ -6,12 +6,12 @@ the options on your machine").
         [--max_tokens 1000] [--lora_rank 8] [--precision 32-true] [--threads 2] [--output table.md]
 
 Every arm trains the paper's `--preset` model (base: 6+6 layers, d_model 512, 48M parameters with Multi30k's
-8k vocabulary, the paper's 65M with its 37k: big enough that optimizer state and activations dominate the process) on Multi30k with the
-README's recipe (configs/multi30k_cpu.yaml) for `--steps` optimizer updates of `--max_tokens` tokens a side,
-without validation or checkpoints on the way. Arms (ARMS below): the plain model, activation checkpointing
-(`model.transformer.activation_checkpointing: true`), LoRA (`--lora.rank`, adapters on attention's
-projections, the rest frozen: a fresh model stands in for the one `--init_from` would load, the memory is the
-same) and both. Per arm: the trainable parameters and all of them (`attnx describe`'s count), the peak
+8k vocabulary, the paper's 65M with its 37k: big enough that optimizer state and activations dominate the
+process) on Multi30k with the README's recipe (configs/multi30k_cpu.yaml) for `--steps` optimizer updates of
+`--max_tokens` tokens a side, without validation or checkpoints on the way. Arms (ARMS below): the plain
+model, activation checkpointing (`model.transformer.activation_checkpointing: true`), LoRA (`--lora.rank`,
+adapters on attention's projections, the rest frozen: a fresh model stands in for the one `--init_from` would
+load, the memory is the same) and both. Per arm: the trainable parameters and all of them (`attnx describe`'s count), the peak
 resident memory of the whole `attnx fit` process (`ru_maxrss` of the child, Linux: interpreter, libraries and
 data included, so the differences between arms are what the options change), and the estimate `attnx describe
 --device cpu` prints for the same config (weights, gradients, Adam, activations). Expected wall time: a few

@@ -35,7 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from attnx_steps import MODEL_CONFIG, Steps, add_budget_options, add_step_options, budget, logged_rows
+from attnx_steps import (
+    MODEL_CONFIG,
+    PAPER_BEAM,
+    Steps,
+    add_budget_options,
+    add_step_options,
+    budget,
+    logged_rows,
+)
 from harness import cpu_model, publish
 
 ARMS = ("readme", "ema", "subword sampling", "ema + subword sampling")
@@ -164,7 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     steps = Steps.from_args(args)
     work = steps.work
     data, source, reference = steps.multi30k(args.train_lines, args.test_lines)
-    search = ("--search.beam", "4", "--search.alpha", "0.6")
     limits, budget_text = budget(args)
     rows, curves, commands, speeds = [], {}, [], {}
     for arm in arms:
@@ -181,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         commands.append(f"{arm}: {user_command(arm, args.ema_decay, args.alpha)}  "
                         f"(run as: attnx fit --config {MODEL_CONFIG} --config {config})")  # fmt: skip
         averaged = steps.fit(name, config)
-        hypotheses, _ = steps.translate(name, averaged, source, *search)
+        hypotheses, _ = steps.translate(name, averaged, source, *PAPER_BEAM)
         score = steps.score(name, hypotheses, reference)
         logged = logged_rows(work / "runs" / name)
         curves[arm] = {metric: series(logged, metric) for metric in ("val/bleu", "val/loss")}
@@ -206,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "commands:",
     ]
     lines += [f"    {command}" for command in commands]
-    lines += ["", f"then: attnx translate --model runs/ARM/version_N/checkpoints/averaged.ckpt {shlex.join(search)}"
+    lines += ["", f"then: attnx translate --model runs/ARM/version_N/checkpoints/averaged.ckpt {shlex.join(PAPER_BEAM)}"
               " of test_2016_flickr.en, attnx score against test_2016_flickr.de (sacreBLEU)"]  # fmt: skip
     print("\n".join(lines))
     if args.output:
