@@ -171,6 +171,15 @@ class Steps:
         reference = plain(self.data / "test_2016_flickr.de.gz", raw / "test.de", test_lines)
         return data, source, reference
 
+    def multi30k_valid(self, lines: int | None = None) -> tuple[Path, Path]:
+        """Multi30k's validation set (the one `attnx fit` validates on, 1,014 pairs) as plain text in raw/:
+        `(source, reference)`; `lines`: the first lines only (a smoke test)."""
+        raw = self.work / "raw"
+        return (
+            plain(self.data / "val.en.gz", raw / "valid.en", lines),
+            plain(self.data / "val.de.gz", raw / "valid.de", lines),
+        )
+
     def arm_config(
         self,
         arm: str,

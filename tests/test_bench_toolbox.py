@@ -12,17 +12,17 @@ from tests.conftest import bench_script
 toolbox = bench_script("bench_toolbox")
 
 
-def test_validation_picks_the_best_last_validation_bleu_and_the_lower_loss_on_a_tie() -> None:
+def test_validation_picks_the_averaged_checkpoints_best_valid_bleu_then_the_lower_loss() -> None:
     curves = {
-        "readme": {"val/bleu": [(500, 30.0), (1000, 36.0)], "val/loss": [(500, 3.0), (1000, 2.9)]},
-        "ema": {
-            "val/bleu": [(500, 37.0), (1000, 35.5)],
-            "val/loss": [(500, 2.8), (1000, 2.8)],
-        },  # best, not last
-        "subword sampling": {"val/bleu": [(1000, 36.0)], "val/loss": [(1000, 2.7)]},
+        "readme": {"val/bleu": [(500, 30.0), (1000, 39.0)], "val/loss": [(500, 3.0), (1000, 2.9)]},
+        "ema": {"val/bleu": [(500, 37.0), (1000, 35.5)], "val/loss": [(500, 2.8), (1000, 2.8)]},
+        "subword sampling": {"val/bleu": [(1000, 20.0)], "val/loss": [(1000, 2.7)]},
     }
-    assert toolbox.validation_pick(curves) == "subword sampling"  # readme's tie, lower loss
-    assert toolbox.validation_pick({"readme": {"val/bleu": [], "val/loss": []}}) is None
+    # not the curves' best or last val/bleu (readme's): the averaged checkpoints' scores, loss on a tie
+    valid = {"readme": 36.0, "ema": 36.0, "subword sampling": float("nan")}
+    assert toolbox.validation_pick(valid, curves) == "ema"
+    assert toolbox.validation_pick({"readme": 30.0, "ema": 30.5}, curves) == "ema"
+    assert toolbox.validation_pick({"readme": float("nan")}, curves) is None
 
 
 def test_the_logs_of_a_resumed_run_are_read_in_version_order(tmp_path: Path) -> None:
@@ -65,7 +65,8 @@ def test_toy_run_of_two_arms_has_their_rows_curves_and_pick(
     out = capsys.readouterr().out
     table = (tmp_path / "table.md").read_text()
     assert "| readme |" in table and "| ema + subword sampling |" in table and "1.00x |" in table
-    assert "chosen by validation (best last val BLEU): " in table
+    assert "chosen by validation (best valid BLEU of the averaged checkpoint): " in table
+    assert (tmp_path / "work" / "scores" / "toolbox_readme_valid.json").is_file()
     assert "--ema.decay 0.999 --data.subword_sampling.alpha 0.1" in table
     assert (tmp_path / "curves.png").stat().st_size > 10_000
     assert "The training toolbox on Multi30k en-de, 4 updates of training each (" in out
