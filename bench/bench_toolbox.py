@@ -46,6 +46,7 @@ from attnx_steps import (
     add_step_options,
     budget,
     logged_rows,
+    updates,
 )
 from harness import cpu_model, publish
 
@@ -54,6 +55,7 @@ ARMS = ("readme", "ema", "subword sampling", "ema + subword sampling")
 
 COLUMNS = [
     "run",
+    "updates",
     "valid BLEU (averaged, beam 4)",
     "test BLEU",
     "test chrF2",
@@ -205,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         last_bleu = curves[arm]["val/bleu"][-1][1] if curves[arm]["val/bleu"] else float("nan")
         best_bleu = max((v for _, v in curves[arm]["val/bleu"]), default=float("nan"))
         last_loss = curves[arm]["val/loss"][-1][1] if curves[arm]["val/loss"] else float("nan")
-        rows.append([arm, f"{valid_bleu[arm]:.2f}", f"{score['bleu']:.2f}", f"{score['chrf']:.2f}", number(last_bleu, ".2f"),
-                     number(best_bleu, ".2f"), number(last_loss, ".3f"), number(speeds[arm], ",.0f"),
+        rows.append([arm, f"{updates(work / 'runs' / name):,}", f"{valid_bleu[arm]:.2f}", f"{score['bleu']:.2f}",
+                     f"{score['chrf']:.2f}", number(last_bleu, ".2f"), number(best_bleu, ".2f"),
+                     number(last_loss, ".3f"), number(speeds[arm], ",.0f"),
                      number(median(logged, "train/tgt_tokens_per_s"), ",.0f")])  # fmt: skip
     reference_speed = speeds.get("readme", float("nan"))
     for row, arm in zip(rows, arms, strict=True):
