@@ -64,7 +64,8 @@ def test_toy_run_of_two_arms_has_their_rows_curves_and_pick(
     assert toolbox.main(argv) == 0
     out = capsys.readouterr().out
     table = (tmp_path / "table.md").read_text()
-    assert "| readme | 4 |" in table  # its updates, then the scores and "| ema + subword sampling |" in table and "1.00x |" in table
+    assert "| readme | 4 |" in table  # the run's updates come right after its name
+    assert "| ema + subword sampling |" in table and "1.00x |" in table
     assert "chosen by validation (best valid BLEU of the averaged checkpoint): " in table
     assert (tmp_path / "work" / "scores" / "toolbox_readme_valid.json").is_file()
     assert "--ema.decay 0.999 --data.subword_sampling.alpha 0.1" in table
