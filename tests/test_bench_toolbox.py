@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import bench_script
 
@@ -50,6 +51,9 @@ def test_each_arm_adds_its_options_to_the_readme_command() -> None:
     assert toolbox.user_command("ema + subword sampling", 0.999, 0.1) == (
         "attnx fit --config configs/multi30k_cpu.yaml --ema.decay 0.999 --data.subword_sampling.alpha 0.1"
     )
+    assert toolbox.user_command("readme", 0.999, 0.1, seed=3) == (
+        "attnx fit --config configs/multi30k_cpu.yaml --seed_everything 3 --data.seed 3"
+    )
 
 
 @pytest.mark.slow
@@ -59,7 +63,7 @@ def test_toy_run_of_two_arms_has_their_rows_curves_and_pick(
     """The README's model for 4 updates on 200 pairs: the numbers mean nothing, the table, figure and pick exist."""
     argv = ["--work", str(tmp_path / "work"), "--data", str(shared_data), "--steps", "4", "--train_lines", "200",
             "--test_lines", "3", "--vocab_size", "500", "--val_check_interval", "2", "--bleu_samples", "3",
-            "--arms", "readme,ema + subword sampling", "--threads", "1",
+            "--arms", "readme,ema + subword sampling", "--threads", "1", "--seed", "2",
             "--output", str(tmp_path / "table.md"), "--figure", str(tmp_path / "curves.png")]  # fmt: skip
     assert toolbox.main(argv) == 0
     out = capsys.readouterr().out
@@ -67,13 +71,16 @@ def test_toy_run_of_two_arms_has_their_rows_curves_and_pick(
     assert "| readme | 4 |" in table  # the run's updates come right after its name
     assert "| ema + subword sampling |" in table and "1.00x |" in table
     assert "chosen by validation (best valid BLEU of the averaged checkpoint): " in table
-    assert (tmp_path / "work" / "scores" / "toolbox_readme_valid.json").is_file()
-    assert "--ema.decay 0.999 --data.subword_sampling.alpha 0.1" in table
+    assert (tmp_path / "work" / "scores" / "toolbox_readme_seed2_valid.json").is_file()
+    assert "--seed_everything 2 --data.seed 2 --ema.decay 0.999 --data.subword_sampling.alpha 0.1" in table
     assert (tmp_path / "curves.png").stat().st_size > 10_000
-    assert "The training toolbox on Multi30k en-de, 4 updates of training each (" in out
-    logged = toolbox.logged_rows(tmp_path / "work" / "runs" / "toolbox_ema_subword_sampling")
+    assert "The training toolbox on Multi30k en-de, 4 updates of training each, seed 2 (" in out
+    run = tmp_path / "work" / "runs" / "toolbox_ema_subword_sampling_seed2"
+    used = yaml.safe_load((run / "version_0" / "config.yaml").read_text())
+    assert used["seed_everything"] == 2 and used["data"]["seed"] == 2
+    logged = toolbox.logged_rows(run)
     assert len(toolbox.series(logged, "val/loss")) == 2  # validations at steps 2 and 4
-    fit_log = (tmp_path / "work" / "logs" / "fit_toolbox_ema_subword_sampling.log").read_text()
+    fit_log = (tmp_path / "work" / "logs" / "fit_toolbox_ema_subword_sampling_seed2.log").read_text()
     assert (
         "ema: an average of the weights (decay 0.999" in fit_log
         and "subword sampling: BPE-dropout 0.1" in fit_log
