@@ -3,7 +3,7 @@ sampling, and with both, each trained for the same budget on one machine (docs/t
 options on your machine").
 
     python bench/bench_toolbox.py --work toolbox_runs [--data DIR] [--minutes 30 | --steps N]
-        [--ema_decay 0.999] [--alpha 0.1] [--arms readme,ema,...] [--seed 1] [--threads 2]
+        [--ema_decay 0.999] [--alpha 0.1] [--arms readme,ema,...] [--seed N] [--threads 2]
         [--output table.md] [--figure curves.png]
 
 Every arm is the README's `attnx fit --config configs/multi30k_cpu.yaml` with its options (ARMS below), trained
@@ -24,7 +24,7 @@ Arms run one after another, so a time budget gives each the same machine only on
 (expected wall time: `--minutes` of training per arm plus ~2 minutes of preparing once and decoding each);
 `--steps` gives each the same number of updates whatever the load. Every step is an `attnx` command (logged in
 WORK/logs); a step already done is not repeated, so running the same command again continues an interrupted
-study. `--seed N` trains every arm with `--seed_everything N --data.seed N` instead of the README's seed 1
+study. `--seed N` trains every arm with `--seed_everything N --data.seed N` instead of the README config's seeds
 (its runs named `toolbox_ARM_seedN`): run the study again with another seed to see how far two runs of the same
 config differ. `--train_lines` and `--test_lines` cut the corpora, for a smoke test of the script only: its numbers
 mean nothing.
@@ -81,9 +81,9 @@ def arm_options(arm: str, ema_decay: float, alpha: float) -> dict[str, Any]:
     return sections
 
 
-def user_command(arm: str, ema_decay: float, alpha: float, seed: int = 1) -> str:
-    """The README command an arm stands for."""
-    options = [] if seed == 1 else ["--seed_everything", str(seed), "--data.seed", str(seed)]
+def user_command(arm: str, ema_decay: float, alpha: float, seed: int | None = None) -> str:
+    """The README command an arm stands for (`seed`: instead of the config's)."""
+    options = [] if seed is None else ["--seed_everything", str(seed), "--data.seed", str(seed)]
     if "ema" in arm:
         options += ["--ema.decay", f"{ema_decay:g}"]
     if "subword" in arm:
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
     parser.add_argument(
-        "--seed", type=int, default=1, help="seed_everything and data.seed of every arm (the README's: 1)"
+        "--seed", type=int, help="seed_everything and data.seed of every arm (default: the README config's)"
     )
     parser.add_argument("--figure", type=Path, help="also draw every arm's validation curve here (PNG)")
     parser.add_argument(
@@ -188,18 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     valid_source, valid_reference = steps.multi30k_valid(args.test_lines)
     limits, budget_text = budget(args)
     rows, curves, commands, speeds, valid_bleu = [], {}, [], {}, {}
+    seeded = "" if args.seed is None else f"_seed{args.seed}"
     for arm in arms:
-        name = (
-            "toolbox_"
-            + arm.replace(" + ", "_").replace(" ", "_")
-            + ("" if args.seed == 1 else f"_seed{args.seed}")
-        )
+        name = "toolbox_" + arm.replace(" + ", "_").replace(" ", "_") + seeded
         config = steps.arm_config(name, data, **limits)
         values = merged(
             yaml.safe_load(config.read_text(encoding="utf-8")), arm_options(arm, args.ema_decay, args.alpha)
         )
-        values["seed_everything"] = args.seed
-        values["data"]["seed"] = args.seed
+        if args.seed is not None:
+            values["seed_everything"] = args.seed
+            values["data"]["seed"] = args.seed
         if args.val_check_interval:
             values["trainer"]["val_check_interval"] = args.val_check_interval
         if args.bleu_samples is not None:
@@ -227,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         row.append(
             number(speeds[arm] / reference_speed, ".2f") + "x" if not math.isnan(reference_speed) else "n/a"
         )
-    seed = "" if args.seed == 1 else f", seed {args.seed}"
-    title = f"The training toolbox on Multi30k en-de, {budget_text} of training each{seed}"
+    title = f"The training toolbox on Multi30k en-de, {budget_text} of training each"
+    title += "" if args.seed is None else f", seed {args.seed}"
     publish(title, COLUMNS, rows, args.output)
     pick = validation_pick(valid_bleu, curves)
     lines = [
