@@ -29,7 +29,7 @@ def test_the_average_follows_the_rule_from_start_every_n_steps() -> None:
     module = nn.Linear(2, 1, bias=False)
     ema = WeightEMA(decay=0.5, every=2, start=1)
     trainer = fake_trainer()
-    ema.setup(trainer, module, "fit")
+    ema.on_fit_start(trainer, module)
     expected = module.weight.detach().clone()
     for step, value in enumerate([1.0, 3.0, 5.0, 7.0, 9.0, 11.0], start=1):
         with torch.no_grad():

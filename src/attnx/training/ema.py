@@ -60,6 +60,7 @@ class WeightEMA(Callback):
         self._step = 0  # the optimizer step of the last update
         self._shadow: dict[str, Tensor] = {}  # the EMA weights, by parameter name
         self._backup: dict[str, Tensor] | None = None  # the trained weights while validation uses the EMA
+        self._resumed: dict[str, Any] | None = None  # a resumed fit's stored EMA state, until on_fit_start
 
     @property
     def state_key(self) -> str:
@@ -74,16 +75,33 @@ class WeightEMA(Callback):
 
     # ------------------------------------------------------------------------------------------- training
 
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit" or self.decay is None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The average starts here, after the strategy has moved the module to its device and cast it (a
+        copy made in `setup` would stay on the CPU in fp32 while the weights go to the GPU or to bf16)."""
+        if self.decay is None:
             return
-        # the weights in place (those of --init_from too): a resumed run's are restored in on_load_checkpoint
-        self._shadow = {name: p.detach().clone() for name, p in self._parameters(pl_module).items()}
+        # the weights in place: those of --init_from, or of a resumed run's checkpoint (its EMA weights)
+        self._shadow = {
+            name: p.detach().to(_ema_dtype(p.dtype), copy=True)
+            for name, p in self._parameters(pl_module).items()
+        }
+        if self._resumed is not None:  # the module takes the trained weights back from the checkpoint
+            stored, self._resumed = self._resumed, None
+            with torch.no_grad():
+                for name, p in self._parameters(pl_module).items():
+                    p.copy_(stored["training"][name])
         scored = "the EMA weights" if self.evaluate == "ema" else "the trained weights"
+        kept = {str(s.dtype).removeprefix("torch.") for s in self._shadow.values()}
+        trained = {str(p.dtype).removeprefix("torch.") for p in self._parameters(pl_module).values()}
+        wider = (
+            f", kept in {', '.join(sorted(kept))} beside {', '.join(sorted(trained))} weights"
+            if kept != trained
+            else ""
+        )
         _say(
             trainer,
             f"ema: an average of the weights (decay {self.decay}, every {self.every} step"
-            f"{'s' if self.every > 1 else ''}, from step {self.start}); validation scores {scored}, "
+            f"{'s' if self.every > 1 else ''}, from step {self.start}{wider}); validation scores {scored}, "
             "checkpoints hold the EMA weights",
         )
 
@@ -104,7 +122,7 @@ class WeightEMA(Callback):
             return
         shadow = list(self._shadow.values())
         trained = self._backup or {name: p.detach() for name, p in self._parameters(pl_module).items()}
-        weights = [trained[name] for name in self._shadow]
+        weights = [trained[name].to(s.dtype) for name, s in self._shadow.items()]  # a no-op but in 16 bits
         if step <= self.start:
             torch._foreach_copy_(shadow, weights)
         else:  # ema + (1 - decay)(w - ema) = decay·ema + (1 - decay)·w, in place: no host sync, no new memory
@@ -168,7 +186,7 @@ class WeightEMA(Callback):
         if trainer.state.fn != "fit":
             return  # validate, test, predict: chosen once the weights are in place (_use_evaluated_weights)
         stored = ema_state(checkpoint)
-        if not self._shadow:
+        if self.decay is None:
             if stored is not None:
                 raise ConfigError(
                     f"{trainer.ckpt_path} is of a run with an EMA of its weights (decay {stored['decay']}): "
@@ -176,11 +194,9 @@ class WeightEMA(Callback):
                     "with --init_from"
                 )
             return
-        with torch.no_grad():
-            for name, p in self._parameters(pl_module).items():
-                self._shadow[name].copy_(p)
-                if stored is not None:
-                    p.copy_(stored["training"][name])
+        # the module holds the checkpoint's model weights now, before the strategy moves and casts it: the
+        # average takes them in on_fit_start, and the module the trained weights
+        self._resumed = stored
         if stored is None:
             _say(trainer, f"ema: {trainer.ckpt_path} has no EMA; the average starts from its weights")
 
@@ -228,6 +244,13 @@ class WeightEMA(Callback):
             for name, p in self._parameters(pl_module).items():
                 p.copy_(stored["training"][name])
         _say(trainer, f"attnx {command}: the trained weights of {path} (ema.evaluate training), not its EMA")
+
+
+def _ema_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the average of weights of `dtype` is kept in: fp32 for 16-bit weights (`bf16-true`), whose
+    8 bits of mantissa would round an update of `1 - decay` = 1e-4 away (fairseq's `--ema-fp32`), else their
+    own."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
 def _say(trainer: pl.Trainer, line: str) -> None:
