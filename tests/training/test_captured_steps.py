@@ -10,10 +10,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 
 from attnx.cli import main as attnx
 from attnx.components.alignment_loss import GuidedAlignmentLoss
+from attnx.data.datamodule import TranslationDataModule
 from attnx.training import captured_steps
 from attnx.training.capture import MAX_GRAPHS
 from attnx.training.captured_steps import capture_plan, planned_shapes, syncs_gradients
@@ -56,6 +58,14 @@ def test_on_a_gpu_capture_is_on_by_default_where_batches_come_in_shape_buckets()
     guided = SimpleNamespace(automatic_optimization=True, loss=GuidedAlignmentLoss())
     on, line = capture_plan(True, trainer(GPU), guided)
     assert not on and line.startswith("captured steps: off (loss GuidedAlignmentLoss:")
+
+
+def test_activation_checkpointing_keeps_captured_steps_off_in_one_line() -> None:
+    """A checkpoint's recomputation reads the CUDA generator's state, which a capture cannot: eager steps."""
+    checkpointed = SimpleNamespace(automatic_optimization=True, model=SimpleNamespace(checkpoint_layers=True))
+    for enabled in (None, True):
+        on, line = capture_plan(enabled, trainer(GPU), checkpointed)
+        assert not on and line.startswith("captured steps: off (model.transformer.activation_checkpointing:")
 
 
 def test_under_ddp_capture_needs_gradient_accumulation_and_other_strategies_train_eagerly() -> None:
@@ -215,6 +225,37 @@ def test_with_gradient_accumulation_every_batch_after_a_validation_still_replays
     out = capsys.readouterr().out
     assert validations(run) == [1, 3]
     replayed_every_batch(out, 10)
+
+
+class GradNorms(Callback):
+    """The gradients' norm before each optimizer step, a line each in `grad_norms.txt` of the working folder."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        grads = [p.grad.norm() for p in pl_module.parameters() if p.grad is not None]
+        with open("grad_norms.txt", "a", encoding="utf-8") as f:
+            f.write(f"{float(torch.linalg.vector_norm(torch.stack(grads))):.9g}\n")
+
+
+def test_captured_steps_follow_a_gradient_accumulation_schedule(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`GradientAccumulationScheduler` accumulates 2 batches a step from epoch 1 on: a replayed step's gradients
+    are divided by the divisor of its own epoch, and equal the eager run's step for step."""
+    datamodule = TranslationDataModule(str(corpus), max_tokens=512, shape_buckets=8)
+    per_epoch = len(datamodule.train_sampler)
+    schedule = [
+        "--trainer.callbacks+=lightning.pytorch.callbacks.GradientAccumulationScheduler",
+        '--trainer.callbacks.scheduling={"0": 1, "1": 2}',
+        "--trainer.callbacks+=tests.training.test_captured_steps.GradNorms",
+        *("--trainer.max_steps", str(per_epoch + 3), "--trainer.val_check_interval", "1000"),
+    ]
+    norms = {}
+    for name, captured in (("eager", "false"), ("captured", "true")):
+        captured_fit(corpus, tmp_path / name, monkeypatch, *schedule, "--cuda_graphs", captured)
+        norms[name] = [float(v) for v in (tmp_path / name / "grad_norms.txt").read_text().split()]
+    assert "captured steps: on" in capsys.readouterr().out
+    assert len(norms["captured"]) == per_epoch + 3
+    assert norms["captured"] == pytest.approx(norms["eager"], rel=1e-5)
 
 
 def test_a_resumed_captured_run_replays_every_batch_and_repeats_the_uninterrupted_one(

@@ -69,6 +69,11 @@ def capture_plan(
             f"captured steps: off (loss {type(loss).__name__}: its batches have shapes that depend on the "
             "data)"
         )
+    if getattr(getattr(module, "model", None), "checkpoint_layers", False):
+        return False, (
+            "captured steps: off (model.transformer.activation_checkpointing: a checkpoint's recomputation reads "
+            "the CUDA generator's state to replay its dropout, which a capture cannot; the steps run eagerly)"
+        )
     ddp = isinstance(strategy, DDPStrategy)
     accumulate = trainer.accumulate_grad_batches
     if ddp and accumulate == 1:

@@ -193,9 +193,22 @@ class TranslationTask(pl.LightningModule):
             # (its rule: batch_idx % accumulate == 0); a replay's backward runs inside the training step
             for optimizer in self.trainer.optimizers:
                 optimizer.zero_grad(set_to_none=False)
+        # the divisor of this step: a GradientAccumulationScheduler changes it between epochs
+        self.step_engine.divisor = self.trainer.accumulate_grad_batches
         sums = self.step_engine.run(batch, syncing=syncs_gradients(self.trainer.strategy.model))
         self._grads_done = sums is not None
         return sums
+
+    def setup(self, stage: str) -> None:
+        """Refuse, before the first step, a loss trained on word alignments (`guided_alignment`) beside batches
+        segmented anew (`data.subword_sampling`): the links are of the prepared segmentation's pieces."""
+        sampling = getattr(getattr(self.trainer, "datamodule", None), "subword_sampling", None)
+        aligned = getattr(self.loss, "alignment_lambda", None) is not None
+        if stage == "fit" and aligned and getattr(sampling, "enabled", False):
+            raise ConfigError(
+                f"model.loss guided_alignment and data.subword_sampling.alpha {sampling.alpha} together: the "
+                "word alignments link the prepared segmentation's pieces, which sampling replaces; leave one out"
+            )
 
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         """Lightning's backward, except after a replayed batch: its graph has added the gradients."""
