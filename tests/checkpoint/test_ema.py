@@ -1,12 +1,17 @@
-"""What a checkpoint of a run with an EMA says about its weights, and what averaging keeps of it."""
+"""What a checkpoint of a run with an EMA says about its weights, and what averaging keeps of it; a file that is
+no checkpoint is left to the command's reader."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from attnx.checkpoint.ema import EMA_KEY, checkpoint_weights_line, weights_line, without_training_weights
+from attnx.cli import main as attnx
+from tests.checkpoint.test_format import unreadable_files
+from tests.conftest import free_port
 
 STATE = {"decay": 0.999, "every": 1, "start": 0, "updates": 12, "training": {"w": torch.ones(2)}}
 
@@ -31,3 +36,29 @@ def test_averaged_weights_drop_the_trained_ones_and_keep_the_marker() -> None:
     assert "(averaged over checkpoints)" in weights_line(averaged, "avg.ckpt", "translate")
     plain = {"state_dict": {}}
     assert without_training_weights(plain) is plain
+
+
+@pytest.mark.parametrize(
+    ("argv", "extra"),
+    [
+        (["export", "--format", "ctranslate2", "--output", "{out}/ct2", "--ckpt_path"], "ctranslate2"),
+        (["export", "--format", "huggingface", "--output", "{out}/hf", "--ckpt_path"], "transformers"),
+        (["serve", "--port", "{port}", "--model"], "litserve"),
+    ],
+    ids=["export ctranslate2", "export huggingface", "serve"],
+)
+def test_a_checkpoint_carrying_a_payload_is_the_readers_one_line_and_never_runs(
+    argv: list[str], extra: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The EMA line maps the file before the command's reader reads it: a pickle payload is refused by the
+    reader in its own line (exit 1), never an `UnpicklingError` traceback, and never runs."""
+    pytest.importorskip(extra)
+    payload = unreadable_files(tmp_path / "bad")["payload"]
+    command = [a.format(out=tmp_path, port=free_port()) for a in argv]
+    assert attnx([*command, str(payload)]) == 1
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and "EMA" not in out, err
+    assert lines[0].startswith(f"attnx {argv[0]}: error: checkpoint {payload} holds Python objects"), lines
+    assert "weights_only" not in lines[0]
+    assert not (tmp_path / "bad" / "ran").exists()

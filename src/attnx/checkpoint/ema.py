@@ -9,6 +9,7 @@ the optimizer trains (`training`, by parameter name).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,10 @@ def without_training_weights(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 def checkpoint_weights_line(paths: str | Path | list[str | Path], command: str) -> str | None:
     """[`weights_line`][attnx.checkpoint.ema.weights_line] of each checkpoint file among `paths` (an exported
-    model's folder says nothing), one line; None where none holds EMA weights. Files are mapped, not read."""
+    model's folder says nothing), one line; None where none holds EMA weights. Files are mapped, not read; a
+    file that fails to map (a pickle payload among them, which never runs: `weights_only`) says nothing here,
+    the command's checkpoint reader refuses it in its own line
+    ([`read_checkpoint`][attnx.checkpoint.format.read_checkpoint])."""
     import torch
 
     lines = []
@@ -52,8 +56,10 @@ def checkpoint_weights_line(paths: str | Path | list[str | Path], command: str) 
         if not Path(path).is_file():
             continue
         try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except (RuntimeError, OSError, ValueError):  # not a checkpoint torch can map: its reader will say why
+            with warnings.catch_warnings():  # torch's notes on files the reader refuses anyway
+                warnings.simplefilter("ignore")
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # not a checkpoint torch can map (fails in many ways): its reader will say why
             continue
         if isinstance(checkpoint, dict) and (line := weights_line(checkpoint, path, command)):
             lines.append(line)
