@@ -1,5 +1,6 @@
 """Subword sampling (`data.subword_sampling`): training pairs segmented anew each epoch in the planned shapes,
-validation on the prepared segmentation, the same draws after a resume, wrong settings refused in one line."""
+never longer than the model reads, validation on the prepared segmentation, the same draws after a resume, wrong
+settings refused in one line."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnx.cli import main as attnx
 from attnx.data.batching import collate_indices
 from attnx.data.datamodule import TranslationDataModule
 from attnx.data.sampling import SubwordSampling
 from attnx.errors import ConfigError
-from tests.training.conftest import train_losses
+from tests.training.conftest import fit_args, train_losses
 from tests.training.test_resume import fit
 
 
@@ -115,3 +117,31 @@ def test_a_resumed_run_draws_what_the_uninterrupted_run_drew(corpus: Path, tmp_p
         assert loss == pytest.approx(expected[step], rel=1e-6, abs=1e-6), f"step {step}"
     # and sampling changed what was trained on
     assert not np.allclose(list(expected.values()), list(train_losses(plain).values()))
+
+
+@pytest.mark.parametrize("buckets", ["0", "8"])
+def test_fit_never_samples_a_side_longer_than_the_model_reads(
+    corpus: Path, tmp_path: Path, buckets: str
+) -> None:
+    """A model of max_len 100 reads every prepared pair (the longest needs 97 positions with its `</s>`), not
+    the segmentations BPE-dropout 0.5 samples for the longest (up to ~170 pieces): a side whose sampled pieces
+    would outgrow the model keeps its prepared ones, and shape buckets stop at its positions (100 is none of
+    theirs), so `attnx fit` trains a whole epoch instead of stopping at the positional table's error."""
+    max_len = 100
+    dm = datamodule(corpus, alpha=0.5, buckets=int(buckets))
+    dm.max_positions = max_len  # what `attnx fit` reads off its model
+    data = dm.corpus.dataset("train")
+    assert max(int(data.src_lengths.max()), int(data.tgt_lengths.max())) + 1 <= max_len
+    batches = list(dm.train_dataloader())
+    assert max(max(b.src.shape[1], b.tgt_in.shape[1]) for b in batches) <= max_len
+    longest_source = max(int(b.src_mask.sum(1).max()) for b in batches)
+    assert longest_source > int(data.src_lengths.max()) + 1  # sampled longer than any prepared source
+    steps = len(dm.train_sampler)  # one epoch: every batch, the longest among them
+    (tmp_path / "run").mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path / "run")
+        argv = fit_args(corpus, "--model.transformer.max_len", str(max_len), "--data.shape_buckets", buckets)
+        argv += ["--data.subword_sampling.alpha", "0.5", "--trainer.max_steps", str(steps)]
+        argv += ["--trainer.val_check_interval", str(steps), "--evaluation.bleu_samples", "0"]
+        assert attnx(argv) == 0
+    assert sorted(train_losses(tmp_path / "run" / "runs" / "tiny" / "version_0")) == list(range(steps))

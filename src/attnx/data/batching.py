@@ -34,7 +34,8 @@ from attnx.data.errors import DataError
 
 class LengthBuckets:
     """The padded lengths a batch may have: a length rounded up to a multiple of `multiple`, and beyond
-    `16 × multiple` to one of 8 steps per doubling (at most 12.5% more), capped at `max_tokens`.
+    `16 × multiple` to one of 8 steps per doubling (at most 12.5% more), capped at `max_tokens` (the widest
+    side a batch may have: its token budget, or the model's positions where fewer).
 
     With `multiple` 8: 8, 16, ..., 128, 144, ..., 256, 288, ..., 512, 576, ... Batch sizes follow: a batch of
     padded length `L` holds `max_tokens // L` pairs, or the full count of a longer length where it ends
@@ -218,6 +219,8 @@ class TokenBatchSampler(DistributedSampler):
         shape_buckets: 0: each batch is padded to its longest pair; N: to the
             [`LengthBuckets`][attnx.data.batching.LengthBuckets] of multiple N (the batches' loader must pad
             them the same way: `BatchDataset(dataset, sampler.buckets)`).
+        max_positions: The positions the model reads (its `max_len`): buckets never pad a side past them.
+            None: buckets stop at `max_tokens` only.
 
     It subclasses `DistributedSampler` so that Lightning, which wraps any other sampler in its own distributed
     sampler under DDP (`use_distributed_sampler`), leaves this one as it is: it shards itself.
@@ -234,6 +237,7 @@ class TokenBatchSampler(DistributedSampler):
         rank: int = 0,
         allow_oversized: bool = False,
         shape_buckets: int = 0,
+        max_positions: int | None = None,
     ) -> None:
         if max_tokens < 2:
             raise DataError(f"max_tokens must be at least 2 (one token and EOS), not {max_tokens}")
@@ -255,7 +259,8 @@ class TokenBatchSampler(DistributedSampler):
                 )
         self.max_tokens = max_tokens
         self.shape_buckets = shape_buckets
-        self.buckets = LengthBuckets(shape_buckets, max_tokens) if shape_buckets else None
+        widest = max_tokens if max_positions is None else min(max_tokens, max_positions)
+        self.buckets = LengthBuckets(shape_buckets, widest) if shape_buckets else None
         self.order, self.bounds = self.plan(src_lengths, tgt_lengths, seed if shuffle else None)
         self.shapes, self.padding = batch_shapes(
             src_lengths, tgt_lengths, self.order, self.bounds, self.buckets

@@ -137,6 +137,11 @@ class TranslationDataModule(L.LightningDataModule):
             self._corpus, train_split, corpus_weights, sampling_temperature
         )
         """The training corpora's mix asked by `corpus_weights`/`sampling_temperature`, None without them."""
+        self.max_positions: int | None = None
+        """The positions the model reads (its `max_len`, `</s>` or `<s>` included): training batches are never
+        padded wider, nor sampled segmentations longer. None: those of the trainer's module, read when the
+        training batches are first built
+        ([`model_positions`][attnx.data.datamodule.TranslationDataModule.model_positions])."""
         self._train_sampler: TokenBatchSampler | None = None
         self._resume: dict[str, Any] | None = None
 
@@ -181,6 +186,15 @@ class TranslationDataModule(L.LightningDataModule):
         on_gpu = self.trainer.strategy.root_device.type != "cpu"
         return auto_shape_buckets(str(self.trainer.precision), on_gpu)
 
+    def model_positions(self) -> int | None:
+        """`max_positions`, or where it is None the positions of the model the trainer trains; None without
+        either (no limit but `max_tokens`)."""
+        if self.max_positions is not None:
+            return self.max_positions
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        positions = getattr(getattr(module, "model", None), "max_positions", None)
+        return int(positions) if positions else None
+
     @property
     def train_sampler(self) -> TokenBatchSampler:
         """The training batch sampler (built on first use, then kept: it carries the epoch and position)."""
@@ -188,10 +202,11 @@ class TranslationDataModule(L.LightningDataModule):
             dataset = self._corpus.dataset(self.train_split)
             world_size, rank = self._world()
             src_lengths, tgt_lengths, sampler = dataset.src_lengths, dataset.tgt_lengths, TokenBatchSampler
+            positions = self.model_positions()
             if self.subword_sampling.enabled:  # planned for the longer sampled segmentations
                 sampler, factors = EpochBatchSampler, self.sampling_headroom
                 src_lengths, tgt_lengths = (
-                    planned_lengths(lengths, factor, self.max_tokens)
+                    planned_lengths(lengths, factor, self.max_tokens, positions)
                     for lengths, factor in zip((src_lengths, tgt_lengths), factors, strict=True)
                 )
             mixed = {} if self.corpus_mix is None else {"mix": self.corpus_mix}
@@ -206,6 +221,7 @@ class TranslationDataModule(L.LightningDataModule):
                 num_replicas=world_size,
                 rank=rank,
                 shape_buckets=self.resolved_shape_buckets(),
+                max_positions=positions,
                 **mixed,
             )
             if self.subword_sampling.enabled:
@@ -275,6 +291,7 @@ class TranslationDataModule(L.LightningDataModule):
             self.max_tokens,
             sampler.buckets,
             self.sampling_headroom,
+            self.model_positions(),
         )
         return self._loader(self.train_split, sampler, dataset)
 

@@ -5,10 +5,13 @@ unigram models (Kudo, 2018) — as Marian's `--sentencepiece-alphas` and Eole's 
 The batches stay the ones [`TokenBatchSampler`][attnx.data.batching.TokenBatchSampler] planned from the prepared
 segmentation, in the same tensor shapes: a pair's side is re-encoded from its text (its prepared ids decoded) with
 SentencePiece's sampling, and keeps its prepared ids where the sampled ones would not fit the batch's padded
-length (its shape bucket, or with buckets off the token budget `max_tokens` over the batch's pairs). Validation,
-test and predict keep the prepared, deterministic segmentation.
+length (its shape bucket, or with buckets off the token budget `max_tokens` over the batch's pairs) or the
+positions the model reads (its `max_len`). Validation, test and predict keep the prepared, deterministic
+segmentation.
 
-The sampling of a batch is seeded by (data seed, epoch, the batch's first pair): a run resumed mid-epoch, or
+The sampling of a batch is seeded by (data seed, epoch, the batch's first pair) and, for a batch drawn again
+in the same epoch (a corpus mix upsamples a small corpus, `data.corpus_weights`; DDP's padding repeats
+batches), the number of its earlier draws: every draw is segmented anew, and a run resumed mid-epoch, or
 loading in worker processes, draws exactly the segmentations the uninterrupted run drew.
 """
 
@@ -122,17 +125,39 @@ def headroom(
     return factors[0], factors[1]
 
 
-def planned_lengths(lengths: np.ndarray, factor: float, max_tokens: int) -> np.ndarray:
-    """`lengths` (without EOS/BOS) grown by `factor` with their EOS/BOS, within `max_tokens` (but never below
-    themselves): the lengths a batch is planned for."""
+def planned_lengths(
+    lengths: np.ndarray, factor: float, max_tokens: int, max_positions: int | None = None
+) -> np.ndarray:
+    """`lengths` (without EOS/BOS) grown by `factor` with their EOS/BOS, within `max_tokens` and the model's
+    `max_positions` (None: no limit but `max_tokens`), but never below themselves: the lengths a batch is
+    planned for."""
     lengths = np.asarray(lengths, dtype=np.int64)
     grown = np.ceil((lengths + 1) * factor).astype(np.int64) - 1
-    return np.maximum(lengths, np.minimum(grown, max_tokens - 1))
+    return np.maximum(lengths, np.minimum(grown, width_limit(max_tokens, max_positions) - 1))
+
+
+def width_limit(max_tokens: int, max_positions: int | None) -> int:
+    """The widest side a sampled batch may have (EOS/BOS included): `max_tokens`, and the model's positions."""
+    return max_tokens if max_positions is None else min(max_tokens, max_positions)
+
+
+def repeated_draws(batches: np.ndarray) -> np.ndarray:
+    """For each of `batches` (batch numbers in the order an epoch visits them), how many times it came before:
+    0 at its first draw."""
+    batches = np.asarray(batches, dtype=np.int64)
+    order = np.argsort(batches, kind="stable")
+    ranked = batches[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    first = np.repeat(starts, np.diff(np.r_[starts, len(ranked)]))
+    repeats = np.empty(len(batches), dtype=np.int64)
+    repeats[order] = np.arange(len(batches)) - first
+    return repeats
 
 
 class EpochBatchSampler(TokenBatchSampler):
-    """A [`TokenBatchSampler`][attnx.data.batching.TokenBatchSampler] whose batches carry their epoch:
-    `(epoch, indices)`, what [`SampledBatches`][attnx.data.sampling.SampledBatches] seeds its sampling with."""
+    """A [`TokenBatchSampler`][attnx.data.batching.TokenBatchSampler] whose batches carry their epoch and how
+    many times the epoch drew them before: `(epoch, indices, repeat)`, what
+    [`SampledBatches`][attnx.data.sampling.SampledBatches] seeds its sampling with."""
 
     sampling_line = ""
     """What the sampling does ([`SubwordSampling.check`][attnx.data.sampling.SubwordSampling.check]), said after
@@ -141,10 +166,18 @@ class EpochBatchSampler(TokenBatchSampler):
     def summary(self) -> str:
         return f"{super().summary()}\n{self.sampling_line}" if self.sampling_line else super().summary()
 
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:  # type: ignore[override]
+    def repeats(self, epoch: int) -> np.ndarray:
+        """For each batch this rank visits in `epoch`, how many times the epoch drew it before, over all ranks
+        in the order they take them ([`batch_order`][attnx.data.batching.TokenBatchSampler.batch_order]): a
+        function of (seed, epoch), so that a resumed run and every rank count alike."""
+        padded = np.resize(self.epoch_batches(epoch), len(self) * self.num_replicas)
+        return repeated_draws(padded)[self.rank :: self.num_replicas]
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray, int]]:  # type: ignore[override]
         epoch = self.epoch
+        repeats = self.repeats(epoch)
         for indices in super().__iter__():
-            yield epoch, indices
+            yield epoch, indices, int(repeats[self.consumed - 1])  # `consumed`: this batch's place, from 1
 
 
 class SampledBatches(BatchDataset):
@@ -160,6 +193,7 @@ class SampledBatches(BatchDataset):
         max_tokens: int,
         buckets: LengthBuckets | None = None,
         factors: tuple[float, float] = (1.0, 1.0),
+        max_positions: int | None = None,
     ) -> None:
         super().__init__(dataset, buckets)
         self.factors = factors  # the headroom the batches were planned with, per side
@@ -167,6 +201,8 @@ class SampledBatches(BatchDataset):
         self.sampling = sampling
         self.seed = seed
         self.max_tokens = max_tokens
+        self.max_positions = max_positions
+        """The positions the model reads (its `max_len`): no sampled side is longer. None: no limit."""
         self._sp: spm.SentencePieceProcessor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -180,11 +216,13 @@ class SampledBatches(BatchDataset):
 
     def _width(self, lengths: np.ndarray, factor: float) -> int:
         """The padded length the batch was planned for on a side (EOS/BOS included), and with buckets off
-        what the token budget allows beyond it."""
-        width = int(planned_lengths(lengths, factor, self.max_tokens).max(initial=0)) + 1
+        what the token budget allows beyond it; never more than the model's positions (where the prepared
+        pieces fit them)."""
+        width = int(planned_lengths(lengths, factor, self.max_tokens, self.max_positions).max(initial=0)) + 1
         if self.buckets is not None:
             return int(self.buckets.pad(width))
-        return max(width, self.max_tokens // max(len(lengths), 1))
+        room = self.max_tokens // max(len(lengths), 1)
+        return max(width, min(room, width_limit(self.max_tokens, self.max_positions)))
 
     def _sample(self, texts: list[str], key: tuple[int, ...]) -> list[list[int]]:
         """Sampled ids of `texts`, drawn in a new thread: SentencePiece seeds a thread's generator from its
@@ -223,11 +261,16 @@ class SampledBatches(BatchDataset):
             s if len(s) + 1 <= width else p.tolist() for s, p in zip(sampled, prepared, strict=True)
         ], width
 
-    def __getitem__(self, item: tuple[int, np.ndarray]) -> Batch:  # type: ignore[override]
-        epoch, indices = item
+    def __getitem__(self, item: tuple[int, np.ndarray, int]) -> Batch:  # type: ignore[override]
+        """The batch of `(epoch, indices, repeat)`
+        ([`EpochBatchSampler`][attnx.data.sampling.EpochBatchSampler]; `(epoch, indices)`: its first draw of
+        the epoch)."""
+        epoch, indices, *repeat = item
         indices = np.asarray(indices, dtype=np.int64)
         data = self.dataset
         key = (self.seed, epoch, int(indices[0]) if len(indices) else -1)
+        if repeat and repeat[0]:  # drawn again this epoch: another segmentation (a first draw keeps its key)
+            key = (*key, int(repeat[0]))
         src_factor, tgt_factor = self.factors
         src, src_width = self._side(
             data.src_ids, data.src_offsets, data.src_lengths, indices, (*key, 0), src_factor
