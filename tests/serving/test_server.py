@@ -171,6 +171,32 @@ def test_a_request_that_fails_while_decoding_fails_alone(api, checkpoint, monkey
     assert alone.encode_response(alone.predict(alone.decode_request({"text": "BOOM"}))).status_code == 500
 
 
+def test_a_request_refused_while_decoding_is_logged_as_a_422_in_one_line(api, checkpoint, capsys):
+    """A request whose phrases are longer than its line may be (a ConfigError: the client's to change) is
+    answered 422 and logged as such, in one line without a traceback; its neighbour is served and a real
+    failure is still logged as a 500 with its traceback."""
+    lit = api(max_batch_size=8)
+    capsys.readouterr()
+    requests = [
+        {"text": "A woman reads a book.", "constraints": {"include": [" ".join(["Buch"] * 40)]}},
+        {"text": "A cat."},
+    ]
+    answers = lit.unbatch(lit.predict(lit.batch([lit.decode_request(r) for r in requests])))
+    assert lit.encode_response(answers[0]).status_code == 422
+    assert answers[1] == {"translations": attnx.load(checkpoint, search=FAST).translate(["A cat."])}
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "500" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("attnx serve: warning: a request was refused while decoding; answered 422 alone: ")
+    assert "more than the" in err
+    lit.failed(RuntimeError("index 1000 is out of bounds"))
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "attnx serve: warning: a request failed while decoding; answered 500 alone",
+        "RuntimeError: index 1000 is out of bounds",  # its exception logged (a traceback where it was raised)
+    ]
+
+
 def test_a_sampling_request_to_a_server_of_another_beam_is_served(api, checkpoint):
     lit = api(max_batch_size=8)  # beam 2, which sampling does not use
     requests = [

@@ -202,9 +202,13 @@ class TranslationAPI(ls.LitAPI):
 
     @staticmethod
     def failed(err: Exception) -> Failed:
-        log.error("a request failed while decoding; answered 500 alone", exc_info=err)
+        """The answer to a request that failed by itself: 422 for what it asked that cannot be done (a
+        [ConfigError][attnx.errors.ConfigError], the client's to change: logged in one line), 500 for any
+        other error (logged with its traceback)."""
         if isinstance(err, ConfigError):
+            log.warning("a request was refused while decoding; answered 422 alone: %s", err)
             return Failed(str(err), 422)
+        log.error("a request failed while decoding; answered 500 alone", exc_info=err)
         return Failed(f"translating this request failed: {type(err).__name__}: {err}")
 
     def encode_response(self, output: dict[str, Any] | Failed) -> Any:
