@@ -79,7 +79,11 @@ def debugging() -> bool:
 
 
 def run_function(name: str, argv: list[str]) -> int:
-    """Parse `argv` against command `name`'s signature and run it."""
+    """Parse `argv` against command `name`'s signature and run it.
+
+    The `--search.*` options of a command whose function has an `own_search` (values → the model's own search
+    settings, or None) change those settings, not SearchConfig's defaults: `--beam 2` on an export keeps the
+    length penalty stored with it."""
     from jsonargparse import ArgumentError, ArgumentParser
 
     from attnx.commands.help import configure_parsing, help_formatter
@@ -124,7 +128,10 @@ def run_function(name: str, argv: list[str]) -> int:
     parser.add_function_arguments(function, as_group=False, as_positional=bool(positional))
     try:
         # a settings dataclass that refuses its values (e.g. --search.top_p 0) raises as it is instantiated
-        values = parser.instantiate(parser.parse_args(argv)).as_dict()
+        parsed = parser.parse_args(argv)
+        if (own_search := getattr(function, "own_search", None)) is not None:
+            parsed = over_own_search(parser, parsed, argv, own_search)
+        values = parser.instantiate(parsed).as_dict()
     except ArgumentError as err:
         if expected_error(err) is not None:  # a setting refused its value: `main` reports that error
             raise
@@ -134,6 +141,25 @@ def run_function(name: str, argv: list[str]) -> int:
         values.pop("config", None)
     result = function(**values)
     return int(result or 0)
+
+
+def over_own_search(parser: Any, parsed: Any, argv: list[str], own_search: Callable[..., Any]) -> Any:
+    """`parsed` (a namespace not yet instantiated) with its `search` settings made of those `argv` gives (on
+    the command line, in a config file, in the environment) over the model's own, `own_search(values)`, where
+    it has its own (an export: the settings stored with it; None: SearchConfig's defaults, as parsed). They
+    are checked once layered: `--nbest 5` is right for an export stored with beam 5."""
+    if parsed.get("search") is None or (own := own_search(parsed.as_dict())) is None:
+        return parsed
+    import dataclasses
+
+    from jsonargparse import Namespace
+
+    from attnx.inference.config import layered_search
+
+    given = parser.parse_args(argv, defaults=False).get("search")
+    layered = layered_search(own, given.as_dict() if given is not None else {})
+    parsed["search"] = Namespace(**dataclasses.asdict(layered))
+    return parsed
 
 
 CLOSED_PIPE = 141

@@ -157,3 +157,23 @@ def test_a_missing_extra_is_one_line_naming_it_in_every_command(checkpoint, tmp_
         "ctranslate2,transformers", "translate", "--model", str(checkpoint), "--search.max_len_b", "3"
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_search_options_on_an_export_change_the_settings_stored_with_it(ct2_export, monkeypatch):
+    """`attnx serve --model CT2_DIR --beam 2 --nbest 2`: the server decodes with the export's stored settings
+    with those two changed, its length penalty (CTranslate2's |Y|^alpha) kept; the search was rebuilt over
+    SearchConfig's GNMT default, which CTranslate2 refused."""
+    pytest.importorskip("litserve")
+    import attnx
+    import attnx.serving.server as server
+
+    served = []
+    monkeypatch.setattr(
+        server,
+        "serve",
+        lambda model, search, settings: served.append(attnx.load(model, search=search, precision="32-true")),
+    )
+    argv = ["serve", "--model", str(ct2_export), "--port", free_port(), "--beam", "2", "--nbest", "2"]
+    assert attnx_main(argv) == 0
+    expected = attnx.load(ct2_export, precision="32-true").with_search(beam=2, nbest=2)
+    assert [t.search for t in served] == [expected.search] and expected.search.length_penalty == "fairseq"

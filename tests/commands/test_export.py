@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,31 @@ def test_quantization_none_keeps_the_trained_weights(checkpoint, tmp_path: Path)
     assert type(attnx.load(tmp_path / "ct2")).__name__ == "CTranslate2Translator"
     done = subprocess.run([*argv, "--quantization", "int4"], capture_output=True, text=True)
     assert done.returncode == 2 and "none" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_search_options_change_the_default_a_ctranslate2_export_stores(
+    checkpoint, tmp_path: Path, capsys
+) -> None:
+    """`attnx export --format ctranslate2 --beam 5 --search.max_len_b 8` stores CTranslate2's default search
+    (|Y|^0.6) with those changed (refused before: the options were laid over SearchConfig's GNMT default), and
+    `attnx translate --model OUT --nbest 5` takes the stored beam of 5 (checked once layered over it)."""
+    out = tmp_path / "ct2"
+    argv = ["export", "--ckpt_path", str(checkpoint), "--format", "ctranslate2", "--output", str(out)]
+    assert main([*argv, "--beam", "5", "--search.max_len_b", "8"]) == 0, capsys.readouterr().err
+    stored = attnx.load(out, precision="32-true")
+    assert (stored.search.beam, stored.search.max_len_b, stored.search.length_penalty) == (5, 8, "fairseq")
+    lines = ["A dog runs.", "", "Two men are talking."]
+    src, result = tmp_path / "in.txt", tmp_path / "out.jsonl"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    translate = ["translate", "--model", str(out), "--input", str(src), "--output", str(result)]
+    translate += ["--device", "cpu", "--precision", "32-true", "--format", "jsonl"]
+    assert main([*translate, "--nbest", "5"]) == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in result.read_text(encoding="utf-8").splitlines()]
+    expected = stored.with_search(nbest=5).generate(lines)
+    assert [[h["text"] for h in row["hypotheses"]] for row in rows] == [
+        [h.text for h in hyps] for hyps in expected
+    ]
+    capsys.readouterr()
+    assert main([*argv, "--force", "--search.length_penalty", "gnmt"]) == 1  # what CTranslate2 cannot do
+    err = capsys.readouterr().err
+    assert "CTranslate2 has only the |Y|^alpha length penalty" in err and len(err.strip().splitlines()) == 1

@@ -792,3 +792,95 @@ def test_translate_decodes_in_the_precision_auto_chooses_and_records_it(
         assert attnx_main([*argv, "--precision", "32-true"]) == 0  # given: not probed, not said
         assert "decoding in" not in capsys.readouterr().err
     assert [t.precision for t in used] == ["bf16-mixed", "32-true"]
+
+
+def export_argv(export: Path, src: Path, out: Path, *argv: str) -> list[str]:
+    return [
+        "translate",
+        "--model",
+        str(export),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--device",
+        "cpu",
+        "--precision",
+        "32-true",
+        *argv,
+    ]
+
+
+def test_search_options_on_an_export_change_the_settings_stored_with_it(ct2_export, tmp_path, capsys):
+    """`--beam 2`, `--nbest 2`, `--search.max_len_b`, a config file's `search` on an export change the settings
+    stored with it, whose length penalty (CTranslate2's |Y|^alpha) stays: each was refused, the search rebuilt
+    over SearchConfig's GNMT default. What CTranslate2 cannot do is still refused in one line."""
+    src = write_lines(tmp_path / "in.txt", SOURCES)
+    stored = attnx.load(ct2_export, precision="32-true")
+    config = tmp_path / "search.yaml"
+    config.write_text("search:\n  beam: 2\n  nbest: 2\n", encoding="utf-8")
+    for i, (argv, changes) in enumerate(
+        [
+            (["--beam", "2"], {"beam": 2}),
+            (["--nbest", "2", "--search.max_len_b", "8", "--format", "jsonl"], {"nbest": 2, "max_len_b": 8}),
+            (["--config", str(config), "--format", "jsonl"], {"beam": 2, "nbest": 2}),
+        ]
+    ):
+        out = tmp_path / f"out{i}.txt"
+        assert attnx_main(export_argv(ct2_export, src, out, *argv)) == 0, capsys.readouterr().err
+        expected = stored.with_search(**changes)
+        assert expected.search.length_penalty == "fairseq"
+        lines = out.read_text(encoding="utf-8").splitlines()
+        if "jsonl" in argv:
+            got = [[h["text"] for h in json.loads(line)["hypotheses"]] for line in lines]
+            assert got == [[h.text for h in hyps] for hyps in expected.generate(SOURCES)]
+        else:
+            assert lines == expected.translate(SOURCES)
+    capsys.readouterr()
+    for argv, message in [
+        (["--search.length_penalty", "gnmt"], "CTranslate2 has only the |Y|^alpha length penalty"),
+        (
+            ["--sampling", "--search.seed", str(2**32)],
+            "search.seed 4294967296: CTranslate2's generator takes",
+        ),
+    ]:
+        assert attnx_main(export_argv(ct2_export, src, tmp_path / "refused.txt", *argv)) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("model", ["checkpoint", "ct2_export"])
+def test_seeded_sampling_repeats_and_a_resumed_run_gives_the_uninterrupted_output(
+    model, request, tmp_path, capsys, monkeypatch
+):
+    """`--search.sampling true --search.seed 5`, 2 lines a chunk, with either engine: each chunk draws from a
+    seed of its own that every engine's generator takes (an export refused every seeded run: its chunk seeds
+    had 63 bits). The same command gives the same lines, and a run stopped by Ctrl+C in its second chunk
+    continues, run again, to the output of the run that was not stopped."""
+    from attnx.commands.streaming import TranslationJob
+
+    path = request.getfixturevalue(model)
+    src = write_lines(tmp_path / "in.txt", SOURCES + SOURCES[::-1])  # 8 lines: 4 chunks
+    seeded = ["--buffer_size", "2", "--search.sampling", "true", "--search.seed", "5", "--search.nbest", "2"]
+    seeded += ["--search.max_len_a", "0", "--search.max_len_b", "8"]
+    whole, again, resumed = (tmp_path / f"{name}.txt" for name in ("whole", "again", "resumed"))
+    for out in (whole, again):
+        assert attnx_main(export_argv(path, src, out, *seeded)) == 0, capsys.readouterr().err
+    assert whole.read_bytes() == again.read_bytes()
+    assert len(whole.read_text(encoding="utf-8").splitlines()) == 2 * 8 - 2  # a blank line: one hypothesis
+    decode, chunks = TranslationJob.decode, []
+
+    def stopped_in_the_second_chunk(job, chunk, first):
+        chunks.append(first)
+        if len(chunks) == 2:
+            raise KeyboardInterrupt
+        return decode(job, chunk, first)
+
+    monkeypatch.setattr(TranslationJob, "decode", stopped_in_the_second_chunk)
+    capsys.readouterr()
+    assert attnx_main(export_argv(path, src, resumed, *seeded)) == 130
+    assert "stopped by Ctrl+C after 2 of 8 line(s)" in capsys.readouterr().err and not resumed.exists()
+    monkeypatch.undo()
+    assert attnx_main(export_argv(path, src, resumed, *seeded)) == 0
+    assert "continuing after the 2 line(s) already in" in capsys.readouterr().err
+    assert resumed.read_bytes() == whole.read_bytes()

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from attnx.inference.config import PAPER_SEARCH, SearchConfig, changed_search
+from attnx.inference.config import PAPER_SEARCH, SearchConfig, changed_search, layered_search
 from attnx.inference.translator import fitted_search
 
 
@@ -107,6 +107,22 @@ def test_changes_that_sample_leave_the_beam_behind_unless_they_name_one():
         changed_search(beam2, sampling=True, beam=2)
     with pytest.raises(ValueError, match=r"search.beam \(2\) is not used by MBR over sampled candidates"):
         changed_search(SearchConfig(), mbr=8, beam=2)
+
+
+def test_settings_given_over_a_models_own_are_checked_once_layered():
+    """A command line's `--search.*` over an export's stored settings (beam 5, `|Y|^alpha`): the stored ones
+    stay unless named, `nbest 5` fits the stored beam, a search that samples leaves the beam behind, and a beam
+    named beside sampling is left for the translator to say (as over SearchConfig's defaults)."""
+    stored = SearchConfig(beam=5, length_penalty="fairseq", max_len_b=20)
+    assert layered_search(stored, {"nbest": 5}) == dataclasses.replace(stored, nbest=5)
+    assert layered_search(stored, {"beam": 2}).length_penalty == "fairseq"
+    assert layered_search(stored, {"sampling": True, "seed": 3}) == SearchConfig(
+        length_penalty="fairseq", max_len_b=20, sampling=True, seed=3
+    )
+    assert layered_search(stored, {"sampling": True, "beam": 8}).beam == 8
+    assert layered_search(stored, {}) == stored
+    with pytest.raises(ValueError, match=r"search.nbest \(6\) cannot exceed search.beam \(5\)"):
+        layered_search(stored, {"nbest": 6})
 
 
 def test_a_beam_beside_sampling_is_said_in_one_line_and_the_search_samples(caplog):

@@ -98,6 +98,33 @@ def test_an_export_takes_the_compute_type_of_the_precision_asked(checkpoint, tmp
         load(exported, precision="fp8")
 
 
+def test_keywords_change_the_models_own_search_settings(checkpoint, tmp_path):
+    """`attnx.load(path, nbest=5)`: an export's stored settings (beam 5, |Y|^alpha) with `nbest` changed, as
+    `with_search` changes them; `search=SearchConfig(beam=2)` stays the whole search, GNMT's penalty included,
+    which CTranslate2 cannot do. A checkpoint's own settings are SearchConfig's defaults."""
+    pytest.importorskip("ctranslate2")
+    from attnx.export import export_ctranslate2
+
+    stored = SearchConfig(beam=5, length_penalty="fairseq", max_len_b=8)
+    exported = export_ctranslate2(checkpoint, tmp_path / "ct2", search=stored)
+    nbest5 = load(exported, precision="32-true", nbest=5)
+    assert nbest5.search == load(exported, precision="32-true").with_search(nbest=5).search
+    assert (nbest5.search.beam, nbest5.search.nbest, nbest5.search.length_penalty) == (5, 5, "fairseq")
+    beam2 = load(exported, precision="32-true", beam=2, max_tokens=64)
+    assert beam2.search.length_penalty == "fairseq" and beam2.max_tokens == 64
+    ids = [[5, 6, 7], [8, 9]]
+    assert beam2.translate_ids(ids) == nbest5.with_search(beam=2, nbest=1).translate_ids(ids)
+    with pytest.raises(ConfigError, match="CTranslate2 has only the"):
+        load(exported, search=SearchConfig(beam=2), precision="32-true")
+    fitted = SearchConfig(beam=2, nbest=2, max_positions=64)
+    assert load(checkpoint, precision="32-true", beam=2, nbest=2).search == fitted
+    assert load([checkpoint], precision="32-true", beam=2, nbest=2).search == fitted
+    assert load([checkpoint, checkpoint], weights=[0.5, 0.5], beam=2, nbest=2).search == fitted
+    assert load(checkpoint, search=SearchConfig(beam=3, max_len_b=6), nbest=2).search == SearchConfig(
+        beam=3, nbest=2, max_len_b=6, max_positions=64
+    )
+
+
 def test_the_averaged_checkpoint_of_a_stopped_run_says_how_to_make_it(checkpoint, tmp_path):
     from attnx.checkpoint import CheckpointError
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from attnx.commands.translate import own_search
 from attnx.inference.config import Precision, SearchConfig
 from attnx.serving.settings import RequestLimits, ServeSettings
 
@@ -48,8 +49,9 @@ def serve(
         model: Checkpoint file (*.ckpt) or exported CTranslate2 directory.
         host: Interface to listen on: 127.0.0.1 (this machine only), 0.0.0.0 or :: (every interface).
         port: TCP port to listen on (1024-65535).
-        search: Beam size, length penalty and maximum output length; default: the model's own (a checkpoint:
-            §6.1's beam 4, α 0.6, input + 50; an export: the settings stored with it).
+        search: Beam size, length penalty and maximum output length, each changing the model's own (a
+            checkpoint: §6.1's beam 4, α 0.6, input + 50; an export: the settings stored with it, so --beam 2
+            keeps its length penalty).
         device: Where to decode: cpu, cuda, cuda:1, ...
         max_tokens: Source tokens per decoding batch, padding included.
         max_batch_size: Requests translated together at most.
@@ -111,6 +113,9 @@ def serve(
     return 0
 
 
+serve.own_search = own_search  # --search.* change an export's stored settings
+
+
 Quantization = Literal[
     "none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16"
 ]
@@ -138,8 +143,9 @@ def export(
         format: ctranslate2 or huggingface.
         output: Directory to create (it must not exist, or be empty, unless --force).
         quantization: ctranslate2 only: weight type; none keeps float32 as trained.
-        search: ctranslate2 only: default search stored with the model (CTranslate2 has only the |Y|^α length
-            penalty, so the default is beam 4, α 0.6 with length_penalty fairseq).
+        search: ctranslate2 only: default search stored with the model: beam 4, α 0.6 with length_penalty
+            fairseq (CTranslate2 has only the |Y|^α length penalty), of which --search.* change some
+            (--beam 5 keeps the length penalty).
         force: Replace an existing output directory.
     """
     from attnx.checkpoint.ema import checkpoint_weights_line
@@ -165,3 +171,17 @@ def export(
         f"wrote a CTranslate2 model ({weights or 'float32'}) to {written}: attnx translate --model {written}"
     )
     return 0
+
+
+def export_search(values: dict[str, Any]) -> SearchConfig | None:
+    """The search settings `attnx export --format ctranslate2` stores unless its `--search.*` options change
+    them: [`DEFAULT_SEARCH`][attnx.inference.ctranslate2.DEFAULT_SEARCH], with the length penalty CTranslate2
+    has; None for the other formats, which store none."""
+    if values["format"] != "ctranslate2":
+        return None
+    from attnx.inference.ctranslate2 import DEFAULT_SEARCH
+
+    return DEFAULT_SEARCH
+
+
+export.own_search = export_search  # --search.* change the default an export stores

@@ -170,11 +170,17 @@ class PairedInputs:
         return chunk if lines else {}
 
 
+CHUNK_SEED_MAX = 2**32 - 1
+"""The largest seed a chunk draws from: 32 bits, what every engine's generator takes (torch's takes 64,
+CTranslate2's 32)."""
+
+
 def chunk_seed(seed: int, first_line: int) -> int:
-    """The sampling seed of the chunk starting at input line `first_line`: every chunk draws its own
+    """The sampling seed of the chunk starting at input line `first_line`, from 0 to
+    [`CHUNK_SEED_MAX`][attnx.commands.streaming.CHUNK_SEED_MAX] whatever the engine: every chunk draws its own
     numbers, and a resumed run draws the same ones again."""
     digest = hashlib.sha256(f"{seed}:{first_line}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+    return int.from_bytes(digest[:4], "little")
 
 
 @dataclass

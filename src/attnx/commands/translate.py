@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from attnx.commands.resumable import ResumableOutput, StreamOutput
 from attnx.commands.text_input import TextInput
@@ -56,6 +56,21 @@ def decoding_device(device: str, models: list[str]) -> tuple[str, str | None]:
     return chosen, f"attnx translate: decoding on {chosen} (--device auto: {why})"
 
 
+def own_search(values: dict[str, Any]) -> SearchConfig | None:
+    """The search settings the `--model` of a command line decodes with unless its `--search.*` options change
+    them: an export's stored ones; None for checkpoints, whose own are SearchConfig's defaults (and for an
+    export of another format, which its loader refuses)."""
+    from attnx.commands.spellings import ensemble_members
+    from attnx.inference.ctranslate2 import FORMAT_VERSION, read_metadata, stored_search
+
+    model = ensemble_members(values["model"])
+    paths = [model] if isinstance(model, str) else model
+    meta = read_metadata(paths[0]) if len(paths) == 1 else None
+    if meta is None or meta.get("format_version") != FORMAT_VERSION:
+        return None
+    return stored_search(meta)
+
+
 def translate(
     model: list[str] | str,
     input: str = "-",
@@ -79,8 +94,9 @@ def translate(
     The model is a checkpoint of attnx fit/average or a directory of attnx export --format ctranslate2; it
     carries its own SentencePiece model. Blank lines stay blank; lines longer than the model accepts are
     truncated with a warning. Decoding is the model's own default (a checkpoint: §6.1's beam 4, α 0.6, GNMT
-    length penalty, input length + 50; an export: the settings stored with it) unless --search.* says
-    otherwise (attnx translate --search.help lists them: n-best, sampling, constraints, alignments).
+    length penalty, input length + 50; an export: the settings stored with it), of which --search.* change
+    some (attnx translate --search.help lists them: n-best, sampling, constraints, alignments); on an export
+    the others stay as stored: --beam 2 keeps its length penalty.
     With --target, nothing is searched: the given translations are scored (forced decoding).
 
     Input of any size is read, translated and written --buffer_size lines at a time, in input order; a pipe
@@ -209,6 +225,9 @@ def translate(
                 "attnx translate: stopped by SIGTERM before translating; nothing was written", file=sys.stderr
             )
             return 128 + signal.SIGTERM
+
+
+translate.own_search = own_search  # --search.* change an export's stored settings
 
 
 def attention(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
@@ -298,15 +299,23 @@ class SearchConfig:
         return self.nbest if self.sampling else self.beam
 
 
-def changed_search(search: SearchConfig, **changes: Any) -> SearchConfig:
-    """`search` with some settings changed (checked as any settings are), what `with_search` gives every
-    engine: changes that make the search sample without naming a beam leave `search`'s beam behind, since
-    sampling uses none; a beam other than the default named beside it is refused."""
-    merged = {**dataclasses.asdict(search), **changes}
+def layered_search(search: SearchConfig, given: Mapping[str, Any]) -> SearchConfig:
+    """The settings `given` (a command line's `--search.*`) over `search` (the model's own: an export's stored
+    settings), checked as any settings are: settings that make the search sample without naming a beam leave
+    `search`'s beam behind, since sampling uses none. A beam named beside sampling is said by the translator,
+    as for settings given over SearchConfig's defaults."""
+    merged = {**dataclasses.asdict(search), **given}
     samples = merged["sampling"] or (merged["mbr"] > 0 and merged["mbr_candidates"] != "nbest")
-    if samples is True and "beam" not in changes:
-        changes = {**changes, "beam": DEFAULT_BEAM}
-    changed = dataclasses.replace(search, **changes)
+    if samples is True and "beam" not in given:
+        given = {**given, "beam": DEFAULT_BEAM}
+    return dataclasses.replace(search, **given)
+
+
+def changed_search(search: SearchConfig, **changes: Any) -> SearchConfig:
+    """`search` with some settings changed, what `with_search` gives every engine: as
+    [`layered_search`][attnx.inference.config.layered_search], and a beam other than the default named beside
+    sampling is refused."""
+    changed = layered_search(search, changes)
     if "beam" in changes and (unused := changed.unused_beam()) is not None:
         raise ConfigError(unused)
     return changed

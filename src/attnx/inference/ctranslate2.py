@@ -94,6 +94,11 @@ def is_ctranslate2_model(directory: str | Path) -> bool:
     return Path(directory).is_dir() and read_metadata(directory) is not None
 
 
+def stored_search(meta: dict[str, Any]) -> SearchConfig:
+    """What an export decodes with unless told otherwise: the search settings `attnx.json` (`meta`) stores."""
+    return SearchConfig(**meta["search"]) if meta.get("search") else DEFAULT_SEARCH
+
+
 CT2_SEED_MAX = 2**32 - 1
 """The largest seed `ctranslate2.set_random_seed` takes (an unsigned 32-bit integer)."""
 
@@ -210,9 +215,7 @@ class CTranslate2Translator(Translator):
         check_tokenizer(directory, meta, self.tokenizer)
         self.pieces = [self.tokenizer.sp.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
         self.piece_ids = {piece: i for i, piece in enumerate(self.pieces)}
-        if search is None:
-            search = SearchConfig(**meta.get("search", {})) if meta.get("search") else DEFAULT_SEARCH
-        self.search = self._capped(search)
+        self.search = self._capped(search or stored_search(meta))
         self.max_tokens = max_tokens
         self.compute_type = compute_type
         self.threads = threads
@@ -231,13 +234,10 @@ class CTranslate2Translator(Translator):
         search: SearchConfig | None = None,
         **kw: Any,
     ) -> CTranslate2Translator:
-        """A translator for `directory`: keywords named in `OPTIONS` go to the constructor, the others override
-        search settings (e.g. `beam=1`)."""
-        options = {name: kw.pop(name) for name in cls.OPTIONS if name in kw}
-        translator = cls(directory, device, search, **options)
-        if kw:
-            translator.search = translator._capped(changed_search(translator.search, **kw))
-        return translator
+        """A translator for `directory`: keywords named in `OPTIONS` go to the constructor, the others change
+        `search` (default: the settings stored at export), e.g. `beam=1`."""
+        translator = cls(directory, device, search, **{k: kw.pop(k) for k in cls.OPTIONS if k in kw})
+        return translator.with_search(**kw) if kw else translator
 
     def _capped(self, search: SearchConfig) -> SearchConfig:
         check_search(search)

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from attnx.checkpoint import CheckpointError
 from attnx.errors import ConfigError
 from attnx.inference.compute_type import auto_compute_type, resolve_compute_type
-from attnx.inference.config import AUTO, DEFAULT_MAX_TOKENS, SearchConfig
+from attnx.inference.config import AUTO, DEFAULT_MAX_TOKENS, SearchConfig, changed_search
 from attnx.inference.ctranslate2 import CTranslate2Translator, is_ctranslate2_model
 from attnx.inference.eager import EagerTranslator
 from attnx.inference.translator import Translator
@@ -62,6 +63,7 @@ def load(
     weights: Sequence[float] | None = None,
     precision: str = AUTO,
     compute_type: str | None = None,
+    **changes: Any,
 ) -> Translator:
     """A translator for `path`: a checkpoint file of `attnx fit`/`attnx average` (decoded by
     [`EagerTranslator`][attnx.inference.eager.EagerTranslator]), a directory written by
@@ -78,13 +80,25 @@ def load(
     the choice is said once on standard error. `compute_type`: an export's CTranslate2 compute type
     (`int8`, `float32`, ...), which `precision` then does not choose.
 
+    `search` is the whole search (default: the model's own: an export's stored settings, a checkpoint's
+    SearchConfig defaults); keywords change some settings of it, e.g. `attnx.load("model_ct2", beam=2)` keeps
+    the length penalty stored with the export where `search=SearchConfig(beam=2)` would ask for GNMT's.
+
     Every kind answers the same calls: `generate(lines)`, `score(sources, targets)`, `translate(lines)`,
     `translate_ids(ids)`, `to(device)`, `with_search(**changes)`, `search`, `tokenizer`.
     """
     if not isinstance(path, (str, Path)):
         paths = [Path(p) for p in path]
         if len(paths) == 1 and weights is None:
-            return load(paths[0], device, search, max_tokens, precision=precision, compute_type=compute_type)
+            return load(
+                paths[0],
+                device,
+                search,
+                max_tokens,
+                precision=precision,
+                compute_type=compute_type,
+                **changes,
+            )
         exported = [p for p in paths if p.is_dir()]
         if exported:
             raise ConfigError(
@@ -94,7 +108,7 @@ def load(
         return EagerTranslator.from_checkpoint(
             paths,
             device=device,
-            search=search,
+            search=changed(search, changes),
             max_tokens=max_tokens,
             weights=weights,
             precision=precision,
@@ -109,7 +123,12 @@ def load(
             if auto:
                 compute_type = auto_compute_type(path, device, say=False).compute_type
             translator = CTranslate2Translator.load(
-                path, device=device, search=search, max_tokens=max_tokens, compute_type=compute_type
+                path,
+                device=device,
+                search=search,
+                max_tokens=max_tokens,
+                compute_type=compute_type,
+                **changes,
             )
             if auto:  # once it has loaded: an export refused is one line
                 auto_compute_type(path, device)
@@ -119,5 +138,10 @@ def load(
             "give a checkpoint file (*.ckpt) or an exported CTranslate2 directory"
         )
     return EagerTranslator.from_checkpoint(
-        path, device=device, search=search, max_tokens=max_tokens, precision=precision
+        path, device=device, search=changed(search, changes), max_tokens=max_tokens, precision=precision
     )
+
+
+def changed(search: SearchConfig | None, changes: dict[str, Any]) -> SearchConfig | None:
+    """`search` (None: SearchConfig's defaults, a checkpoint's own) with `changes`, as `with_search` makes them."""
+    return changed_search(search or SearchConfig(), **changes) if changes else search
