@@ -15,6 +15,7 @@ from attnx.plugins import collect, plugin_manager
 from attnx.registry import (
     ComponentArgumentError,
     ComponentRegistry,
+    ComponentValueError,
     DuplicateComponentError,
     UnknownComponentError,
 )
@@ -94,6 +95,31 @@ def test_an_argument_of_the_wrong_type_names_the_component():
     reg.add_feedforward("windowed", Windowed)
     with pytest.raises(ComponentArgumentError, match=r"cannot build feedforward component 'windowed'.*types"):
         reg.build("feedforward", "windowed", 8, 16, window="2")
+
+
+def test_a_value_a_plugin_s_constructor_refuses_is_one_line_naming_the_component():
+    """A plain ValueError of a plugin's constructor was a traceback; a ConfigError stays the plugin's own line."""
+    from attnx.errors import ConfigError
+
+    class Windowed(Swish):
+        def __init__(self, d_model: int, d_ff: int, window: int = 2, strict: bool = False) -> None:
+            super().__init__(d_model, d_ff)
+            if window < 0:
+                raise (ConfigError if strict else ValueError)(f"window must be >= 0, got {window}")
+
+    reg = ComponentRegistry()
+    reg.add_feedforward("windowed", Windowed)
+    with pytest.raises(ComponentValueError) as err:
+        reg.build("feedforward", "windowed", 8, 16, window=-1)
+    assert str(err.value) == (
+        "cannot build feedforward component 'windowed' (test_a_value_a_plugin_s_constructor_refuses_is_one_line_"
+        "naming_the_component.<locals>.Windowed, from <direct>): window must be >= 0, got -1; check the values "
+        "of its args"
+    )
+    assert isinstance(err.value, ValueError) and err.value.exit_code == 2
+    with pytest.raises(ConfigError) as own:
+        reg.build("feedforward", "windowed", 8, 16, window=-1, strict=True)
+    assert type(own.value) is ConfigError and str(own.value) == "window must be >= 0, got -1"
 
 
 def test_a_constructor_taking_any_keyword_accepts_every_argument_but_a_missing_one_is_named():

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from attnx.errors import ConfigError, UsageError
+from attnx.errors import AttnxError, ConfigError, UsageError
 
 
 class Kind(StrEnum):
@@ -28,6 +28,11 @@ class UnknownComponentError(UsageError, LookupError):
 class ComponentArgumentError(UsageError, TypeError):
     """A config gives a component an argument its constructor does not take, leaves out one it needs, or
     gives one a value of the wrong type."""
+
+
+class ComponentValueError(UsageError, ValueError):
+    """A component refused the value of one of its arguments with a plain `ValueError` (a component that raises
+    [ConfigError][attnx.errors.ConfigError] says so in its own words)."""
 
 
 class DuplicateComponentError(UsageError, ValueError):
@@ -143,7 +148,8 @@ class ComponentRegistry:
 
     def build(self, kind: Kind | str, name: str, *args: Any, **kwargs: Any) -> Any:
         """Instantiate component `name` of `kind`; arguments that do not fit its signature are refused
-        before it is called, naming the component, the bad key and the accepted ones."""
+        before it is called, naming the component, the bad key and the accepted ones; a value its constructor
+        refuses (a `TypeError` or `ValueError` of its own) is one line naming the component too."""
         factory = self.get(kind, name)
         self.check_arguments(kind, name, args, kwargs)
         try:
@@ -153,6 +159,14 @@ class ComponentRegistry:
             raise ComponentArgumentError(
                 f"cannot build {entry.kind} component {name!r} ({entry.factory.__qualname__}, from "
                 f"{entry.distribution}): {err}; check the types of its args"
+            ) from err
+        except ValueError as err:
+            if isinstance(err, AttnxError):  # already one line in the component's words
+                raise
+            entry = self.entry(kind, name)
+            raise ComponentValueError(
+                f"cannot build {entry.kind} component {name!r} ({entry.factory.__qualname__}, from "
+                f"{entry.distribution}): {err}; check the values of its args"
             ) from err
 
     def names(self, kind: Kind | str) -> list[str]:

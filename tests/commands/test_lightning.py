@@ -151,6 +151,42 @@ def test_unknown_component_lists_known_names_without_traceback(corpus: Path, tmp
     assert "Traceback" not in err
 
 
+def test_every_section_s_options_are_known_to_the_hints() -> None:
+    """The ema and lora sections were left out: every bad value of theirs said "unknown option --ema.decay"."""
+    from attnx.commands.lightning import option_names
+
+    names = set(option_names())
+    assert {"--ema.decay", "--ema.every", "--ema.start", "--ema.evaluate"} <= names
+    assert {"--lora.rank", "--lora.alpha", "--lora.projections", "--lora.layers"} <= names
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--ema.decay", "nan"], ['Parser key "ema.decay"', "Given value: nan (nan is not a finite number"]),
+        (["--ema.evaluate", "best"], ['Parser key "ema.evaluate"', "['ema', 'training']", "Got value: best"]),
+        (["--lora.rank", "2.5"], ['Parser key "lora.rank"', "Expected a <class 'int'>", "Given value: 2.5"]),
+        (["--lora.rank", "2", "--lora.alpha", ".nan"], ["lora.alpha must be a finite number > 0", "got nan"]),
+        # values the model is built with (tests/model/test_builders.py has them all)
+        (["--model.transformer.d_ff", "0"], ["d_ff must be an integer >= 1", "got 0"]),
+        (
+            [
+                "--model.transformer.feedforward.name",
+                "swiglu",
+                "--model.transformer.feedforward.args",
+                "{dropout: 1.5}",
+            ],
+            ["feedforward 'swiglu': dropout must be in [0, 1), got 1.5"],
+        ),
+    ],
+)
+def test_a_careless_value_is_one_line_that_names_it(corpus: Path, capsys, options, said) -> None:
+    assert attnx(fit_args(corpus, "--trainer.max_steps", "1", *options)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "unknown option" not in err, err
+    assert all(words in err for words in said), err
+
+
 def test_missing_gpus_is_one_sentence_with_the_override(corpus: Path, capsys) -> None:
     rc = attnx(fit_args(corpus, "--trainer.accelerator", "gpu", "--trainer.devices", "8"))
     err = capsys.readouterr().err.strip().splitlines()[-1]

@@ -52,6 +52,21 @@ def test_a_refused_value_keeps_jsonargparse_s_message() -> None:
     assert str(refused) == "Parser key \"trainer.max_steps\": Expected a <class 'int'>. Got value: abc"
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "Infinity"])
+def test_a_number_option_given_nan_or_inf_is_told_it_takes_finite_numbers(value: str) -> None:
+    """jsonargparse reads them as text and says only that a float was expected."""
+    message = f"Parser key \"ema.decay\":\n  Expected a <class 'float'>. Got value: {value}"
+    refused = refused_command_line(Exception(message), ["--ema.decay", value], ["--ema.decay"])
+    assert str(refused) == (
+        f"Parser key \"ema.decay\": Expected a <class 'float'>. Got value: {value} ({value} is not a finite "
+        "number: the option takes finite ones only)"
+    )
+    plain = refused_command_line(
+        Exception(message.replace(value, "abc")), ["--ema.decay", "abc"], ["--ema.decay"]
+    )
+    assert "finite" not in str(plain)
+
+
 def test_unknown_options_know_groups_and_the_keys_inside_a_class_valued_option() -> None:
     options = ["--search", "--search.beam", "--trainer.logger", "--names"]
     argv = ["--search.beam=2", "--search", "{}", "--trainer.logger.init_args.save_dir", "x", "--names+", "a"]

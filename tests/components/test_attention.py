@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from attnx.components import attention
 from attnx.components.attention import MultiHeadAttention, attention_backends
+from attnx.errors import ConfigError
 from attnx.model.cache import AttentionCache
 from tests.model.reference import attention as reference_attention
 
@@ -549,3 +550,23 @@ def test_positions_inside_attention_take_the_offset_of_incremental_decoding_from
     blocks = [x[:, :3]] + [x[:, i : i + 1] for i in range(3, 7)]  # a prefix, then one position a step
     steps = torch.cat([attn(h, h, causal=True, cache=cache, positions=positions) for h in blocks], 1)
     torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # 2.0 reached torch.empty: "argument 'size' ... must be tuple of ints"
+        (dict(kv_heads=2.0), r"^kv_heads must be an integer, one of \[1, 2, 4\] \(n_heads 4\), got 2\.0$"),
+        (dict(kv_heads=True), r"^kv_heads must be an integer, one of \[1, 2, 4\] \(n_heads 4\), got True$"),
+        (dict(kv_heads=0), r"^kv_heads \(0\) must divide n_heads \(4\)"),
+        (dict(d_k=0), r"^d_k must be an integer >= 1 \(the width of each head's queries and keys\), got 0$"),
+        (dict(d_v=-1), r"^d_v must be an integer >= 1 \(the width of each head's values\), got -1$"),
+        (dict(dropout=1.0), r"^dropout must be in \[0, 1\), got 1\.0$"),
+        (dict(dropout=float("nan")), r"^dropout must be in \[0, 1\), got nan$"),
+        (dict(bias="no"), r"^bias must be true or false, got 'no'$"),
+        (dict(n_heads=4.0), r"^n_heads must be an integer >= 1, got 4\.0$"),
+    ],
+)
+def test_a_head_count_width_or_dropout_out_of_range_is_one_line_naming_it(args, message):
+    with pytest.raises(ConfigError, match=message):
+        MultiHeadAttention(**({"d_model": 32, "n_heads": 4} | args))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from attnx.components.feedforward import ReluFeedForward
+from attnx.errors import ConfigError
 from attnx.plugins import registry
 from attnx.registry import Kind
 
@@ -47,3 +49,19 @@ def test_dropout_acts_on_the_hidden_activations_only_while_training():
 def test_it_is_the_registered_relu_feedforward():
     entry = registry().entry(Kind.FEEDFORWARD, "relu")
     assert entry.factory is ReluFeedForward and entry.plugin == "attnx.components.feedforward"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((8, 0), r"^d_ff must be an integer >= 1 \(the hidden width\), got 0$"),
+        ((8, -8), r"^d_ff must be an integer >= 1 \(the hidden width\), got -8$"),
+        ((8, 24.0), r"^d_ff must be an integer >= 1 \(the hidden width\), got 24.0$"),
+        ((8, 24, 1.5), r"^dropout must be in \[0, 1\), got 1.5$"),
+        ((8, 24, -0.1), r"^dropout must be in \[0, 1\), got -0.1$"),
+        ((8, 24, float("nan")), r"^dropout must be in \[0, 1\), got nan$"),
+    ],
+)
+def test_a_width_or_dropout_out_of_range_is_one_line_naming_it(args, message):
+    with pytest.raises(ConfigError, match=message):
+        ReluFeedForward(*args)

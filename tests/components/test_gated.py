@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnx.components.gated import GEGLUFeedForward, SwiGLUFeedForward
+from attnx.errors import ConfigError
 
 
 def swish(x: torch.Tensor) -> torch.Tensor:
@@ -50,3 +51,19 @@ def test_dropout_acts_on_the_gated_hidden_activations_only_while_training():
     trained = ffn.train()(x)
     assert not torch.allclose(trained, ffn.eval()(x))
     torch.testing.assert_close(ffn.eval()(x), ffn.eval()(x))
+
+
+@pytest.mark.parametrize("cls", [SwiGLUFeedForward, GEGLUFeedForward])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (dict(d_ff=0), r"^d_ff must be an integer >= 1 \(the hidden width\), got 0$"),
+        (dict(d_ff=-8), r"^d_ff must be an integer >= 1 \(the hidden width\), got -8$"),
+        (dict(dropout=1.5), r"^dropout must be in \[0, 1\), got 1.5$"),  # F.dropout's ValueError at step 1
+        (dict(dropout=float("nan")), r"^dropout must be in \[0, 1\), got nan$"),
+        (dict(bias="no"), r"^bias must be true or false, got 'no'$"),
+    ],
+)
+def test_a_width_dropout_or_bias_out_of_range_is_refused_when_built(cls, args, message):
+    with pytest.raises(ConfigError, match=message):
+        cls(**({"d_model": 16, "d_ff": 24} | args))

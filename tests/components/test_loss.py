@@ -154,3 +154,22 @@ def test_registered_losses_equal_the_formula_written_out(name: str) -> None:
     assert got.nll.item() == pytest.approx(expected_nll, rel=1e-9)
     assert got.loss.item() == pytest.approx(expected_loss, rel=1e-9)
     assert set(registry().names("loss")) >= {"label_smoothed", "reference"}
+
+
+@pytest.mark.parametrize("chunk_rows", [0, -1, 2.5, True])
+def test_chunk_rows_that_are_not_a_positive_integer_are_refused_when_built(chunk_rows) -> None:
+    """0 stopped the first step (`range` of step 0), -1 trained on a loss of 0 over no chunk at all."""
+    from attnx.components.loss import LabelSmoothedLoss
+    from attnx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model\.loss\.args\.chunk_rows must be an integer >= 1 "):
+        LabelSmoothedLoss(0.1, chunk_rows=chunk_rows)
+
+
+@pytest.mark.parametrize("epsilon", [float("nan"), "0.1", 1.0])
+def test_a_smoothing_that_is_not_a_number_in_range_is_refused_when_built(epsilon) -> None:
+    from attnx.components.loss import LabelSmoothedLoss
+    from attnx.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^label smoothing ε must be in \[0, 1\), got "):
+        LabelSmoothedLoss(epsilon)

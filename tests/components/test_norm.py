@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from attnx.components.norm import LayerNorm
+from attnx.errors import ConfigError
 from attnx.plugins import registry
 from attnx.registry import Kind
 
@@ -49,3 +51,11 @@ def test_rmsnorm_is_x_over_its_root_mean_square_times_the_gain_in_float64():
     assert registry().get(Kind.NORM, "rmsnorm") is RMSNorm
     half = norm.float()(x.float().bfloat16())  # bf16 in, bf16 out: the mean of squares is taken in fp32
     assert half.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("eps", [-1, 0.0, float("nan"), float("inf"), "1e-6"])
+def test_an_epsilon_that_is_not_a_finite_positive_number_is_refused_when_built(name, eps):
+    """eps -1 took the root of a negative mean square: NaN at the first step, reported as a diverged run."""
+    with pytest.raises(ConfigError, match=r"^eps must be a finite number > 0 \(e\.g\. 1e-[56]\), got "):
+        registry().build(Kind.NORM, name, 16, eps=eps)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnx.components.relative import T5RelativeBias, relative_buckets
+from attnx.errors import ConfigError
 
 
 def t5_bucket(relative: int, bidirectional: bool, buckets: int, max_distance: int) -> int:
@@ -57,3 +58,9 @@ def test_unidirectional_buckets_keep_later_keys_in_the_nearest_bucket():
     assert (bias(3, 3, 0, False) == 0).all()  # starts at zero: no position preferred
     with pytest.raises(ValueError, match="max_distance"):
         T5RelativeBias(2, 64, buckets=32, max_distance=16)
+
+
+@pytest.mark.parametrize(("buckets", "max_distance"), [(32.0, 128), (32, 128.0), (2, 128), (True, 128)])
+def test_buckets_and_distances_that_are_not_integers_in_range_are_one_line(buckets, max_distance):
+    with pytest.raises(ConfigError, match=r"^relative bias needs integers buckets >= 4 and max_distance > "):
+        T5RelativeBias(2, 64, buckets=buckets, max_distance=max_distance)

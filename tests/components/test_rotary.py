@@ -51,7 +51,20 @@ def test_partial_rotary_turns_the_first_dim_features_and_keeps_the_rest():
 
 
 @pytest.mark.parametrize(
-    ("args", "message"), [({"dim": 3}, "must be even"), ({"dim": 10}, "at most"), ({"base": 1.0}, "base")]
+    ("args", "message"),
+    [
+        ({"dim": 3}, "must be even"),
+        ({"dim": 10}, "at most"),
+        ({"dim": 4.0}, r"rotary dim \(4\.0\) must be even, positive, an integer"),
+        ({"base": 1.0}, "base"),
+        # NaN passed `base <= 1` and turned every angle into NaN: a run reported as diverged
+        (
+            {"base": float("nan")},
+            r"^rotary base must be a finite number > 1 \(the paper's is 10000\), got nan$",
+        ),
+        ({"base": float("inf")}, r"^rotary base must be a finite number > 1 .*, got inf$"),
+        ({"base": "10000"}, r"^rotary base must be a finite number > 1 .*, got '10000'$"),
+    ],
 )
 def test_an_impossible_rotary_is_one_line_naming_the_value(args, message):
     with pytest.raises(ValueError, match=message):

@@ -55,6 +55,45 @@ def test_a_rank_below_1_is_refused() -> None:
         add_adapters(build_transformer(tiny_config()), [], rank=0, alpha=1.0)
 
 
+@pytest.mark.parametrize(
+    ("rank", "alpha", "message"),
+    [
+        (2.5, 16.0, r"^lora\.rank must be >= 1, an integer \(8 or 16 are usual\), got 2\.5$"),
+        (True, 16.0, r"^lora\.rank must be >= 1, an integer .*, got True$"),
+        (
+            2,
+            float("nan"),
+            r"^lora\.alpha must be a finite number > 0 \(the scale is alpha / rank\), got nan$",
+        ),
+        (2, float("inf"), r"^lora\.alpha must be a finite number > 0 .*, got inf$"),
+        (2, 0.0, r"^lora\.alpha must be a finite number > 0 .*, got 0\.0$"),
+    ],
+)
+def test_a_rank_or_alpha_that_is_no_number_in_range_is_refused(rank, alpha, message) -> None:
+    model = build_transformer(tiny_config())
+    with pytest.raises(ConfigError, match=message):
+        add_adapters(model, adapter_targets(model, ["in_proj"], ["*"]), rank=rank, alpha=alpha)
+
+
+@pytest.mark.parametrize("rank", [33, 10**9])
+def test_a_rank_above_a_projection_s_smaller_side_is_one_line_before_any_allocation(rank) -> None:
+    """As HF PEFT's LoRA: r <= min(in, out) features. 10**9 was an allocation traceback of 128 GB."""
+    from attnx.model.lora import adapter_parameters
+
+    model = build_transformer(tiny_config())  # d_model 32: in_proj 96 x 32, w1 64 x 32
+    names = adapter_targets(model, ["in_proj", "w1"], ["*"])
+    message = (
+        rf"^lora\.rank {rank} exceeds the smaller side of projection encoder_layers\.0\.self_attn\.in_proj "
+        r"\(96 x 32\): a rank is at most min\(in, out\) features, here 32$"
+    )
+    for count_or_add in (adapter_parameters, lambda m, n, r: add_adapters(m, n, r, 16.0)):
+        with pytest.raises(ConfigError, match=message):
+            count_or_add(model, names, rank)
+    assert not adapted(model)
+    add_adapters(model, names, 32, 16.0)  # the smaller side itself is a rank
+    assert model.encoder_layers[0].ffn.w1.parametrizations.weight[0].lora_A.shape == (32, 32)
+
+
 def test_a_gated_feed_forward_network_takes_adapters_on_its_three_matrices() -> None:
     from attnx.model import ComponentSpec
     from attnx.model.lora import adapter_parameters

@@ -60,3 +60,49 @@ def test_adapters_train_alone_merge_and_resume_exactly(corpus: Path, tmp_path: P
         assert attnx(fit_args(corpus, "--trainer.max_steps", "8", "--ckpt_path", ckpt)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is of a LoRA run (rank 2)" in err[0], err
+
+
+def test_a_resume_asking_for_other_projections_than_the_checkpoint_s_is_one_line(
+    corpus: Path, tmp_path: Path, capsys
+) -> None:
+    """It was `KeyError: 'model.encoder_layers.0.ffn.w1.weight'`; a LoRA run from --init_from, and its resume as
+    it was trained, say no warning."""
+    start = fit(corpus, tmp_path, "start", "--trainer.max_steps", "1") / "checkpoints" / "last.ckpt"
+    adapters = ("--lora.rank", "2", "--lora.projections", "[in_proj]", "--lora.layers", "[encoder_layers.*]")
+    first = fit(corpus, tmp_path, "first", "--trainer.max_steps", "1", "--init_from", str(start), *adapters)
+    assert "warning" not in capsys.readouterr().err
+    ckpt = str(first / "checkpoints" / "last.ckpt")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path / "first")
+        more = fit_args(
+            corpus, "--trainer.max_steps", "2", "--ckpt_path", ckpt, *adapters, "--lora.projections+", "w1"
+        )
+        assert attnx(more) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert (
+        f"--ckpt_path {ckpt}: its adapters are on in_proj of encoder_layers.0, encoder_layers.1 (2 projections), "
+        "this run asks for in_proj, w1 of encoder_layers.0, encoder_layers.1 (4 projections): resume with the "
+        "run's lora.projections and lora.layers, or start a new LoRA run from its merged weights with --init_from"
+    ) in err[0]
+
+
+def test_adapters_over_a_random_model_warn_in_one_line_and_a_rank_too_large_is_refused(
+    corpus: Path, tmp_path: Path, capsys
+) -> None:
+    """`--lora.rank` without `--init_from` trained adapters over a frozen random model without a word (the memory
+    benchmark's LoRA arm does so knowingly); a rank of 10**9 was an allocation traceback."""
+    fit(corpus, tmp_path, "random", "--trainer.max_steps", "1", "--lora.rank", "2")
+    err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert err == [
+        "attnx fit: warning: lora.rank 2 without --init_from: the adapters train over a frozen, randomly "
+        "initialised model; pass --init_from CHECKPOINT to fine-tune trained weights"
+    ]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path / "random")
+        assert attnx(fit_args(corpus, "--trainer.max_steps", "1", "--lora.rank", str(10**9))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"attnx fit: error: lora.rank {10**9} exceeds the smaller side of projection "
+        "encoder_layers.0.self_attn.in_proj (96 x 32): a rank is at most min(in, out) features, here 32"
+    ]

@@ -23,7 +23,9 @@ from attnx.commands.usage import refused_command_line
 from attnx.data.datamodule import TranslationDataModule
 from attnx.errors import UsageError, expected_error
 from attnx.training.best import BestCheckpoint
+from attnx.training.ema import WeightEMA
 from attnx.training.evaluation import TranslationEvaluator
+from attnx.training.lora import LowRankAdapters
 from attnx.training.module import TranslationTask
 from attnx.training.progress import ProgressLog
 from attnx.training.stopping import StopRequested, StopSignals, TrainingInterrupted, stop_signals
@@ -157,6 +159,8 @@ def option_names() -> list[str]:
         "progress": ProgressLog.__init__,
         "throughput": TokenThroughput.__init__,
         "best": BestCheckpoint.__init__,
+        "ema": WeightEMA.__init__,
+        "lora": LowRankAdapters.__init__,
     }.items():
         names += keys(target, prefix)
     return names

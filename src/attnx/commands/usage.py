@@ -12,6 +12,7 @@ import copy
 import difflib
 import functools
 import inspect
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ def one_line(message: str) -> str:
     return " ".join(text.split())
 
 
+NOT_FINITE = re.compile(r"(?:Given|Got) value: ([+-]?(?:nan|inf|infinity))$", re.IGNORECASE)
+"""The end of jsonargparse's message for a number option given `nan` or `inf`, which it reads as text."""
+
+
 def refused_command_line(err: Exception, argv: list[str], options: list[str]) -> UsageError:
     """The one line for a command line jsonargparse refused (`err`), with "did you mean --x?" for each option of
     `argv` that is not one of `options` but close to one.
@@ -41,9 +46,11 @@ def refused_command_line(err: Exception, argv: list[str], options: list[str]) ->
     jsonargparse's message is kept when it names the unknown option (`unrecognized arguments: --outptu x`). A
     misspelt field of a settings group it names only by the field's bare name, inside its account of every
     type the group may have (`'bem'` for `--search.bem`): then the message is the option as it was typed,
-    `unknown option --search.bem`.
+    `unknown option --search.bem`. A number option given `nan` or `inf` is told that it takes finite numbers.
     """
     message = one_line(str(err))
+    if found := NOT_FINITE.search(message):
+        message += f" ({found.group(1)} is not a finite number: the option takes finite ones only)"
     unknown = unknown_options(argv, options)
     if unknown and not any(option in message for option in unknown):
         message = f"unknown option {unknown[0]}"

@@ -19,6 +19,7 @@ from attnx.components.masking import (
     score_bias,
 )
 from attnx.components.protocols import KeyValueCache, PositionalEncoding
+from attnx.components.values import flag, integer, is_integer, optional_integer, probability
 from attnx.errors import ConfigError
 from attnx.hookspecs import hookimpl
 
@@ -138,17 +139,26 @@ class MultiHeadAttention(nn.Module):
         kv_heads: int | None = None,
     ) -> None:
         super().__init__()
-        if n_heads <= 0 or (d_model % n_heads and (d_k is None or d_v is None)):
+        d_model, n_heads = integer("d_model", d_model), integer("n_heads", n_heads)
+        d_k = optional_integer("d_k", d_k, what="the width of each head's queries and keys")
+        d_v = optional_integer("d_v", d_v, what="the width of each head's values")
+        dropout, bias = probability("dropout", dropout), flag("bias", bias)
+        if d_model % n_heads and (d_k is None or d_v is None):
             raise ConfigError(
                 f"d_model ({d_model}) must be divisible by the number of heads ({n_heads}); "
                 f"d_k = d_v = d_model / heads. Choose e.g. heads in "
                 f"{[h for h in (1, 2, 4, 8, 16, 32) if d_model % h == 0]}, or set d_k and d_v explicitly."
             )
         kv_heads = n_heads if kv_heads is None else kv_heads
+        divisors = [k for k in range(1, n_heads + 1) if n_heads % k == 0]
+        if not is_integer(kv_heads):
+            raise ConfigError(
+                f"kv_heads must be an integer, one of {divisors} (n_heads {n_heads}), got {kv_heads!r}"
+            )
         if kv_heads <= 0 or n_heads % kv_heads:
             raise ConfigError(
                 f"kv_heads ({kv_heads}) must divide n_heads ({n_heads}): each key/value head serves "
-                f"n_heads / kv_heads query heads. Choose one of {[k for k in range(1, n_heads + 1) if n_heads % k == 0]}"
+                f"n_heads / kv_heads query heads. Choose one of {divisors}"
             )
         self.n_heads = n_heads
         self.kv_heads = kv_heads

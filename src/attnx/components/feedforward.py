@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnx.components.values import integer, probability
 from attnx.hookspecs import hookimpl
 
 
@@ -19,9 +20,10 @@ class ReluFeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
         super().__init__()
+        d_model, d_ff = integer("d_model", d_model), integer("d_ff", d_ff, what="the hidden width")
         self.w1 = nn.Linear(d_model, d_ff)
         self.w2 = nn.Linear(d_ff, d_model)
-        self.dropout = dropout
+        self.dropout = probability("dropout", dropout)
         for layer in (self.w1, self.w2):
             nn.init.xavier_uniform_(layer.weight)
             nn.init.zeros_(layer.bias)

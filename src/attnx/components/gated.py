@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnx.components.values import flag, integer, probability
 from attnx.hookspecs import hookimpl
 
 
@@ -25,10 +26,12 @@ class GatedFeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, bias: bool = False) -> None:
         super().__init__()
+        d_model, d_ff = integer("d_model", d_model), integer("d_ff", d_ff, what="the hidden width")
+        bias = flag("bias", bias)
         self.w = nn.Linear(d_model, d_ff, bias=bias)
         self.v = nn.Linear(d_model, d_ff, bias=bias)
         self.w2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = dropout
+        self.dropout = probability("dropout", dropout)
         for layer in (self.w, self.v, self.w2):
             nn.init.xavier_uniform_(layer.weight)
             if bias:

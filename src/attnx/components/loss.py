@@ -23,6 +23,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
+from attnx.components.values import is_number, optional_integer
 from attnx.data.batch import Batch
 from attnx.errors import ConfigError
 from attnx.hookspecs import hookimpl
@@ -111,7 +112,7 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float, ignore_in
 
 
 def _check(epsilon: float) -> None:
-    if not 0.0 <= epsilon < 1.0:
+    if not is_number(epsilon) or not 0.0 <= epsilon < 1.0:
         raise ConfigError(f"label smoothing ε must be in [0, 1), got {epsilon}")
 
 
@@ -265,7 +266,9 @@ class LabelSmoothedLoss:
     def __init__(self, epsilon: float = 0.1, chunk_rows: int | None = None) -> None:
         _check(epsilon)
         self.epsilon = epsilon
-        self.chunk_rows = chunk_rows
+        self.chunk_rows = optional_integer(
+            "model.loss.args.chunk_rows", chunk_rows, what="target positions per chunk"
+        )
 
     def __call__(self, model: TranslationModel, batch: Batch) -> LossSums:
         memory = model.encode(batch.src, batch.src_mask)  # (B, S, D)

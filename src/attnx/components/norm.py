@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnx.components.values import integer, positive
 from attnx.hookspecs import hookimpl
 
 
@@ -12,7 +13,7 @@ class LayerNorm(nn.LayerNorm):
     """Layer normalization over `d_model` with a learned gain and bias."""
 
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
-        super().__init__(d_model, eps=eps)
+        super().__init__(integer("d_model", d_model), eps=positive("eps", eps, what="e.g. 1e-5"))
 
 
 class RMSNorm(nn.Module):
@@ -21,8 +22,8 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-6) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
+        self.eps = positive("eps", eps, what="e.g. 1e-6")
+        self.weight = nn.Parameter(torch.ones(integer("d_model", d_model)))
 
     def forward(self, x: Tensor) -> Tensor:
         wide = torch.promote_types(x.dtype, torch.float32)  # the mean of squares in fp32 under autocast

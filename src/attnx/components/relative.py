@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnx.components.values import integer, is_integer
 from attnx.errors import ConfigError
 from attnx.hookspecs import hookimpl
 
@@ -49,10 +50,15 @@ class T5RelativeBias(nn.Module):
 
     def __init__(self, n_heads: int, max_len: int, buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__()
-        if buckets < 4 or max_distance <= buckets // 2:
+        n_heads = integer("n_heads", n_heads)
+        if (
+            not (is_integer(buckets) and is_integer(max_distance))
+            or buckets < 4
+            or max_distance <= buckets // 2
+        ):
             raise ConfigError(
-                f"relative bias needs buckets >= 4 and max_distance > buckets / 2, got buckets {buckets}, "
-                f"max_distance {max_distance}"
+                f"relative bias needs integers buckets >= 4 and max_distance > buckets / 2, got buckets "
+                f"{buckets!r}, max_distance {max_distance!r}"
             )
         self.buckets = buckets
         self.max_distance = max_distance

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnx.components.values import integer, is_integer, positive
 from attnx.errors import ConfigError
 from attnx.hookspecs import hookimpl
 
@@ -26,13 +27,14 @@ class RotaryPositionalEncoding(nn.Module):
 
     def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, dim: int | None = None) -> None:
         super().__init__()
+        head_dim = integer("head_dim", head_dim)
         dim = head_dim if dim is None else dim
-        if dim <= 0 or dim % 2 or dim > head_dim:
+        if not is_integer(dim) or dim <= 0 or dim % 2 or dim > head_dim:
             raise ConfigError(
-                f"rotary dim ({dim}) must be even, positive and at most the head dimension ({head_dim})"
+                f"rotary dim ({dim!r}) must be even, positive, an integer and at most the head dimension "
+                f"({head_dim})"
             )
-        if base <= 1.0:
-            raise ConfigError(f"rotary base must exceed 1, got {base}")
+        base = positive("rotary base", base, above=1.0, what="the paper's is 10000")
         self.dim = dim
         self.base = base
         inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,) θ_i

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from attnx.components.values import is_integer, is_number
 from attnx.errors import ConfigError
 
 PROJECTIONS = ("in_proj", "out_proj", "w1", "w2", "w", "v")
@@ -57,16 +58,42 @@ def adapter_targets(model: nn.Module, projections: list[str], layers: list[str])
     return names
 
 
+def check_lora(rank: object, alpha: object) -> None:
+    """One line for a rank that is not an integer >= 1 or an alpha that is not a finite number > 0."""
+    if not is_integer(rank) or rank < 1:
+        raise ConfigError(f"lora.rank must be >= 1, an integer (8 or 16 are usual), got {rank!r}")
+    if not is_number(alpha) or not (math.isfinite(alpha) and alpha > 0):
+        raise ConfigError(
+            f"lora.alpha must be a finite number > 0 (the scale is alpha / rank), got {alpha!r}"
+        )
+
+
+def check_rank(model: nn.Module, names: list[str], rank: int) -> None:
+    """A rank above the smaller side of a projection named in `names` is refused in one line (as HF PEFT's
+    LoRA requires, r <= min(in, out) features): its `B A` would be no low-rank update but a larger matrix."""
+    linears = {name: model.get_submodule(name) for name in names}
+    if not linears:
+        return
+    name, linear = min(linears.items(), key=lambda item: min(item[1].in_features, item[1].out_features))
+    most = min(linear.in_features, linear.out_features)
+    if rank > most:
+        raise ConfigError(
+            f"lora.rank {rank} exceeds the smaller side of projection {name} ({linear.out_features} x "
+            f"{linear.in_features}): a rank is at most min(in, out) features, here {most}"
+        )
+
+
 def adapter_parameters(model: nn.Module, names: list[str], rank: int) -> int:
     """Parameters that adapters of `rank` on the projections `names` of `model` add: `r · (in + out)` each."""
+    check_rank(model, names, rank)
     linears = [model.get_submodule(name) for name in names]
     return sum(rank * (linear.in_features + linear.out_features) for linear in linears)
 
 
 def add_adapters(model: nn.Module, names: list[str], rank: int, alpha: float) -> None:
     """Freeze every weight of `model` and put a trainable adapter on each projection named in `names`."""
-    if rank < 1 or not alpha > 0:
-        raise ConfigError(f"lora.rank must be >= 1 and lora.alpha > 0, got {rank} and {alpha}")
+    check_lora(rank, alpha)
+    check_rank(model, names, rank)
     for p in model.parameters():
         p.requires_grad_(False)
     for name in names:

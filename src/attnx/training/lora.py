@@ -17,7 +17,14 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from attnx.errors import ConfigError
-from attnx.model.lora import PROJECTIONS, adapted, adapter_parameters, adapter_targets, add_adapters
+from attnx.model.lora import (
+    PROJECTIONS,
+    adapted,
+    adapter_parameters,
+    adapter_targets,
+    add_adapters,
+    check_lora,
+)
 from attnx.training.ema import WeightEMA
 
 LORA_KEY = "attnx_lora"
@@ -49,8 +56,8 @@ class LowRankAdapters(Callback):
         self.alpha = alpha
         self.projections = list(projections or ["in_proj", "out_proj"])
         self.layers = list(layers or ["*"])
-        if rank is not None and (rank < 1 or not alpha > 0):
-            raise ConfigError(f"lora.rank must be >= 1 and lora.alpha > 0, got {rank} and {alpha}")
+        if rank is not None:
+            check_lora(rank, alpha)
         unknown = sorted(set(self.projections) - set(PROJECTIONS))
         if unknown:
             raise ConfigError(f"lora.projections {unknown} unknown; choose among {list(PROJECTIONS)}")
@@ -127,9 +134,40 @@ class LowRankAdapters(Callback):
                 f"--lora.rank {self.rank}: {trainer.ckpt_path} is not of a LoRA run of that rank; resume it as it "
                 "was trained, or start a LoRA run from its weights with --init_from"
             )
+        asked = {f"{name}.weight" for name in adapted(pl_module)}
+        if asked != set(stored["base"]):
+            raise ConfigError(
+                f"--ckpt_path {trainer.ckpt_path}: its adapters are on {adapter_places(stored['base'])}, this run "
+                f"asks for {adapter_places(asked)}: resume with the run's lora.projections and lora.layers, or "
+                "start a new LoRA run from its merged weights with --init_from"
+            )
         own = pl_module.state_dict(keep_vars=True)
         for name in adapted(pl_module):
             prefix = f"{name}.parametrizations.weight"
             own[f"{prefix}.original"].data.copy_(stored["base"][f"{name}.weight"])
             for part in ("lora_A", "lora_B"):
                 own[f"{prefix}.0.{part}"].data.copy_(stored["adapters"][f"{prefix}.0.{part}"])
+
+
+def adapter_places(keys: Any) -> str:
+    """What the state-dict keys of adapted weights (`model.decoder_layers.0.self_attn.in_proj.weight`) name, in
+    a few words: `in_proj, out_proj of decoder_layers.0, decoder_layers.1 (4 projections)`."""
+    parts = [key.removeprefix("model.").removesuffix(".weight").split(".") for key in keys]
+    projections = sorted({p[-1] for p in parts})
+    layers = sorted(  # the encoder's first, each stack's in order
+        {(p[0], int(p[1])) for p in parts if len(p) > 2 and p[1].isdigit()},
+        key=lambda layer: (layer[0] != "encoder_layers", layer),
+    )
+    where = ", ".join(f"{stack}.{index}" for stack, index in layers)
+    return f"{', '.join(projections)} of {where} ({len(parts)} projections)"
+
+
+def random_weights_line(rank: int | None, init_from: str | None, ckpt_path: str | None) -> str | None:
+    """The warning of a LoRA fit that starts neither from trained weights (`--init_from`) nor from a LoRA run
+    (`--ckpt_path`): its adapters would train over a frozen, randomly initialised model. None elsewhere."""
+    if rank is None or init_from or ckpt_path:
+        return None
+    return (
+        f"lora.rank {rank} without --init_from: the adapters train over a frozen, randomly initialised model; "
+        "pass --init_from CHECKPOINT to fine-tune trained weights"
+    )
