@@ -1,6 +1,7 @@
 """Weighted training corpora: Multi30k's training text cut into two named corpora of different sizes, drawn in
 the asked mix, each batch from one corpus, epochs a function of (seed, epoch), resumable and split across DDP
-ranks; bad weights are one line; folders prepared before the corpora's rows were recorded still load."""
+ranks, every draw of an upsampled batch segmented anew under subword sampling; bad weights are one line; folders
+prepared before the corpora's rows were recorded still load."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from attnx.cli import main as attnx
 from attnx.data.batching import TokenBatchSampler
@@ -229,6 +231,29 @@ def test_bad_weights_are_one_line_naming_the_option(two_corpora: Path, weights, 
         assert str(err.value).endswith("its corpora are big, small")
 
 
+@pytest.mark.parametrize(
+    ("weights", "temperature", "expected"),
+    [
+        ({"big": 1e308, "small": 1e308}, None, (0.5, 0.5)),  # their sum overflowed: every share NaN
+        ({"big": 1e308, "small": 1e307}, None, (10 / 11, 1 / 11)),
+        (None, 1e-300, (1.0, 0.0)),  # (n_i / N)^(1/T) underflowed to 0 for both corpora
+        ({"big": 1e308, "small": 1e308}, 1e-300, (1.0, 0.0)),
+        ({"big": 0, "small": 1}, 5e-324, (0.0, 1.0)),  # the smallest temperature: the one corpus taking part
+        ({"big": 1, "small": 1e300}, 1e-3, (1.0, 0.0)),  # a weight cannot outweigh so low a temperature
+    ],
+)
+def test_extreme_weights_and_temperatures_mix_as_their_limit_and_train(
+    two_corpora: Path, weights, temperature, expected
+) -> None:
+    """Weights near the largest float and temperatures near 0 once gave NaN shares: no batch, and `attnx fit`
+    ended "at step 0" with exit status 0 and no checkpoint. They mix as the formula's limit says."""
+    dm = mixed(two_corpora, weights, temperature)
+    assert np.allclose(dm.corpus_mix.shares, expected, rtol=1e-12, atol=1e-12)
+    sampler = dm.train_sampler
+    taking = [i for i, share in enumerate(expected) if share > 0]
+    assert len(sampler) > 0 and all(sampler.draws[i] > 0 for i in taking)
+
+
 @pytest.mark.parametrize(("weights", "temperature"), [({"train": 1}, None), (None, 2.0)])
 def test_a_mix_of_a_single_corpus_folder_is_refused(corpus: Path, weights, temperature) -> None:
     option = "data.corpus_weights" if weights else "data.sampling_temperature"
@@ -283,10 +308,48 @@ def test_a_mix_keeps_subword_sampling(two_corpora: Path) -> None:
         isinstance(sampler, MixedEpochBatchSampler)
         and "subword sampling: BPE-dropout 0.1" in sampler.summary()
     )
-    epoch, indices = next(iter(sampler))
-    batch = dm.train_dataloader().dataset[(epoch, indices)]
+    epoch, indices, repeat = next(iter(sampler))
+    batch = dm.train_dataloader().dataset[(epoch, indices, repeat)]
     assert batch.index.tolist() == indices.tolist()
     assert "corpus mix (data.corpus_weights {big: 1, small: 1})" in sampler.summary()
+
+
+def sampled_epoch(
+    dm: TranslationDataModule, epoch: int
+) -> list[tuple[tuple[int, ...], torch.Tensor, torch.Tensor]]:
+    """The training batches of `epoch` as the loader gives them: pairs, source and target."""
+    dm.train_sampler.set_epoch(epoch)
+    return [(tuple(b.index.tolist()), b.src, b.tgt_out) for b in dm.train_dataloader()]
+
+
+def test_every_draw_of_an_upsampled_batch_is_segmented_anew_and_a_resume_draws_alike(
+    two_corpora: Path,
+) -> None:
+    """`small` drawn 4 times as often as `big` comes several times an epoch: each draw of one of its batches is
+    another segmentation (BPE-dropout is what an upsampled corpus needs most), the same for the same seed, and a
+    run resumed mid-epoch draws what the uninterrupted run drew."""
+
+    def datamodule() -> TranslationDataModule:
+        return mixed(two_corpora, {"big": 1, "small": 4}, subword_sampling=SubwordSampling(alpha=0.1))
+
+    dm = datamodule()
+    whole = sampled_epoch(dm, 0)
+    draws: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for pairs, src, tgt in whole:
+        draws.setdefault(pairs, []).append(torch.cat([src.flatten(), tgt.flatten()]))
+    repeated = [d for d in draws.values() if len(d) > 1]
+    assert len(repeated) >= 10 and max(map(len, repeated)) >= 3  # the small corpus, passed over several times
+    for segmented in repeated:
+        assert len({tuple(x.tolist()) for x in segmented}) == len(segmented)  # no two draws alike
+    again = sampled_epoch(datamodule(), 0)  # same seed: the same batches
+    assert [p for p, *_ in again] == [p for p, *_ in whole]
+    assert all(a.equal(b) and c.equal(d) for (_, a, c), (_, b, d) in zip(again, whole, strict=True))
+    taken = len(whole) // 2
+    rest = datamodule()
+    rest.load_state_dict(dm.train_sampler.state_dict(consumed=taken))
+    resumed = sampled_epoch(rest, 0)
+    assert [p for p, *_ in resumed] == [p for p, *_ in whole[taken:]]
+    assert all(a.equal(b) and c.equal(d) for (_, a, c), (_, b, d) in zip(resumed, whole[taken:], strict=True))
 
 
 @pytest.mark.slow

@@ -118,13 +118,29 @@ def corpus_mix(
         )
     if temperature is not None:
         sizes = np.array([c.pairs for c in corpora], dtype=np.float64)
-        w = w * (sizes / sizes.sum()) ** (1.0 / temperature)
+        w = tempered(w, sizes, temperature)
+    shares = w / w.max()  # weights near the largest float sum without overflowing (1e308 + 1e308)
+    shares = shares / shares.sum()
     said = (
         [] if weights is None else [f"{WEIGHTS} {{{', '.join(f'{n}: {v:g}' for n, v in weights.items())}}}"]
     )
     said += [] if temperature is None else [f"{TEMPERATURE} {temperature:g}"]
     asked = " and ".join(said)
-    return CorpusMix(tuple(corpora), tuple((w / w.sum()).tolist()), asked)
+    return CorpusMix(tuple(corpora), tuple(shares.tolist()), asked)
+
+
+def tempered(weights: np.ndarray, sizes: np.ndarray, temperature: float) -> np.ndarray:
+    """`w_i · (n_i / N)^(1/T)` up to a common factor, for the corpora of weight `w_i > 0` (0 for the others),
+    computed in log space: the largest such corpus's size divides the others' before the power, so it keeps a
+    share of 1 whatever the temperature, and one near 0 (1e-300) gives it the whole mix, as the limit does,
+    instead of every share underflowing to 0 (and none of them being a number after the division)."""
+    part = weights > 0
+    with np.errstate(divide="ignore", over="ignore"):  # a far smaller corpus's share underflows to 0
+        logs = np.log(sizes[part]) - np.log(sizes[part].max())  # <= 0, 0 for the largest corpus taking part
+        logits = np.log(weights[part]) + np.where(logs < 0, logs / temperature, 0.0)
+    shares = np.zeros_like(weights)
+    shares[part] = np.exp(logits - logits.max())
+    return shares
 
 
 def _weight(weights: dict[str, float], names: list[str], name: str, where: Any) -> float:
