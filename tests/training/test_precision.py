@@ -1,5 +1,6 @@
 """The CPU precision follows the CPU's bf16 units (decided by flags and a probe result, never by timing here),
-is printed once by `attnx fit`, and an explicit --trainer.precision wins."""
+is printed once by `attnx fit`, and an explicit --trainer.precision wins (bf16 on a CPU without bf16 units with
+one warning line)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ import yaml
 
 import attnx.training.precision as precision
 from attnx.cli import main as attnx
-from attnx.training.precision import choose_cpu_precision, cpu_flags, resolve_cpu_precision
+from attnx.training.precision import (
+    choose_cpu_precision,
+    cpu_flags,
+    cpu_has_bf16_units,
+    emulated_bf16_line,
+    resolve_cpu_precision,
+)
 from tests.training.conftest import fit_args
 
 SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"}
@@ -95,6 +102,36 @@ def test_explicit_precision_wins(corpus: Path, tmp_path: Path, monkeypatch) -> N
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(SAPPHIRE_RAPIDS))
     lines, trainer = fit(corpus, tmp_path, "--trainer.precision", "32-true")
     assert not [x for x in lines if x.startswith("precision:")] and trainer["precision"] == "32-true"
+
+
+@pytest.mark.parametrize(
+    ("asked", "units", "warned"),
+    [("bf16-mixed", False, True), ("bf16-true", False, True), ("bf16-mixed", True, False)],
+)
+def test_explicit_bf16_on_a_cpu_without_bf16_units_is_warned_in_one_line(
+    asked: str, units: bool, warned: bool, corpus: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setattr(precision, "cpu_has_bf16_units", lambda: units)
+    lines, trainer = fit(corpus, tmp_path, "--trainer.precision", asked)
+    assert trainer["precision"] == asked and not [x for x in lines if x.startswith("precision:")]
+    said = [x for x in capsys.readouterr().err.splitlines() if "bf16 units" in x]
+    expected = (
+        f"attnx fit: warning: trainer.precision {asked} on a CPU without bf16 units (no AVX512-BF16 or AMX): "
+        "bf16 is emulated there and trains many times slower than fp32: use --trainer.precision 32-true"
+    )
+    assert said == ([expected] if warned else [])
+
+
+def test_only_bf16_on_a_cpu_is_warned_and_unknown_flags_are_not(monkeypatch) -> None:
+    monkeypatch.setattr(precision, "cpu_has_bf16_units", lambda: False)
+    assert emulated_bf16_line({"accelerator": "cpu", "precision": "bf16"}) is not None
+    assert emulated_bf16_line({"accelerator": "cpu", "precision": "32-true"}) is None
+    assert emulated_bf16_line({"accelerator": "gpu", "precision": "bf16-mixed"}) is None
+    monkeypatch.setattr(precision, "cpu_has_bf16_units", lambda: None)  # flags not readable: unknown
+    assert emulated_bf16_line({"accelerator": "cpu", "precision": "bf16-mixed"}) is None
+    for flags, units in [(ZEN2, False), (ZEN4, True), (SAPPHIRE_RAPIDS, True), (frozenset(), None)]:
+        monkeypatch.setattr(precision, "cpu_flags", lambda flags=flags: frozenset(flags))
+        assert cpu_has_bf16_units() is units
 
 
 def test_attnx_fit_command_prints_the_precision_of_this_cpu(corpus: Path, tmp_path: Path) -> None:

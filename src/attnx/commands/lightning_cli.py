@@ -18,6 +18,7 @@ belongs to, in its folder, applying the options a run may change (one line each)
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,9 @@ from attnx.training.corpus_mix import CorpusMixLog
 from attnx.training.ema import WeightEMA
 from attnx.training.evaluation import TranslationEvaluator
 from attnx.training.fit_estimate import fit_estimate_lines
-from attnx.training.lora import LowRankAdapters
+from attnx.training.lora import LowRankAdapters, random_weights_line
 from attnx.training.optimizers import SCHEDULER_NEEDS_OPTIMIZER, choice_line, configure_optimizers
-from attnx.training.precision import resolve_cpu_precision
+from attnx.training.precision import emulated_bf16_line, resolve_cpu_precision
 from attnx.training.progress import ProgressLog
 from attnx.training.resume import check_init_from, continue_run, load_initial_weights
 from attnx.training.runs import Resumed, RunFolder, evaluation_folder, resumed_run
@@ -170,6 +171,8 @@ class AttnxCLI(LightningCLI):
         check_devices(trainer)
         if subcommand == "fit" and (choice := resolve_cpu_precision(trainer)):
             print(choice.line(), flush=True)  # trainer.precision unset: chosen from the CPU's bf16 units
+        elif subcommand == "fit" and (slow := emulated_bf16_line(trainer)) and rank_zero_only.rank == 0:
+            print(f"attnx fit: warning: {slow}", file=sys.stderr, flush=True)
         if subcommand == "fit" and config.get("lr_scheduler") and not config.get("optimizer"):
             raise ConfigError(SCHEDULER_NEEDS_OPTIMIZER)  # LightningCLI would drop it without a word
         if subcommand == "fit" and config.get("optimizer"):
@@ -253,6 +256,10 @@ class AttnxCLI(LightningCLI):
         for callback in self.trainer.callbacks:
             if isinstance(callback, RunFolder):
                 callback.before_fit(self.trainer)
-        init_from = self.config["fit"].get("init_from")
+        fit = self.config["fit"]
+        init_from = fit.get("init_from")
         if init_from:
             load_initial_weights(self.model, init_from, self.datamodule.tokenizer)
+        untrained = random_weights_line(fit.get("lora.rank"), init_from, fit.get("ckpt_path"))
+        if untrained and rank_zero_only.rank == 0:
+            print(f"attnx fit: warning: {untrained}", file=sys.stderr, flush=True)

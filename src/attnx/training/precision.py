@@ -3,7 +3,9 @@ fp32 elsewhere.
 
 `attnx fit` with `trainer.precision` unset (`null`) on CPU asks [`choose_cpu_precision`][attnx.training.precision.choose_cpu_precision]
 and prints its answer once, e.g. `precision: bf16-mixed (CPU has AMX)`; any explicit
-`--trainer.precision` is kept as given, and GPU runs are left to Lightning. The rule:
+`--trainer.precision` is kept as given (bf16 on a CPU without bf16 units with one warning line,
+[`emulated_bf16_line`][attnx.training.precision.emulated_bf16_line]), and GPU runs are left to Lightning. The
+rule:
 
 * AMX (`lscpu` flags `amx_bf16` and `amx_tile`): bf16-mixed. bf16 matrix products run ~7× fp32 there.
 * AVX512-BF16 without AMX (e.g. AMD Zen 4): bf16-mixed only if a short probe at start measures bf16 matrix
@@ -39,6 +41,8 @@ __all__ = [
     "bf16_matmul_speedup",
     "choose_cpu_precision",
     "cpu_flags",
+    "cpu_has_bf16_units",
+    "emulated_bf16_line",
     "resolve_cpu_precision",
     "trains_on_cpu",
 ]
@@ -75,3 +79,28 @@ def resolve_cpu_precision(trainer: Any) -> PrecisionChoice | None:
     choice = choose_cpu_precision(cpu_flags())
     trainer["precision"] = choice.precision
     return choice
+
+
+def cpu_has_bf16_units() -> bool | None:
+    """Whether this CPU computes bf16 in hardware: AVX512-BF16 or AMX among its flags (`/proc/cpuinfo`; torch's
+    own `torch.backends.cpu.get_cpu_capability()` names the vector width only). None where the flags cannot be
+    read (not Linux, or a CPU that lists them otherwise): unknown, never warned about."""
+    flags = cpu_flags()
+    if not flags:
+        return None
+    return AVX512_BF16_FLAG in flags or flags >= AMX_FLAGS
+
+
+def emulated_bf16_line(trainer: Any) -> str | None:
+    """The warning `attnx fit` prints where `trainer.precision` asks for bf16 (`bf16-mixed`, `bf16-true`) on a
+    CPU without bf16 units ([`cpu_has_bf16_units`][attnx.training.precision.cpu_has_bf16_units]): every bf16
+    product is emulated there, up to ~90x slower than fp32. None elsewhere."""
+    precision = str(trainer.get("precision") or "")
+    if not precision.startswith("bf16") or not trains_on_cpu(trainer.get("accelerator")):
+        return None
+    if cpu_has_bf16_units() is not False:
+        return None
+    return (
+        f"trainer.precision {precision} on a CPU without bf16 units (no AVX512-BF16 or AMX): bf16 is emulated "
+        "there and trains many times slower than fp32: use --trainer.precision 32-true"
+    )
