@@ -3,12 +3,15 @@ config is told; the FLOPs formula; what must match for weights to belong to one 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from attnx.errors import ConfigError
 from attnx.model import TRAINING_ONLY, TransformerConfig, architecture, build_transformer
-from attnx.model.builders import count_parameters, training_flops_per_token
+from attnx.model.builders import ComponentSpec, count_parameters, training_flops_per_token
 from attnx.model.layers import PostNorm, PreNorm
 from tests.conftest import tiny_config
 
@@ -110,11 +113,103 @@ def test_the_model_built_is_the_one_the_config_describes():
         (dict(norm_position="sandwich"), r"^norm_position must be one of \['post', 'pre'\], got 'sandwich'$"),
         (dict(dropout=1.0), r"^dropout must be in \[0, 1\), got 1.0$"),
         (dict(n_heads=0), r"^d_model \(32\) must be a positive multiple of n_heads \(0\)"),
+        # d_ff 0 trained without a word (ReLU and SwiGLU alike), -8 was torch's RuntimeError
+        (dict(d_ff=0), r"^d_ff must be an integer >= 1 \(the feed-forward network's inner width\), got 0$"),
+        (dict(d_ff=-8), r"^d_ff must be an integer >= 1 \(the feed-forward network's inner width\), got -8$"),
+        (dict(d_ff=0, feedforward=ComponentSpec("swiglu")), r"^d_ff must be an integer >= 1 .*, got 0$"),
+        (dict(d_ff=64.0), r"^d_ff must be an integer >= 1 .*, got 64\.0$"),
+        (
+            dict(encoder_layers=0),
+            r"^encoder_layers must be an integer >= 1 \(layers of the encoder\), got 0$",
+        ),
+        (
+            dict(decoder_layers=-1),
+            r"^decoder_layers must be an integer >= 1 \(layers of the decoder\), got -1$",
+        ),
+        (dict(max_len=0), r"^max_len must be an integer >= 1 \(the longest sequence\), got 0$"),
+        (dict(pad_id=-1), r"^pad_id must be an integer >= 0 \(the padding token's id\), got -1$"),
+        (dict(d_model=32.0), r"^d_model must be an integer, got 32\.0$"),
+        (dict(vocab_size=True), r"^vocab_size must be an integer, got True$"),
+        (dict(dropout=float("nan")), r"^dropout must be in \[0, 1\), got nan$"),
+        (dict(dropout="0.1"), r"^dropout must be in \[0, 1\), got '0\.1'$"),
+        (dict(share_embeddings="no"), r"^share_embeddings must be true or false, got 'no'$"),
+        (
+            dict(feedforward="swiglu"),
+            r"^feedforward must be a component name with a mapping of args, got 'swiglu'$",
+        ),
     ],
 )
 def test_an_impossible_config_is_one_line_naming_the_value(changes, message):
     with pytest.raises(ValueError, match=message):
         build_transformer(tiny_config(**changes))
+
+
+@pytest.mark.parametrize(
+    ("slot", "spec", "message"),
+    [
+        # the gated network's dropout 1.5 was F.dropout's ValueError traceback at the first step
+        ("feedforward", ComponentSpec("swiglu", {"dropout": 1.5}), r"dropout must be in \[0, 1\), got 1\.5"),
+        ("feedforward", ComponentSpec("geglu", {"dropout": -0.5}), r"dropout must be in \[0, 1\), got -0\.5"),
+        ("feedforward", ComponentSpec("relu", {"dropout": 1.0}), r"dropout must be in \[0, 1\), got 1\.0"),
+        (
+            "feedforward",
+            ComponentSpec("swiglu", {"bias": "false"}),
+            r"bias must be true or false, got 'false'",
+        ),
+        # RMSNorm eps -1 and rotary base NaN trained into NaN: reported as a diverged run
+        (
+            "norm",
+            ComponentSpec("rmsnorm", {"eps": -1}),
+            r"eps must be a finite number > 0 \(e\.g\. 1e-6\), got -1",
+        ),
+        (
+            "norm",
+            ComponentSpec("layernorm", {"eps": float("nan")}),
+            r"eps must be a finite number > 0 .*got nan",
+        ),
+        (
+            "positional",
+            ComponentSpec("rotary", {"base": float("nan")}),
+            r"rotary base must be a finite number > 1",
+        ),
+        ("positional", ComponentSpec("rotary", {"base": float("inf")}), r"rotary base .*, got inf"),
+        (
+            "positional",
+            ComponentSpec("rotary", {"dim": 4.0}),
+            r"rotary dim \(4\.0\) must be even, positive, an int",
+        ),
+        (
+            "positional",
+            ComponentSpec("t5_relative", {"buckets": 32.0}),
+            r"relative bias needs integers buckets >= 4",
+        ),
+        # kv_heads 2.0 was torch's "empty(): argument 'size' ... must be tuple of ints"
+        (
+            "self_attention",
+            ComponentSpec("multihead", {"kv_heads": 2.0}),
+            r"kv_heads must be an integer, one of",
+        ),
+        ("cross_attention", ComponentSpec("multihead", {"kv_heads": 2.0}), r"kv_heads must be an integer"),
+        (
+            "cross_attention",
+            ComponentSpec("multihead", {"dropout": 1.5}),
+            r"dropout must be in \[0, 1\), got 1\.5",
+        ),
+        ("self_attention", ComponentSpec("multihead", {"d_k": 0}), r"d_k must be an integer >= 1 .*, got 0"),
+        (
+            "self_attention",
+            ComponentSpec("multihead", {"d_v": 2.5}),
+            r"d_v must be an integer >= 1 .*, got 2\.5",
+        ),
+    ],
+)
+def test_a_component_value_out_of_range_is_one_line_naming_the_component_the_key_and_the_value(
+    slot, spec, message
+):
+    with pytest.raises(ConfigError) as err:
+        build_transformer(tiny_config(**{slot: spec}))
+    assert re.match(rf"^{slot} '{spec.name}': {message}", str(err.value)), str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_architecture_leaves_out_only_what_acts_while_training():
@@ -154,6 +249,37 @@ def test_training_flops_per_token_are_three_times_the_forward_matmuls_torch_coun
     flops = training_flops_per_token(config, n, n)
     assert flops["per_token"] == pytest.approx(3 * forward / (2 * n))
     assert flops["per_target_token"] == pytest.approx(3 * forward / n)
+
+
+def test_frozen_matrices_drop_their_weight_gradients_as_torch_counts() -> None:
+    """LoRA freezes the model's matrices: torch's count of a forward and backward with everything training, less
+    its count with only the shared embedding training (the output projection's weight gradient stays), is the
+    layers' weight gradients, which `frozen` leaves out (with the projection's)."""
+    config = tiny_config(d_ff=48, vocab_size=40, encoder_layers=2, decoder_layers=3)
+    n, d, v = 6, config.d_model, config.vocab_size
+    src, tgt = torch.randint(4, 40, (1, n)), torch.randint(4, 40, (1, n))
+    mask = torch.ones(1, n, dtype=torch.bool)
+
+    def counted(only_embedding: bool) -> int:
+        model = build_transformer(config).train()
+        for name, p in model.named_parameters():
+            p.requires_grad_(not only_embedding or name == "src_embedding.weight")
+        with FlopCounterMode(display=False) as counter:
+            model(src, tgt, mask).float().square().mean().backward()
+        return counter.get_total_flops()
+
+    weight_gradients = counted(False) - counted(True)
+    trained, frozen = (training_flops_per_token(config, n, n, frozen=f)["per_token"] * 2 * n for f in (0, 1))
+    assert weight_gradients > 0
+    assert trained - frozen == pytest.approx(weight_gradients + 2 * d * v * n)
+
+
+def test_activation_checkpointing_recomputes_the_layers_but_not_the_projection() -> None:
+    config = tiny_config(d_ff=48, vocab_size=40)
+    n, d, v = 6, config.d_model, config.vocab_size
+    plain, again = (training_flops_per_token(config, n, n, recomputed=r)["per_token"] * 2 * n for r in (0, 1))
+    projection = 3 * 2 * d * v * n  # forward and backward of the output projection: never recomputed
+    assert again - plain == pytest.approx((plain - projection) / 3)
 
 
 def test_count_parameters_counts_a_shared_matrix_once_and_only_what_trains():

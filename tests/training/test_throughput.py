@@ -57,6 +57,24 @@ def test_rates_count_real_tokens_over_the_window(monkeypatch) -> None:
     assert module.logged["train/mfu"] == pytest.approx(2 * flops / 2 / 1e9)
 
 
+def test_mfu_of_a_lora_run_counts_no_weight_gradients_of_the_frozen_matrices(monkeypatch) -> None:
+    """With the model's matrices frozen (LoRA), their backward computes no weight gradients: ~2/3 the FLOPs."""
+    clock = iter([0.0, 1.0, 2.0, 3.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    batch = collate([([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])])
+    module, trainer = Recorder(), Trainer()
+    frozen, adapter = (
+        torch.nn.Parameter(torch.ones(2), requires_grad=False),
+        torch.nn.Parameter(torch.ones(2)),
+    )
+    module.parameters = lambda: iter([frozen, adapter])
+    callback = TokenThroughput(window=2, peak_flops=1e9)
+    callback.on_fit_start(trainer, module)
+    steps(callback, trainer, module, batch, 3)
+    flops = training_flops_per_token(module.config, 3.0, 4.0, frozen=True)["per_token"] * 14
+    assert module.logged["train/mfu"] == pytest.approx(flops / 1e9)
+
+
 def test_accumulated_batches_are_one_step_timed_once(monkeypatch) -> None:
     """With gradient accumulation the clock is read, and the GPU waited for, once per optimizer step."""
     clock = iter([0.0, 1.0, 2.0])

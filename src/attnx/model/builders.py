@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from torch import nn
 
+from attnx.components.values import flag, integer, is_integer, probability
 from attnx.errors import ConfigError
 from attnx.model.layers import RESIDUALS, DecoderLayer, EncoderLayer
 from attnx.model.transformer import Transformer
@@ -96,7 +97,33 @@ class TransformerConfig:
         return cls(**values)
 
 
+SLOTS = {
+    "self_attention": Kind.ATTENTION,
+    "cross_attention": Kind.ATTENTION,
+    "feedforward": Kind.FEEDFORWARD,
+    "positional": Kind.POSITIONAL,
+    "norm": Kind.NORM,
+}
+"""The components of a TransformerConfig, by field, and the kind each is."""
+
+SIZES = {
+    "d_ff": (1, "the feed-forward network's inner width"),
+    "encoder_layers": (1, "layers of the encoder"),
+    "decoder_layers": (1, "layers of the decoder"),
+    "max_len": (1, "the longest sequence"),
+    "pad_id": (0, "the padding token's id"),
+}
+"""The integer fields of a TransformerConfig checked alone: the least value each takes, and what it counts."""
+
+
 def _check(config: TransformerConfig) -> None:
+    for key in ("vocab_size", "d_model", "n_heads"):  # their ranges are checked together below
+        if not is_integer(getattr(config, key)):
+            raise ConfigError(f"{key} must be an integer, got {getattr(config, key)!r}")
+    for key, (least, what) in SIZES.items():
+        integer(key, getattr(config, key), least, what)
+    for key in ("share_embeddings", "activation_checkpointing"):
+        flag(key, getattr(config, key))
     if config.d_model <= 0 or config.n_heads <= 0 or config.d_model % config.n_heads:
         raise ConfigError(
             f"d_model ({config.d_model}) must be a positive multiple of n_heads ({config.n_heads}): "
@@ -106,8 +133,11 @@ def _check(config: TransformerConfig) -> None:
         raise ConfigError(f"vocab_size ({config.vocab_size}) must exceed pad_id ({config.pad_id})")
     if config.norm_position not in RESIDUALS:
         raise ConfigError(f"norm_position must be one of {sorted(RESIDUALS)}, got {config.norm_position!r}")
-    if not 0.0 <= config.dropout < 1.0:
-        raise ConfigError(f"dropout must be in [0, 1), got {config.dropout}")
+    probability("dropout", config.dropout)
+    for slot in SLOTS:
+        spec = getattr(config, slot)
+        if not isinstance(spec, ComponentSpec) or not isinstance(spec.args, dict):
+            raise ConfigError(f"{slot} must be a component name with a mapping of args, got {spec!r}")
 
 
 PLACE_WORDS = {
@@ -150,11 +180,16 @@ def build_transformer(config: TransformerConfig, registry: ComponentRegistry | N
     d, h = config.d_model, config.n_heads
     residual = RESIDUALS[config.norm_position]
 
-    def component(kind: Kind, spec: ComponentSpec, *shape: int) -> nn.Module:
-        return registry.build(kind, spec.name, *shape, **spec.args)
+    def component(slot: str, *shape: int) -> nn.Module:
+        spec = getattr(config, slot)
+        try:
+            return registry.build(SLOTS[slot], spec.name, *shape, **spec.args)
+        except ConfigError as err:  # the component refused a value: say which of the config's components
+            err.args = (f"{slot} {spec.name!r}: {err}",)
+            raise
 
     def norm() -> nn.Module:
-        return component(Kind.NORM, config.norm, d)
+        return component("norm", d)
 
     place = positional_place(config, registry)
     if place != "embeddings":
@@ -164,15 +199,15 @@ def build_transformer(config: TransformerConfig, registry: ComponentRegistry | N
         # what positions on queries and keys turn: one head's queries and keys (d_k, Table 3 (B) sets it)
         head_dim = config.self_attention.args.get("d_k") or d // h
         shape = {"embeddings": (d, config.max_len), "queries_keys": (head_dim, config.max_len)}
-        return component(Kind.POSITIONAL, config.positional, *shape.get(place, (h, config.max_len)))
+        return component("positional", *shape.get(place, (h, config.max_len)))
 
     def wrap() -> nn.Module:
         return residual(norm(), config.dropout)
 
     encoder = nn.ModuleList(
         EncoderLayer(
-            component(Kind.ATTENTION, config.self_attention, d, h),
-            component(Kind.FEEDFORWARD, config.feedforward, d, config.d_ff),
+            component("self_attention", d, h),
+            component("feedforward", d, config.d_ff),
             wrap(),
             wrap(),
         )
@@ -180,9 +215,9 @@ def build_transformer(config: TransformerConfig, registry: ComponentRegistry | N
     )
     decoder = nn.ModuleList(
         DecoderLayer(
-            component(Kind.ATTENTION, config.self_attention, d, h),
-            component(Kind.ATTENTION, config.cross_attention, d, h),
-            component(Kind.FEEDFORWARD, config.feedforward, d, config.d_ff),
+            component("self_attention", d, h),
+            component("cross_attention", d, h),
+            component("feedforward", d, config.d_ff),
             wrap(),
             wrap(),
             wrap(),
@@ -251,7 +286,12 @@ def layer_matrices(
 
 
 def training_flops_per_token(
-    config: TransformerConfig, src_len: float, tgt_len: float, registry: ComponentRegistry | None = None
+    config: TransformerConfig,
+    src_len: float,
+    tgt_len: float,
+    registry: ComponentRegistry | None = None,
+    frozen: bool = False,
+    recomputed: bool = False,
 ) -> dict[str, float]:
     """Training FLOPs (forward + backward = 3 × forward, 2 FLOPs per multiply-add) per real token.
 
@@ -259,14 +299,22 @@ def training_flops_per_token(
     grouped-query attention's smaller W^K and W^V, a gated network's three matrices), attention scores and
     weighted sums (`2·len·d` each per query, full square as the kernels compute it), and the output
     projection. `per_token` divides by source + target tokens, `per_target_token` by target tokens only.
+
+    `frozen`: the model's own matrices are frozen (LoRA trains adapters beside them), so their backward
+    computes the inputs' gradients and no weight gradients: 2 × forward for them instead of 3 (the attention
+    scores keep 3; the adapters' own rank-r products are left out). `recomputed`: activation checkpointing runs
+    the layers' forward once more during the backward (the FLOPs the hardware does, not the model's); the
+    vocabulary projection, outside the checkpoints, runs once.
     """
     d, v = config.d_model, config.vocab_size
     encoder, decoder = layer_matrices(config, registry)
-    enc_layer = encoder + 2 * src_len * d  # MACs per source token per layer
-    dec_layer = decoder + 2 * tgt_len * d + 2 * src_len * d
+    weights = (2 if frozen else 3) + recomputed  # forward, inputs' gradients, weights' gradients, again
+    scores = 3 + recomputed  # both operands' gradients
+    enc_layer = weights * encoder + scores * 2 * src_len * d  # MACs per source token per layer
+    dec_layer = weights * decoder + scores * (2 * tgt_len * d + 2 * src_len * d)
     fwd_src = 2 * config.encoder_layers * enc_layer
-    fwd_tgt = 2 * (config.decoder_layers * dec_layer + d * v)
-    total = 3 * (fwd_src * src_len + fwd_tgt * tgt_len)
+    fwd_tgt = 2 * (config.decoder_layers * dec_layer + (2 if frozen else 3) * d * v)
+    total = fwd_src * src_len + fwd_tgt * tgt_len
     return {"per_token": total / (src_len + tgt_len), "per_target_token": total / tgt_len}
 
 

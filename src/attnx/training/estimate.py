@@ -277,9 +277,13 @@ def estimate_run(
         mfu = DEFAULT_MFU
     kind = "cpu" if device == "cpu" else "cuda"
     activations = activation_bytes(config, max_tokens, max_tokens, precision, kind, src_len, tgt_len)
-    per_token = training_flops_per_token(config, src_len, tgt_len)["per_token"]
-    if config.activation_checkpointing:  # the layers' forward (a third of their training FLOPs) runs twice
-        per_token *= 4 / 3
+    per_token = training_flops_per_token(
+        config,
+        src_len,
+        tgt_len,
+        frozen=trainable is not None and trainable < parameters,
+        recomputed=config.activation_checkpointing,  # the layers' forward runs again in the backward
+    )["per_token"]
     compute = per_token * 2 * max_tokens * accumulate / (peak_flops * mfu)
     if host_seconds_per_batch is None:
         layers = config.encoder_layers + config.decoder_layers

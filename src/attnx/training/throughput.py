@@ -148,8 +148,11 @@ class TokenThroughput(Callback):
         )  # time, tokens, tgt, flops of each step
         self._pending = [0, 0, 0.0]  # tokens, tgt, flops of the batches since the last step
         self._step = 0  # the optimizer step seen last (on_fit_start: the step a run resumes at)
+        self._frozen = False
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # LoRA: the model's matrices are frozen, their weight gradients are not computed (nor counted)
+        self._frozen = any(not p.requires_grad for p in pl_module.parameters())
         if self.peak_flops is None:
             self.peak_flops = device_peak_flops(pl_module.device, str(trainer.precision))
         self._restart(trainer)
@@ -167,7 +170,9 @@ class TokenThroughput(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Batch, batch_idx: int) -> None:
         n = batch.size
-        per_token = training_flops_per_token(pl_module.config, batch.n_src_tokens / n, batch.n_tgt_tokens / n)
+        per_token = training_flops_per_token(
+            pl_module.config, batch.n_src_tokens / n, batch.n_tgt_tokens / n, frozen=self._frozen
+        )
         tokens = batch.n_src_tokens + batch.n_tgt_tokens
         self._pending[0] += tokens
         self._pending[1] += batch.n_tgt_tokens
