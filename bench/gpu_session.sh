@@ -2,6 +2,8 @@
 # What docs/gpu.md measures on one GPU, in one command that fits a lent device: within SECONDS (default 480)
 # in all, the decisive figures first, then the rest as time allows.
 #
+# First the feature matrix on CUDA (pytest -m gpu tests/training/test_feature_matrix.py: every training
+# feature together, bf16 and fp32, captured steps, each resumed), then the decisive figures.
 # Decisive, in this order (the Transformer base and big models, bf16-mixed, the paper's 25k tokens a step as
 # 3,125 x 8 and 12,500 x 2 batches):
 #   1. capture  eager against captured steps (bench_gpu.py --capture graphs): base and big at both sizes;
@@ -128,6 +130,9 @@ say "   then tests, compile, profile_big, fit_base, test_base, decode, decode_bf
 # the newest run folder of configs/NAME.yaml (they log to runs/NAME/version_N)
 newest_run() { ls -td runs/"$1"/version_* 2>/dev/null | head -n 1; }
 
+# before any speed row: every training feature together on the GPU, in bf16 and fp32, each resumed
+# (tests/training/test_feature_matrix.py's gpu cases; on a CPU they skip)
+step matrix 150 $python -m pytest -p no:cacheprovider -n 0 -q -rfEs -m gpu "$root/tests/training/test_feature_matrix.py"
 step capture 180 "${bench[@]}" --model "$models" --max_tokens "$small" "$large" --capture graphs \
   "${timing[@]}" --json "$results/capture.json"
 step peers 120 "${bench[@]}" --model "$models" --max_tokens "$small" "$large" --no_training --peers \

@@ -146,14 +146,14 @@ def fit_argv(corpus: Path, precision: str) -> list[str]:
     return ["fit", "--config", str(TINY), "--data.data_dir", str(corpus), "--trainer.precision", precision]
 
 
-def fit_here(corpus: Path, cwd: Path, precision: str, *extra: str) -> Path:
+def fit_here(corpus: Path, cwd: Path, precision: str, *extra: str, fake: bool = True) -> Path:
     """`attnx fit` in this process, its steps captured by the replaying backend where `--cuda_graphs` asks for
     them (the backend captures on CPUs as CUDA graphs do on GPUs: by default where batches come in shape buckets);
     the run folder."""
     cwd.mkdir(parents=True)
     argv = [*fit_argv(corpus, precision), *RUN, *extra]
     with pytest.MonkeyPatch.context() as mp:
-        if "--cuda_graphs" in extra:
+        if fake and "--cuda_graphs" in extra:  # on a GPU (fake=False) CUDA graphs capture
             mp.setattr(captured_steps, "BACKENDS", {"cpu": FakeGraphs})
         mp.chdir(cwd)
         assert attnx(argv) == 0, argv
@@ -243,6 +243,29 @@ def test_a_feature_holds_in_each_precision_and_resumes(
     resumed = fit_here(matrix_corpus, tmp_path / "resumed", precision, *resuming(options, middle))
     held_right(tmp_path / "resumed")
     same_weights(whole, resumed, precision)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("case", TOGETHER)
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true", "32-true"])
+def test_on_cuda_every_feature_together_holds_and_resumes(
+    matrix_corpus: Path, parents: dict[str, Path], tmp_path: Path, precision: str, case: str
+) -> None:
+    """The runs together on one GPU, steps captured as CUDA graphs: every tensor on the GPU in the module's
+    dtype after the strategy's setup, and the resumed run within bf16's tolerance of the uninterrupted one (the
+    GPU's kernels need not add in the same order twice)."""
+    options = [*case_options(case, parents), "--trainer.accelerator", "gpu", "--trainer.devices", "1"]
+    whole = fit_here(matrix_corpus, tmp_path / "whole", precision, *options, fake=False)
+    held_right(tmp_path / "whole")
+    middle = tmp_path / "middle.ckpt"
+    shutil.copy(checkpoint_at(whole, 2), middle)
+    resumed = fit_here(matrix_corpus, tmp_path / "resumed", precision, *resuming(options, middle), fake=False)
+    held_right(tmp_path / "resumed")
+    same_weights(whole, resumed, "bf16")
 
 
 def fit_ddp(corpus: Path, cwd: Path, precision: str, *extra: str) -> Path:

@@ -326,10 +326,8 @@ class StepEngine:
         self.check_grads()
         start = time.perf_counter()
         static = static_batch(key.pairs, key.src_len, key.tgt_len, self.device)
-        # fp32 at least (16-bit weights sum their loss in fp32), fp64 for a float64 model, as eagerly
-        sums = torch.zeros(
-            2, dtype=torch.promote_types(torch.float32, self._params[0].dtype), device=self.device
-        )
+        dtype = torch.promote_types(torch.float32, self._params[0].dtype)  # fp32 at least; a float64 model's
+        sums = torch.zeros(2, dtype=dtype, device=self.device)
         captured = Captured(graph=_NotYet(), batch=static, sums=sums)
         if batch is not None:
             captured.load(batch)
