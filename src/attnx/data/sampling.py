@@ -11,8 +11,10 @@ segmentation.
 
 The sampling of a batch is seeded by (data seed, epoch, the batch's first pair) and, for a batch drawn again
 in the same epoch (a corpus mix upsamples a small corpus, `data.corpus_weights`; DDP's padding repeats
-batches), the number of its earlier draws: every draw is segmented anew, and a run resumed mid-epoch, or
-loading in worker processes, draws exactly the segmentations the uninterrupted run drew.
+batches), the number of its earlier draws: every draw is segmented anew, and a run resumed mid-epoch (in a
+new process), or loading in worker processes, draws exactly the segmentations the uninterrupted run drew. BPE
+models are sampled by [`dropout`][attnx.data.dropout] (SentencePiece's BPE sampling differs between processes
+for one seed); unigram models by SentencePiece.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
 from attnx.data.batching import BatchDataset, LengthBuckets, TokenBatchSampler
 from attnx.data.corpus import ParallelDataset
+from attnx.data.dropout import MergeTable, dropout_ids
 from attnx.data.tokenizer import Tokenizer
 from attnx.errors import ConfigError
 
@@ -119,7 +122,7 @@ def headroom(
     ):
         lens = np.asarray(lengths[picked], dtype=np.int64)
         prepared = [ids[offsets[i] : offsets[i] + k].tolist() for i, k in zip(picked, lens, strict=True)]
-        sampled = batches._sample(batches.sp.decode(prepared), (seed, -1, side))
+        sampled = batches._sample(prepared, (seed, -1, side))
         ratios = np.array([(len(x) + 1) / (k + 1) for x, k in zip(sampled, lens, strict=True)])
         factors.append(max(1.0, float(np.quantile(ratios, HEADROOM_QUANTILE))) if len(ratios) else 1.0)
     return factors[0], factors[1]
@@ -206,7 +209,9 @@ class SampledBatches(BatchDataset):
         self._sp: spm.SentencePieceProcessor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_sp": None}
+        state = {**self.__dict__, "_sp": None}
+        state.pop("_merges", None)  # rebuilt in each worker
+        return state
 
     @property
     def sp(self) -> spm.SentencePieceProcessor:
@@ -224,9 +229,20 @@ class SampledBatches(BatchDataset):
         room = self.max_tokens // max(len(lengths), 1)
         return max(width, min(room, width_limit(self.max_tokens, self.max_positions)))
 
-    def _sample(self, texts: list[str], key: tuple[int, ...]) -> list[list[int]]:
-        """Sampled ids of `texts`, drawn in a new thread: SentencePiece seeds a thread's generator from its
-        global seed at the thread's first draw, so a new thread makes the draws a function of `key` alone."""
+    @property
+    def merges(self) -> MergeTable | None:
+        """The BPE model's merges (None for a unigram model), built once per process."""
+        if "_merges" not in self.__dict__:
+            self.__dict__["_merges"] = MergeTable(self.sp) if _is_bpe(Tokenizer(self.sp)) else None
+        return self.__dict__["_merges"]
+
+    def _sample(self, prepared: list[list[int]], key: tuple[int, ...]) -> list[list[int]]:
+        """Sampled ids of `prepared` segmentations drawn from `key` alone: BPE-dropout by attnx's own merges
+        ([`dropout`][attnx.data.dropout], the same in every process); a unigram model's draws by SentencePiece
+        in a new thread (it seeds a thread's generator from its global seed at the thread's first draw)."""
+        if self.merges is not None:
+            return dropout_ids(self.merges, prepared, self.sampling.alpha, (hash(key) % 2**63,))
+        texts = self.sp.decode(prepared)
         out: list[list[list[int]]] = []
         sp, sampling = self.sp, self.sampling
 
@@ -253,8 +269,7 @@ class SampledBatches(BatchDataset):
     def _side(self, ids, offsets, lengths, indices: np.ndarray, key: tuple[int, ...], factor: float):
         lens = np.asarray(lengths[indices], dtype=np.int64)
         prepared = [np.asarray(ids[offsets[i] : offsets[i] + n]) for i, n in zip(indices, lens, strict=True)]
-        texts = self.sp.decode([p.tolist() for p in prepared])
-        sampled = self._sample(texts, key)
+        sampled = self._sample([p.tolist() for p in prepared], key)
         width = self._width(lens, factor)
         # a side whose sampled pieces outgrow the batch's shape keeps its prepared ids
         return [
