@@ -16,7 +16,11 @@ here) run in all four precisions, so every other pair of features meets in each 
 which hold every feature between them, run under 2-process DDP (gloo) with two batches a step. The one-process
 cases run in this process, the DDP ones as processes launched the way a user launches them.
 
-    python -m pytest tests/training/test_feature_matrix.py -n 0     # the matrix alone, ~4 minutes on 2 cores
+The features together, and under DDP, are in
+[`test_feature_matrix_together`][tests.training.test_feature_matrix_together] (two files, so that two test
+workers share the matrix).
+
+    python -m pytest tests/training/test_feature_matrix.py tests/training/test_feature_matrix_together.py -n 0
 """
 
 from __future__ import annotations
@@ -24,10 +28,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,6 @@ from attnx.checkpoint import read_checkpoint
 from attnx.checkpoint.ema import EMA_KEY
 from attnx.cli import main as attnx
 from attnx.training import captured_steps
-from tests.conftest import REPO, free_port
 from tests.training.conftest import TINY
 from tests.training.test_capture import FakeGraphs
 
@@ -113,6 +113,10 @@ TOGETHER = together()
 
 @pytest.fixture(scope="module")
 def matrix_corpus(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_corpus(shared_data, tmp_path_factory)
+
+
+def make_corpus(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two named training corpora of Multi30k en-de with word alignments (source word i to target word i), one
     SentencePiece model: a folder every feature can train on."""
     root = tmp_path_factory.mktemp("matrix")
@@ -162,6 +166,10 @@ def fit_here(corpus: Path, cwd: Path, precision: str, *extra: str, fake: bool = 
 
 @pytest.fixture(scope="module")
 def parents(matrix_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_parents(matrix_corpus, tmp_path_factory)
+
+
+def make_parents(matrix_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Models of the matrix's shape trained for 4 steps, with the paper's components and with today's: what
     LoRA's adapters start from."""
     work = tmp_path_factory.mktemp("parents")
@@ -219,15 +227,7 @@ ALONE = ["32-true", "64-true"]
 """The precisions each feature runs alone in: fp32, and `64-true`, which casts the module where a GPU run moves
 it; in bf16 every feature runs beside the others (each is in two of the four runs together)."""
 
-IN_ONE_PROCESS = [(p, f) for p in ALONE for f in FEATURES] + [(p, c) for p in PRECISIONS for c in TOGETHER]
-
-UNDER_DDP = [
-    ("64-true", "all but lora and subword sampling"),
-    ("64-true", "all but ema and guided alignment"),
-    ("bf16-true", "all but lora and subword sampling"),
-]
-"""Two runs together hold every feature between them; both in `64-true`, and the one with an EMA (an fp32
-average beside 16-bit weights) in `bf16-true`."""
+IN_ONE_PROCESS = [(p, f) for p in ALONE for f in FEATURES]
 
 
 @pytest.mark.slow
@@ -266,41 +266,6 @@ def test_on_cuda_every_feature_together_holds_and_resumes(
     resumed = fit_here(matrix_corpus, tmp_path / "resumed", precision, *resuming(options, middle), fake=False)
     held_right(tmp_path / "resumed")
     same_weights(whole, resumed, "bf16")
-
-
-def fit_ddp(corpus: Path, cwd: Path, precision: str, *extra: str) -> Path:
-    """`attnx fit` on 2 CPU processes (gloo), launched as a user launches it; the run folder."""
-    cwd.mkdir(parents=True)
-    argv = [*fit_argv(corpus, precision), *RUN, "--trainer.devices", "2", "--trainer.strategy", "ddp", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "MASTER_PORT": str(free_port())}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.training.matrix_main", *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "MEMBER: 2/2" in done.stderr
-    return cwd / "runs" / "tiny" / "version_0"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("precision", "case"), UNDER_DDP)
-def test_every_feature_together_under_2_process_ddp_holds_and_resumes(
-    matrix_corpus: Path, parents: dict[str, Path], tmp_path: Path, precision: str, case: str
-) -> None:
-    """Two batches a step: under DDP captured steps replay the first of each step and run the last eagerly."""
-    options = [*case_options(case, parents), "--trainer.accumulate_grad_batches", "2"]
-    whole = fit_ddp(matrix_corpus, tmp_path / "whole", precision, *options)
-    held_right(tmp_path / "whole", ranks=2)
-    middle = tmp_path / "middle.ckpt"
-    shutil.copy(checkpoint_at(whole, 2), middle)
-    resumed = fit_ddp(matrix_corpus, tmp_path / "resumed", precision, *resuming(options, middle))
-    held_right(tmp_path / "resumed", ranks=2)
-    same_weights(whole, resumed, precision)
 
 
 @pytest.mark.parametrize("pair", REFUSED)
