@@ -3,12 +3,15 @@ CTranslate2 hand-over, and every bad input refused in one line naming the file a
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnx.cli import main as attnx_main
 from attnx.commands.constraint_lines import ConstraintLines
@@ -21,6 +24,11 @@ LINES = ["A man is walking a dog in the park.", "Two children play with a ball."
 def write(path: Path, lines: list[str]) -> Path:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
+
+
+def words(text: str) -> list[str]:
+    """The words of a translation: a phrase to exclude is banned as a word, not inside a compound."""
+    return re.findall(r"\w+", text)
 
 
 def test_lines_are_json_objects_or_tab_separated_phrases_and_inline_repeats_one():
@@ -41,6 +49,22 @@ def test_lines_are_json_objects_or_tab_separated_phrases_and_inline_repeats_one(
         terms.parse(['{"includes": ["a"]}'], 1, 1)
     with pytest.raises(ConfigError, match="give one"):
         ConstraintLines("c.txt", "Hund")
+
+
+def test_a_constraints_file_is_read_ahead_for_its_first_phrase_to_include_and_any_to_exclude(tmp_path):
+    """What decides the engines of a run before its first line: a file is read ahead, a pipe cannot be."""
+    cons = write(tmp_path / "c.txt", ["", '{"exclude": ["Frau"]}', "Hund", '{"include": ["Ball"]}'])
+    assert ConstraintLines(str(cons), None).ahead() == (f"--constraints {cons} line 3", True)
+    assert ConstraintLines(str(write(cons, ["", '{"exclude": ["Frau"]}'])), None).ahead() == (None, True)
+    assert ConstraintLines(str(write(cons, ["", ""])), None).ahead() == (None, False)
+    assert ConstraintLines(None, '{"exclude": ["Frau"]}').ahead() == (None, True)
+    assert ConstraintLines(None, "Hund").ahead() == ("--constraint", False)
+    read, written = os.pipe()
+    os.close(written)
+    try:
+        assert ConstraintLines(f"/dev/fd/{read}", None).ahead() is None
+    finally:
+        os.close(read)
 
 
 @pytest.fixture
@@ -77,7 +101,7 @@ def test_translate_meets_each_lines_phrases_and_bans_the_excluded(trained, input
     assert "Hund" in texts[0]
     assert "Ball" in texts[1] and "Kinder" in texts[1]
     assert texts[2] == ""
-    assert "Buch" in texts[3] and "Frau" not in texts[3]
+    assert "Buch" in texts[3] and "Frau" not in words(texts[3])
     out = tmp_path / "inline.txt"
     assert translate(trained, inputs, out, "--constraint", "Katze") == 0
     lines = out.read_text(encoding="utf-8").splitlines()
@@ -115,25 +139,231 @@ def test_bad_constraints_are_one_line_naming_file_and_line(
     assert not out.exists()
 
 
-def test_a_ctranslate2_model_hands_phrases_to_the_checkpoint_beside_it_or_refuses(
-    trained, ct2_export, inputs, tmp_path, capsys
-):
+def export_beside(ct2_export: Path, tmp_path: Path, checkpoint: Path | None = None) -> Path:
+    """A copy of the export in `tmp_path`, with `checkpoint` beside it under the name the export records."""
     export = tmp_path / "export"
     shutil.copytree(ct2_export, export)
+    if checkpoint is not None:
+        shutil.copy(
+            checkpoint, tmp_path / json.loads((export / "attnx.json").read_text())["source_checkpoint"]
+        )
+    return export
+
+
+def test_a_ctranslate2_model_hands_lines_with_constraints_to_the_checkpoint_beside_it_or_refuses(
+    trained, ct2_export, inputs, tmp_path, capsys
+):
+    """Phrases to include need the checkpoint; phrases to exclude go to it too (attnx matches them as words of
+    the output), and without it stay with CTranslate2's bans, said in one line."""
+    export = export_beside(ct2_export, tmp_path)
     out = tmp_path / "out.txt"
     argv = ["--constraint", "Hund", "--search.length_penalty", "fairseq"]
     assert translate(export, inputs, out, *argv) == 2  # no checkpoint beside it
     err = capsys.readouterr().err
     assert "cannot decode with phrases to include" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+    excluded = ["--constraint", '{"exclude": ["Mann"]}']
+    assert translate(export, inputs, out, *excluded) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1 and "decoded by CTranslate2, which bans only each phrase's own segmentation" in err[0]
+    )
+    assert all("Mann" not in words(line) for line in out.read_text().splitlines())
     shutil.copy(trained, tmp_path / json.loads((export / "attnx.json").read_text())["source_checkpoint"])
-    assert translate(export, inputs, out, *argv) == 0
-    assert "decoding with attnx's own engine from" in capsys.readouterr().err
-    assert all("Hund" in line for i, line in enumerate(out.read_text().splitlines()) if LINES[i])
-    # phrases to exclude stay with CTranslate2 (its suppress_sequences)
-    out2 = tmp_path / "out2.txt"
-    assert translate(export, inputs, out2, "--constraint", '{"exclude": ["Mann"]}', *argv[2:]) == 0
-    assert "own engine" not in capsys.readouterr().err
-    assert all("Mann" not in line for line in out2.read_text().splitlines())
+    for given, out in ((argv, tmp_path / "in.txt"), (excluded, tmp_path / "ex.txt")):
+        assert translate(export, inputs, out, *given) == 0
+        err = capsys.readouterr().err
+        assert "lines with constraints are decoded by attnx's engine from" in err, err
+        assert "sha256 matches); the others by CTranslate2" in err
+    assert all(
+        "Hund" in line for i, line in enumerate((tmp_path / "in.txt").read_text().splitlines()) if LINES[i]
+    )
+    assert all("Mann" not in words(line) for line in (tmp_path / "ex.txt").read_text().splitlines())
+
+
+def test_a_checkpoint_replaced_beside_the_export_is_refused_naming_both_digests(
+    trained, ct2_export, inputs, tmp_path, capsys
+):
+    """Another model under the checkpoint's name would decode the lines with constraints while attnx names
+    the checkpoint the export was made from."""
+    from attnx.checkpoint import load_model, save_model
+
+    loaded = load_model(trained)
+    with torch.no_grad():
+        for weight in loaded.model.parameters():
+            weight.mul_(0.5)
+    other = tmp_path / "other.ckpt"
+    save_model(other, loaded.model, loaded.config, loaded.tokenizer)
+    export = export_beside(ct2_export, tmp_path, other)
+    out = tmp_path / "out.txt"
+    assert translate(export, inputs, out, "--constraint", "Hund") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    recorded, now = (
+        hashlib.sha256(trained.read_bytes()).hexdigest(),
+        hashlib.sha256(other.read_bytes()).hexdigest(),
+    )
+    assert len(err) == 1 and not out.exists()
+    assert f"was exported from a checkpoint with sha256 {recorded}" in err[0]
+    assert f"now has {now}" in err[0] and "give --model the checkpoint it was exported from" in err[0]
+
+
+def test_an_export_that_records_no_checkpoint_digest_is_handed_over_with_a_note(
+    trained, ct2_export, inputs, tmp_path, capsys
+):
+    export = export_beside(ct2_export, tmp_path, trained)
+    meta = json.loads((export / "attnx.json").read_text())
+    for key in ("source_checkpoint_sha256", "source_checkpoint_bytes"):  # what attnx wrote before
+        meta.pop(key, None)
+    (export / "attnx.json").write_text(json.dumps(meta))
+    out = tmp_path / "out.txt"
+    assert translate(export, inputs, out, "--constraint", "Hund") == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "sha256" in line]
+    assert len(err) == 1 and "lines with constraints are decoded by attnx's engine from" in err[0]
+    assert f"which cannot be checked: {export} records no sha256 of it" in err[0]
+
+
+CONSTRAINED = ["", '{"include": ["Hund"]}', "", '{"exclude": ["Frau"]}', "", "Ball"]
+"""Constraints of six input lines: lines 2, 4 and 6 have some (4 only phrases to exclude)."""
+
+
+def engines_of_lines(monkeypatch: pytest.MonkeyPatch, lines: list[str]) -> dict[int, list[str]]:
+    """Input line (1-based) → the engines that decoded it, filled as attnx translate runs in this process."""
+    from attnx.inference.ctranslate2 import CTranslate2Translator
+    from attnx.inference.eager import EagerTranslator
+
+    decoded: dict[int, list[str]] = {}
+    number: dict[tuple[int, ...], int] = {}
+
+    def spy(cls, name):
+        real = cls.generate_ids
+
+        def generate_ids(self, ids, *args, **kw):
+            if not number:
+                number.update({tuple(x): i + 1 for i, x in enumerate(self.encode(lines))})
+            for x in ids:
+                decoded.setdefault(number[tuple(x)], []).append(name)
+            return real(self, ids, *args, **kw)
+
+        monkeypatch.setattr(cls, "generate_ids", generate_ids)
+
+    spy(CTranslate2Translator, "ctranslate2")
+    spy(EagerTranslator, "attnx")
+    return decoded
+
+
+def test_which_engine_decodes_a_line_is_decided_once_whatever_the_chunks_and_on_a_resume(
+    trained, ct2_export, tmp_path, capsys, monkeypatch
+):
+    """Lines with constraints (to include or exclude) by attnx's engine over the checkpoint, the others by
+    CTranslate2, in input order: one chunk a line, one chunk for all, and a run stopped after its first
+    chunk and continued all decode each line with the same engine, and give the same output."""
+    from attnx.commands.streaming import TranslationJob
+
+    lines = [*LINES[:2], "The dog runs.", LINES[3], "A girl sings.", "Two dogs play with a ball."]
+    inputs = write(tmp_path / "in.en", lines)
+    cons = write(tmp_path / "c.jsonl", CONSTRAINED)
+    export = export_beside(ct2_export, tmp_path, trained)
+    expected = {
+        1: ["ctranslate2"],
+        2: ["attnx"],
+        3: ["ctranslate2"],
+        4: ["attnx"],
+        5: ["ctranslate2"],
+        6: ["attnx"],
+    }
+    outputs = []
+    for size in ("1", "1000"):
+        decoded = engines_of_lines(monkeypatch, lines)
+        out = tmp_path / f"out{size}.txt"
+        assert translate(export, inputs, out, "--constraints", str(cons), "--buffer_size", size) == 0
+        assert decoded == expected, size
+        said = [line for line in capsys.readouterr().err.splitlines() if "decoded by" in line]
+        assert len(said) == 1 and said[0].startswith("attnx translate: lines with constraints are decoded")
+        outputs.append(out.read_bytes())
+        monkeypatch.undo()
+    assert outputs[0] == outputs[1]
+    texts = outputs[0].decode().splitlines()
+    assert "Hund" in texts[1] and "Frau" not in words(texts[3]) and "Ball" in texts[5]
+
+    resumed = tmp_path / "resumed.txt"
+    argv = ["--constraints", str(cons), "--buffer_size", "2"]
+    decode, chunks = TranslationJob.decode, []
+
+    def stopped_in_the_second_chunk(job, chunk, first):
+        chunks.append(first)
+        if len(chunks) == 2:
+            raise KeyboardInterrupt
+        return decode(job, chunk, first)
+
+    monkeypatch.setattr(TranslationJob, "decode", stopped_in_the_second_chunk)
+    assert translate(export, inputs, resumed, *argv) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    decoded = engines_of_lines(monkeypatch, lines)
+    assert translate(export, inputs, resumed, *argv) == 0
+    assert "continuing after the 2 line(s) already in" in capsys.readouterr().err
+    assert decoded == {k: v for k, v in expected.items() if k > 2}
+    assert resumed.read_bytes() == outputs[0]
+
+
+def test_a_continued_run_whose_engines_would_differ_is_refused(
+    trained, ct2_export, tmp_path, capsys, monkeypatch
+):
+    """Stopped while attnx's engine decoded its lines with phrases to exclude, a run is not continued by
+    CTranslate2's bans once the checkpoint is gone: one line says so, and the partial output is kept."""
+    from attnx.commands.streaming import TranslationJob
+
+    inputs = write(tmp_path / "in.en", LINES)
+    cons = write(tmp_path / "c.jsonl", ['{"exclude": ["Mann"]}', "", "", '{"exclude": ["Frau"]}'])
+    export = export_beside(ct2_export, tmp_path, trained)
+    out = tmp_path / "out.txt"
+    argv = ["--constraints", str(cons), "--buffer_size", "2"]
+    decode = TranslationJob.decode
+
+    def stopped_in_the_second_chunk(job, chunk, first):
+        if first > 1:
+            raise KeyboardInterrupt
+        return decode(job, chunk, first)
+
+    monkeypatch.setattr(TranslationJob, "decode", stopped_in_the_second_chunk)
+    assert translate(export, inputs, out, *argv) == 130
+    monkeypatch.undo()
+    partial = tmp_path / "out.txt.attnx-partial"
+    kept = partial.read_bytes()
+    (tmp_path / trained.name).unlink()
+    capsys.readouterr()
+    assert translate(export, inputs, out, *argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{partial} holds 2 line(s) of an interrupted run" in err[0], err
+    assert "with attnx's engine from" in err[0] and "this run would decode them with CTranslate2" in err[0]
+    assert partial.read_bytes() == kept and not out.exists()
+
+
+def test_lines_with_and_without_constraints_come_back_in_input_order():
+    from attnx.commands.constraint_lines import ByConstraints
+    from attnx.inference.hypothesis import Hypothesis
+    from attnx.inference.lexical import PhraseIds
+
+    class Engine:
+        search, tokenizer, max_positions = None, None, 64
+
+        def __init__(self, mark):
+            self.mark, self.calls = mark, []
+
+        def generate_ids(self, ids, prefixes=None, progress=False, scores=True, constraints=None):
+            self.calls.append((ids, prefixes, constraints))
+            return [[Hypothesis([self.mark, *x], 0.0, 0.0)] for x in ids]
+
+    base, constrained = Engine(0), Engine(1)
+    phrase = PhraseIds([[7]])
+    both = ByConstraints(base, constrained)
+    found = both.generate_ids(
+        [[10], [11], [12], [13]], [[], [2], [], [3]], constraints=[None, phrase, phrase, None]
+    )
+    assert [hyps[0].tokens for hyps in found] == [[0, 10], [1, 11], [1, 12], [0, 13]]
+    assert constrained.calls == [([[11], [12]], [[2], []], [phrase, phrase])]
+    assert base.calls == [([[10], [13]], [[], [3]], None)]
+    assert [h[0].tokens for h in both.generate_ids([[5]])] == [[0, 5]]
 
 
 def test_a_translation_the_maximum_length_ends_before_its_phrases_says_so(trained, tmp_path, capsys):
@@ -146,5 +376,5 @@ def test_a_translation_the_maximum_length_ends_before_its_phrases_says_so(traine
     assert translate(trained, inputs, out, *argv) == 0
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert "unmet" not in rows[0]["hypotheses"][0] and rows[1]["hypotheses"][0]["unmet"] == [0]
-    err = [line for line in capsys.readouterr().err.splitlines() if "maximum output length" in line]
+    err = [line for line in capsys.readouterr().err.splitlines() if "no_repeat_ngram 1 forbids" in line]
     assert len(err) == 1 and err[0].endswith("line 2"), err

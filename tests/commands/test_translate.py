@@ -22,7 +22,8 @@ import attnx
 from attnx.cli import main as attnx_main
 from attnx.commands.streaming import run_options
 from attnx.inference.config import SearchConfig
-from tests.inference.test_translator import LINES
+from tests.inference.test_phrases import FORMS
+from tests.inference.test_translator import LINES, spelled
 
 FAST = ["--search.beam", "2", "--search.max_len_b", "6"]
 
@@ -884,3 +885,50 @@ def test_seeded_sampling_repeats_and_a_resumed_run_gives_the_uninterrupted_outpu
     assert attnx_main(export_argv(path, src, resumed, *seeded)) == 0
     assert "continuing after the 2 line(s) already in" in capsys.readouterr().err
     assert resumed.read_bytes() == whole.read_bytes()
+
+
+# --- terminology constraints files ------------------------------------------------------------------------------
+
+TERMS = ["--search.beam", "3", "--search.max_len_b", "6"]
+"""Room for two phrases to include (a beam of k holds k - 1)."""
+
+
+def constrained(checkpoint: Path, src: Path, terms: Path, out: Path, *argv: str) -> int:
+    argv = ["--input", str(src), "--output", str(out), "--constraints", str(terms), *TERMS, *argv]
+    return attnx_main(["translate", "--model", str(checkpoint), "--format", "jsonl", *argv])
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_constraints_file_line_may_take_every_form(checkpoint, tmp_path, capsys, form):
+    """Each form of a line (the docs' list) gives what the Python API gives for the same constraints; only
+    `\\n` ends a line, so a U+2028 inside one leaves the file as many lines as the input."""
+    line, expected = FORMS[form]
+    lines = ["A dog runs.", "Two men."]
+    src, terms, out = write_lines(tmp_path / "in.en", lines), tmp_path / "terms.txt", tmp_path / "out.jsonl"
+    terms.write_bytes(f"{line}\n\n".encode())
+    assert constrained(checkpoint, src, terms, out) == 0, capsys.readouterr().err
+    rows = [json.loads(row)["hypotheses"][0] for row in out.read_text(encoding="utf-8").splitlines()]
+    api = attnx.load(checkpoint, search=SearchConfig(beam=3, max_len_b=6))
+    assert [row["text"] for row in rows] == api.translate(lines, constraints=[expected, None])
+    assert "unmet" not in rows[0]
+    assert all(spelled(phrase) in rows[0]["text"] for phrase in expected.include), rows[0]["text"]
+    if not expected:
+        assert rows[0]["text"] == api.translate(lines[:1])[0]
+
+
+def test_a_blank_input_line_with_phrases_to_include_reports_them_unmet(checkpoint, tmp_path, capsys):
+    """Nothing is searched for a blank line: its translation stays blank, its phrases are unmet, and the
+    warning counts it."""
+    src = write_lines(tmp_path / "in.en", ["A dog runs.", "", "Two men."])
+    terms = write_lines(tmp_path / "terms.txt", ["", '["Hund", "Ball"]', '{"exclude": ["Katze"]}'])
+    out = tmp_path / "out.jsonl"
+    assert constrained(checkpoint, src, terms, out) == 0
+    rows = [json.loads(row)["hypotheses"][0] for row in out.read_text(encoding="utf-8").splitlines()]
+    assert rows[1]["text"] == "" and rows[1]["unmet"] == [0, 1]
+    assert "unmet" not in rows[0] and "unmet" not in rows[2]
+    warned = [w for w in capsys.readouterr().err.splitlines() if "phrases to include" in w]
+    assert (
+        len(warned) == 1
+        and warned[0].startswith("attnx translate: warning: 1 ")
+        and warned[0].endswith("line 2")
+    ), warned

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from attnx.data.errors import DataError
-from attnx.data.text import normalize, read_chunks, read_pairs, resolve
+from attnx.data.text import normalize, read_chunks, read_lines, read_pairs, resolve
 
 from .conftest import write
 
@@ -82,3 +82,16 @@ def test_corrupt_gzip_is_a_data_error(tmp_path: Path) -> None:
     path.write_bytes(b"not gzip at all")
     with pytest.raises(DataError, match=r"x\.en\.gz"):
         list(read_chunks(path))
+
+
+def test_read_lines_ends_a_line_at_newline_only(tmp_path: Path) -> None:
+    """Every Unicode line separator but `\\n` stays inside its line (`str.splitlines` splits on each of them),
+    a `\\r` before the `\\n` is dropped, and a last line without one counts."""
+    path = tmp_path / "lines.txt"
+    inside = "a\u2028b\u2029c\u0085d\x0be\x0cf\x1cg\x1dh\x1ei\rj"
+    path.write_bytes(f"{inside}\r\n\nlast".encode())
+    assert read_lines(path) == [inside, "", "last"]
+    path.write_bytes(b"one\n")
+    assert read_lines(path) == ["one"]
+    path.write_bytes(b"")
+    assert read_lines(path) == []

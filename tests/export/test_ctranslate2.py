@@ -4,6 +4,7 @@ reads. How the engine decodes is tested with it, in tests/inference/test_ctransl
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -182,6 +183,10 @@ def test_directory_and_metadata(ct2_export: Path, trained: Path, loaded: LoadedM
     assert meta["format_version"] == FORMAT_VERSION
     assert TransformerConfig.from_dict(meta["transformer"]) == loaded.config
     assert meta["search"]["length_penalty"] == "fairseq" and meta["search"]["beam"] == 4
+    # the checkpoint it was made from, which attnx translate checks before decoding constraints with it
+    assert meta["source_checkpoint"] == trained.name
+    assert meta["source_checkpoint_sha256"] == hashlib.sha256(trained.read_bytes()).hexdigest()
+    assert meta["source_checkpoint_bytes"] == trained.stat().st_size
     assert (ct2_export / "sentencepiece.model").read_bytes() == loaded.tokenizer.to_bytes()
     vocabulary = json.loads((ct2_export / "shared_vocabulary.json").read_text())
     assert vocabulary[EOS_ID] == "</s>" and len(vocabulary) == loaded.config.vocab_size

@@ -13,8 +13,10 @@ from attnx.data.batch import BOS_ID, collate
 from attnx.inference.config import SearchConfig
 from attnx.inference.decoder import EnsembleDecoder, ModelDecoder
 from attnx.inference.eager import EagerTranslator
-from attnx.inference.lexical import LexicalBeam, PhraseIds, phrase_table
+from attnx.inference.lexical import LexicalBeam, PhraseIds, compile_phrases
 from attnx.inference.search import generate
+from attnx.inference.term_tables import TermTables
+from attnx.inference.terms import Vocabulary
 from tests.inference.toys import make_model, sources
 
 
@@ -60,15 +62,32 @@ PHRASES = [
 # --- the tensors ---------------------------------------------------------------------------------------
 
 
-def test_phrase_table_pads_phrases_and_counts_their_lengths():
-    ids, lengths = phrase_table([[[5, 6, 7]], [[8], [9, 10]], []], "cpu")
-    assert ids.shape == (3, 2, 3)
-    assert lengths.tolist() == [[3, 0], [1, 2], [0, 0]]
-    assert ids[1, 1, :2].tolist() == [9, 10]
+def id_beam(k: int, phrases: list[list[int]]) -> LexicalBeam:
+    """A beam over one sentence whose phrases are id sequences of a 50-token vocabulary."""
+    vocab = Vocabulary.of_ids(50)
+    terms, needs, origin = compile_phrases(vocab, [PhraseIds(phrases)], include=True)
+    return LexicalBeam(k, 50, TermTables(vocab, terms, "cpu", needs), [False], "cpu", origin)
+
+
+def test_tables_pad_phrases_and_count_their_lengths():
+    vocab = Vocabulary.of_ids(50)
+    terms, needs, _ = compile_phrases(
+        vocab, [PhraseIds([[5, 6, 7]]), PhraseIds([[8], [9, 10]]), PhraseIds()], True
+    )
+    tables = TermTables(vocab, terms, "cpu", needs)
+    assert tables.lengths.tolist() == [[3, 0], [1, 2], [0, 0]]
+    assert tables.need.tolist() == [[1, 0], [1, 1], [0, 0]]
+
+
+def test_a_phrase_listed_twice_is_one_phrase_needed_twice():
+    vocab = Vocabulary.of_ids(50)
+    terms, needs, origin = compile_phrases(vocab, [PhraseIds([[5], [6], [5]])], True)
+    assert [t.text for t in terms[0]] == [vocab.spell([5]), vocab.spell([6])]
+    assert needs == [[2, 1]] and origin == [[[0, 2], [1]]]
 
 
 def test_candidates_offer_each_phrase_start_and_fill_the_beam_round_robin_over_banks():
-    beam = LexicalBeam(3, 50, [[[10, 11]]], [False], "cpu")
+    beam = id_beam(3, [[10, 11]])
     log_probs = torch.log_softmax(torch.arange(50, dtype=torch.float), dim=0).unsqueeze(0)  # 49 likeliest
     top, source, token, _ = beam.candidates(
         log_probs,
@@ -84,12 +103,17 @@ def test_candidates_offer_each_phrase_start_and_fill_the_beam_round_robin_over_b
 
 
 def test_follow_marks_a_phrase_met_when_the_hypothesis_ends_with_it():
-    beam = LexicalBeam(2, 50, [[[10, 11], [12]]], [False], "cpu")
-    beam.follow(torch.tensor([0]), torch.tensor([[10]]), torch.tensor([0]))
-    assert beam.unmet(torch.tensor([0])) == [[0, 1]]
-    beam.follow(torch.tensor([0]), torch.tensor([[10, 11]]), torch.tensor([0]))
-    assert beam.unmet(torch.tensor([0])) == [[1]]
-    assert beam.unfinished().tolist() == [True]
+    beam = id_beam(2, [[10, 11], [12], [12]])
+    one = torch.tensor([0])
+    beam.follow(one, torch.tensor([[10]]), one)
+    assert beam.unmet(one, one) == [[0, 1, 2]]
+    beam.follow(one, torch.tensor([[10, 11]]), one)
+    assert beam.unmet(one, one) == [[1, 2]]
+    beam.follow(one, torch.tensor([[10, 11, 12]]), one)
+    assert beam.unmet(one, one) == [[2]]  # listed twice: met once of two
+    assert beam.unfinished(one).tolist() == [True]
+    beam.follow(one, torch.tensor([[10, 11, 12, 12]]), one)
+    assert beam.unmet(one, one) == [[]] and beam.unfinished(one).tolist() == [False]
 
 
 # --- the search ------------------------------------------------------------------------------------------

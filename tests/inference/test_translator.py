@@ -9,9 +9,11 @@ import torch
 
 import attnx
 from attnx.data.batch import collate
+from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.search import translate_batch
 from attnx.inference.translator import Translator
+from tests.inference.test_phrases import FORMS
 
 LONG = " ".join(["A man in a blue shirt is standing on a ladder cleaning windows."] * 30)
 LINES = [
@@ -68,3 +70,81 @@ def test_to_moves_the_model_and_a_string_is_refused(translator):
     assert translator.to("cpu") is translator and translator.device == torch.device("cpu")
     with pytest.raises(TypeError, match="list of lines"):
         translator.translate("A dog runs.")
+
+
+# --- terminology constraints ---------------------------------------------------------------------------------
+
+DECODED = {"object": {"include": ["Hund"], "exclude": ["Katze"]}, "array": ["Hund", "Ball"], "null": None}
+"""The forms of a constraints file's line that the API also takes decoded."""
+
+
+def spelled(phrase: str) -> str:
+    """A phrase as its translation shows it: SentencePiece writes any run of whitespace as one space."""
+    return " ".join(phrase.split())
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_line_s_constraints_take_every_form_of_a_constraints_file(translator, form):
+    """A string is read as a line of `attnx translate --constraints`; a dict, a list or None as decoded."""
+    line, expected = FORMS[form]
+    search = translator.with_search(beam=3)
+    plain = search.generate(["A dog runs.", "Two men."])
+    for value in [line, *([DECODED[form]] if form in DECODED else [])]:
+        found = search.generate(["A dog runs.", "Two men."], constraints=[value, None])
+        assert found[1][0].text == plain[1][0].text  # a line without constraints decodes as it does alone
+        if not expected.include:
+            assert found[0][0].text == plain[0][0].text and not found[0][0].unmet
+            continue
+        assert found[0][0].unmet == []
+        assert all(spelled(phrase) in found[0][0].text for phrase in expected.include), found[0][0].text
+
+
+def test_constraints_may_be_any_iterable_of_one_entry_per_line(translator):
+    lines = ["A dog runs.", "Two men."]
+    search = translator.with_search(beam=3)
+    expected = search.translate(lines, constraints=[["Hund"], None])
+    assert search.translate(lines, constraints=(c for c in [["Hund"], None])) == expected
+    assert search.translate(lines, constraints=iter([["Hund"], None])) == expected
+    for wrong, words in [
+        ((c for c in [["Hund"]]), "^1 constraints entries for 2 lines: give one"),
+        ("Hund", "^constraints takes one entry .* per line, in a list"),
+        ({"include": ["Hund"]}, "^constraints takes one entry"),
+        (3, "^constraints must be a list with one entry .* got int"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            search.translate(lines, constraints=wrong)
+
+
+def test_a_blank_line_with_phrases_to_include_reports_them_all_unmet(translator, caplog):
+    """Nothing is searched for a blank line: its translation is blank, and its phrases say so."""
+    search = translator.with_search(beam=3)
+    with caplog.at_level(logging.WARNING, logger="attnx"):
+        found = search.generate(
+            ["", "A dog.", "  "], constraints=[["Hund", "Ball"], None, {"exclude": ["x"]}]
+        )
+    assert found[0][0].text == "" and found[0][0].unmet == [0, 1]
+    assert found[1][0].unmet is None and found[2][0].unmet is None  # nothing to include: nothing unmet
+    warned = [r.getMessage() for r in caplog.records if "phrases to include" in r.getMessage()]
+    assert len(warned) == 1 and "1 blank line(s)" in warned[0] and warned[0].endswith("line 1"), warned
+
+
+def test_the_warning_names_why_each_line_left_phrases_out(translator, caplog):
+    """A phrase whose pieces repeat a run of `no_repeat_ngram` pieces is blamed on that setting, not on the
+    maximum length; a blank line is said apart. (An engine that meets nothing, so that the words are the test's.)"""
+    from attnx.inference.hypothesis import Hypothesis
+
+    class MeetsNothing(Translator):
+        search = SearchConfig(beam=3, no_repeat_ngram=1)
+        tokenizer, max_positions = translator.tokenizer, translator.max_positions
+
+        def generate_ids(self, ids, prefixes=None, progress=False, scores=True, constraints=None):
+            return [[Hypothesis([], 0.0, 0.0, unmet=list(range(len(c.include))))] for c in constraints]
+
+    lines = ["A dog.", "A cat.", ""]
+    with caplog.at_level(logging.WARNING, logger="attnx"):
+        MeetsNothing().generate(lines, constraints=[["Hund"], ["Katze Katze"], ["Ball"]])
+    warned = [r.getMessage() for r in caplog.records if "to include" in r.getMessage()]
+    assert len(warned) == 3, warned
+    assert warned[0].startswith("1 blank line(s)") and warned[0].endswith("line 3")
+    assert "search.no_repeat_ngram 1 forbids" in warned[1] and warned[1].endswith("line 2")
+    assert "maximum output length" in warned[2] and warned[2].endswith("line 1")

@@ -142,6 +142,20 @@ def test_a_request_s_constraints_are_met_per_line_and_a_line_they_cannot_fit_is_
     assert answers[2] == {"translations": attnx.load(trained, search=SearchConfig(beam=4)).translate(lines)}
 
 
+def test_a_blank_line_with_phrases_to_include_is_answered_with_them_unmet(api):
+    """Nothing is searched for a blank line: its translation is blank and its hypothesis lists every phrase it
+    was to include as unmet. A string is read as a line of a constraints file."""
+    lit = api(max_batch_size=8)
+    requests = [
+        {"text": ["", "A dog."], "constraints": [["Hund"], None], "scores": True},
+        {"text": " ", "constraints": '{"include": ["Ball"]}', "scores": True},
+    ]
+    answers = lit.unbatch(lit.predict(lit.batch([lit.decode_request(r) for r in requests])))
+    assert answers[0]["translations"][0] == "" and answers[0]["hypotheses"][0][0]["unmet"] == [0]
+    assert "unmet" not in answers[0]["hypotheses"][1][0]
+    assert answers[1]["translations"] == [""] and answers[1]["hypotheses"][0][0]["unmet"] == [0]
+
+
 def test_a_request_that_fails_while_decoding_fails_alone(api, checkpoint, monkeypatch):
     """A failing `generate` call is made again per request: the neighbours get their translations, the
     request that fails by itself a 500 naming its error (LitServe answers every request of a batch whose

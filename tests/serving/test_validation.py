@@ -10,14 +10,18 @@ import pytest
 pytest.importorskip("litserve", reason="attnx serve needs the serve extra: pip install 'attnx[serve]'")
 
 from attnx.inference.config import SearchConfig  # noqa: E402
+from attnx.inference.phrases import PhraseConstraints  # noqa: E402
 from attnx.serving.validation import (  # noqa: E402
     RequestError,
     RequestLimits,
     RequestLimitsMiddleware,
     parse_body,
+    request_constraints,
     request_lines,
     request_search,
 )
+from tests.inference.test_phrases import FORMS  # noqa: E402
+from tests.inference.test_translator import DECODED  # noqa: E402
 
 LIMITS = RequestLimits(max_lines=3, max_line_chars=10, max_body_bytes=200)
 
@@ -229,3 +233,19 @@ def test_a_request_may_give_each_line_its_constraints():
     body = b'{"text": ["a", "b"], "constraints": [{"include": ["x"], "exclude": ["y"]}, null]}'
     assert parse_body(body, RequestLimits(max_body_bytes=1000), SearchConfig(beam=4)) == ["a", "b"]
     assert parse_body(b'{"text": "a", "constraints": ["x", "z"]}', LIMITS, SearchConfig(beam=4)) == ["a"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_request_s_constraints_take_every_form_of_a_constraints_file(form):
+    """A string item is read as a line of `attnx translate --constraints`; an object, an array or null as the
+    JSON it is. Either way the line gets what the file's line gives."""
+    line, expected = FORMS[form]
+    for item in [line, *([DECODED[form]] if form in DECODED else [])]:
+        for payload in (
+            {"text": ["a line", "b"], "constraints": [item, None]},
+            {"text": "a line", "constraints": item},  # one line: its value alone
+        ):
+            body = json.dumps(payload).encode("utf-8")
+            assert parse_body(body, RequestLimits(max_body_bytes=1000), SearchConfig(beam=4))
+            got = request_constraints(json.loads(body), SearchConfig(beam=4))  # None: no line has any
+            assert (got[0] if got is not None else PhraseConstraints()) == expected, (item, got)

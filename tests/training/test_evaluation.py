@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from attnx.inference.precision import resolve_precision
 from attnx.model import build_transformer
 from attnx.training.evaluation import TranslationEvaluator
 from tests.conftest import tiny_config
+from tests.inference.test_phrases import FORMS
 
 MODEL = build_transformer(tiny_config())
 """What the fake modules' translators decode with: the probe is asked about it."""
@@ -261,3 +263,122 @@ def test_test_meets_the_phrases_of_a_constraints_file_beside_the_test_set(
     path.write_text("\n".join(["{bad"] + [""] * (len(references) - 1)) + "\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=rf"^evaluation.constraints {path} line 1: not a JSON object"):
         evaluator._read_constraints(trainer, module, "test")
+
+
+class Constrained:
+    """A module whose translations are the whole reference with constraints and its first two words without,
+    in every precision: an fp32 pass without the constraints would stray from every line."""
+
+    def __init__(self, miss: bool = False) -> None:
+        self.passes: list[tuple[str, Any]] = []  # (precision, constraints) of every decoding pass
+        self.miss = miss  # every phrase to include is left out
+
+    def translator(self, search: SearchConfig | None = None, precision: str = "32-true"):
+        from attnx.inference.hypothesis import Hypothesis
+
+        passes, resolved, miss = self.passes, resolve_precision(precision, MODEL), self.miss
+        searched = search or SearchConfig()
+
+        class Translating:
+            precision, search = resolved, searched
+
+            def encode(self, texts):  # a piece a word
+                return [[5 + len(word) for word in text.split()] for text in texts]
+
+            def translate_tensors(self, src, src_mask):
+                passes.append((resolved, None))
+                return [[int(x) - 10, 1] for x in src[:, 0]]
+
+            def generate_tensors(self, src, src_mask, constraints=None):
+                passes.append((resolved, constraints))
+                met = [[0] if miss and c is not None else [] for c in constraints]
+                rows = [int(x) - 10 for x in src[:, 0]]
+                return [[Hypothesis([i, 0], 0.0, 0.0, unmet=u)] for i, u in zip(rows, met, strict=True)]
+
+            def decode(self, ids):
+                words = TwoPrecisions.REFERENCES[ids[0]].split()
+                return " ".join(words[:2] if ids[1] else words)
+
+        return Translating()
+
+    def log(self, name: str, value: float, **kw) -> None:
+        pass
+
+
+def test_compare_fp32_decodes_the_fp32_pass_with_the_same_constraints(tmp_path, capsys) -> None:
+    from attnx.inference.precision import PrecisionChoice, decoding_probe
+
+    path = tmp_path / "test.constraints"
+    path.write_text('["Hund"]\n\nBall\tKind\n', encoding="utf-8")
+    trainer, module = on_test(tmp_path), Constrained()
+    with decoding_probe(lambda device, decoder: PrecisionChoice("bf16-mixed", "injected")):
+        evaluator = TranslationEvaluator(bleu_samples=0, compare_fp32=True, constraints=str(path))
+        evaluator.setup(trainer, module, "test")
+        evaluator.on_test_epoch_start(trainer, module)
+        evaluator.on_test_batch_end(trainer, module, None, batch_of([0, 1, 2]), 0)
+        evaluator.on_test_epoch_end(trainer, module)
+    (ours, constraints), (fp32, theirs) = module.passes
+    assert (ours, fp32) == ("bf16-mixed", "32-true") and theirs == constraints
+    assert [c is not None for c in constraints] == [True, False, True]
+    assert evaluator.agreement is not None and evaluator.agreement.identical == 1.0
+    assert evaluator.agreement.holds and "warning" not in capsys.readouterr().err
+
+
+def test_lines_whose_phrases_were_left_out_are_named_with_the_setting_to_change(tmp_path, capsys) -> None:
+    """A phrase whose pieces repeat a run of `no_repeat_ngram` pieces is blamed on that setting; any other on
+    the maximum length. Lines are the constraints file's."""
+    path = tmp_path / "test.constraints"
+    path.write_text('["Hund Hund"]\n\nBall\n', encoding="utf-8")
+    trainer, module = on_test(tmp_path), Constrained(miss=True)
+    evaluator = TranslationEvaluator(
+        search=SearchConfig(no_repeat_ngram=1), bleu_samples=0, precision="32-true", constraints=str(path)
+    )
+    evaluator.on_test_epoch_start(trainer, module)
+    evaluator.on_test_batch_end(trainer, module, None, batch_of([0, 1, 2]), 0)
+    evaluator.on_test_epoch_end(trainer, module)
+    assert evaluator.unmet == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "to include" in line]
+    assert len(err) == 2, err
+    assert "--evaluation.search.no_repeat_ngram 1 forbids" in err[0] and err[0].endswith("line 1")
+    assert "--evaluation.search.max_len_b" in err[1] and err[1].endswith("line 3")
+
+
+def test_a_constraints_file_ends_its_lines_at_newlines_only(tmp_path) -> None:
+    """U+2028, U+0085, a form feed or any other Unicode line separator is part of its line (as `attnx translate`
+    reads its files), a `\\r\\n` ends one, and a byte-order mark before the first is dropped: the file has as
+    many lines as the split has sentences."""
+    texts: list[list[str]] = []
+    module = SimpleNamespace(
+        translator=lambda: SimpleNamespace(encode=lambda t: texts.append(t) or [[7]] * len(t))
+    )
+    corpus = SimpleNamespace(references=lambda split: ["a", "b", "c", "d"])
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(corpus=corpus, test_split="test"))
+    path = tmp_path / "test.constraints"
+    lines = ['\ufeff{"include": ["Hund\u2028Katze"]}', "Ball\x0cBall\u0085Ball\tKind", "", '"Frau\u2029"']
+    path.write_bytes("\r\n".join(lines).encode("utf-8") + b"\r\n")
+    evaluator = TranslationEvaluator(bleu_samples=0, constraints=str(path))
+    evaluator._read_constraints(trainer, module, "test")
+    assert texts == [["Hund\u2028Katze", "Ball\x0cBall\u0085Ball", "Kind", "Frau"]]
+    assert evaluator._phrases is not None and [c is None for c in evaluator._phrases] == [
+        False,
+        False,
+        True,
+        False,
+    ]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_constraints_file_line_of_every_form_reads_as_attnx_translate_reads_it(tmp_path, form) -> None:
+    line, expected = FORMS[form]
+    texts: list[list[str]] = []
+    module = SimpleNamespace(
+        translator=lambda: SimpleNamespace(encode=lambda t: texts.append(t) or [[7]] * len(t))
+    )
+    corpus = SimpleNamespace(references=lambda split: ["a", "b"])
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(corpus=corpus, test_split="test"))
+    path = tmp_path / "test.constraints"
+    path.write_bytes(f"{line}\nHund\n".encode())
+    evaluator = TranslationEvaluator(bleu_samples=0, constraints=str(path))
+    evaluator._read_constraints(trainer, module, "test")
+    assert texts == [[*expected.include, *expected.exclude, "Hund"]]
+    assert evaluator._phrases is not None and (evaluator._phrases[0] is None) == (not expected)

@@ -11,7 +11,7 @@ import hashlib
 import logging
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,7 @@ from attnx.commands.text_input import TextInput
 from attnx.errors import ConfigError, UsageError
 from attnx.inference.config import SearchConfig
 from attnx.inference.formats import OutputFormat, render
-from attnx.inference.phrases import check_phrases, encode_phrases
+from attnx.inference.phrases import check_phrases, encode_phrases, unmet_lines, unmet_warnings
 from attnx.inference.progress import Progress
 
 if TYPE_CHECKING:
@@ -221,14 +221,12 @@ class TranslationJob:
         token_scores: bool,
         buffer_size: int,
         constraints: ConstraintLines | None = None,
-        phrase_engine: Callable[[Translator], Translator] | None = None,
     ) -> None:
-        self.translator = translator
+        self.translator = translator  # for a CTranslate2 model with constraints, both engines behind one
         self.constraints = constraints  # each line's phrases to include and exclude
-        self.unmet: list[int] = []  # lines whose best translation the maximum length ended before its phrases
-        self.phrase_engine = (
-            phrase_engine  # the engine for phrases to include, asked the first time a line has some
-        )
+        self.unmet: dict[
+            str, list[int]
+        ] = {}  # why (unmet_reason) -> lines whose best translation left phrases out
         self.format = format
         self.token_scores = token_scores
         self.buffer_size = buffer_size
@@ -258,16 +256,15 @@ class TranslationJob:
         if self.constraints is not None and self.constraints.given:
             items = self.constraints.parse(chunk.get("constraints"), first, len(lines)) or []
             where = [self.constraints.where(first + i) for i in range(len(lines))]
-            if self.phrase_engine is not None and any(c.include for c in items):
-                translator = self.translator = self.phrase_engine(translator)
-                self.phrase_engine = None
             phrases = encode_phrases(translator.encode, items, where)
             check_phrases(phrases, sources, prefixes, translator.search, where)
         search = translator.search
         if search.samples and search.seed is not None:
             translator = translator.with_search(seed=chunk_seed(search.seed, first))
         results = translator.generate_ids(sources, prefixes, constraints=phrases)
-        self.unmet += [first + i for i, hyps in enumerate(results) if hyps and hyps[0].unmet]
+        unmet = unmet_lines(phrases, [h[0].unmet if h else None for h in results], sources, search, first)
+        for reason, found in unmet.items():
+            self.unmet.setdefault(reason, []).extend(found)
         for line, hyps in zip(lines, results, strict=True):
             for hyp in hyps:
                 hyp.text = translator.decode(hyp.tokens) if line.strip() else ""
@@ -300,12 +297,7 @@ class TranslationJob:
 
     def warnings(self) -> list[str]:
         said = [w for w in (t.warning() for t in self.truncated.values()) if w]
-        if self.unmet:
-            shown = ", ".join(map(str, self.unmet[:10])) + (" ..." if len(self.unmet) > 10 else "")
-            said.append(
-                f"{len(self.unmet)} translation(s) reached the maximum output length before writing all their "
-                f"phrases to include (raise --search.max_len_b): line {shown}"
-            )
+        said += unmet_warnings(self.unmet, self.translator.search, "--search.")
         return said
 
 

@@ -120,9 +120,10 @@ def translate(
         target: File of translations, one per --input line, to score instead of searching (forced decoding).
         prefix: File of target prefixes, one per --input line (blank: none), every translation must start with.
         constraints: File of terminology constraints, one line per --input line (blank: none): a JSON object
-            {"include": ["phrase", ...], "exclude": ["phrase", ...], "ordered": false} or tab-separated
-            phrases to include. Every translation contains each phrase to include (in the given order with
-            "ordered": true) and none to exclude; docs/decoding.md.
+            {"include": ["phrase", ...], "exclude": ["phrase", ...], "ordered": false}, a JSON array of
+            phrases to include, null, a JSON string (one phrase), or else tab-separated phrases to include.
+            Every translation contains each phrase to include (in the given order with "ordered": true) and
+            none to exclude; docs/decoding.md.
         constraint: The same constraints for every input line, written as one line of --constraints, e.g.
             --constraint Bestellnummer or --constraint '{"exclude": ["Auftragsnummer"]}'.
         token_scores: Also write each target piece's log-probability (jsonl: pieces and token_log_probs;
@@ -169,7 +170,7 @@ def translate(
     for path in model if isinstance(model, list) else [model]:
         if is_ctranslate2_model(path):
             require_extra("ct2", f"attnx translate --model {path} (a CTranslate2 model)")
-    from attnx.commands.constraint_lines import ConstraintLines, phrase_engine
+    from attnx.commands.constraint_lines import ENGINES, ConstraintLines, EnginePlan, check_continued
 
     terms = ConstraintLines(constraints, constraint)
     if target is not None and terms.given:
@@ -195,8 +196,14 @@ def translate(
                 if terms.given:  # a continued run must decode with the same constraints
                     file = constraints if constraints and Path(constraints).is_file() else None
                     options["constraints"] = {"file": file and content_digest(file), "inline": constraint}
+                # an export hands its lines with constraints to its checkpoint: decided once, for every line
+                plan = EnginePlan.decide(translator, model, terms, "attnx translate")
+                if plan is not None:
+                    options[ENGINES] = plan.record
                 sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
                 sink.prepare()
+                if plan is not None and isinstance(sink, ResumableOutput):
+                    check_continued(sink.previous, sink.options, str(sink.partial))
                 from attnx.checkpoint.ema import checkpoint_weights_line
 
                 if chosen:  # once the model is on it
@@ -208,17 +215,15 @@ def translate(
                 ) is not None:  # fairseq's --sampling draws more
                     print(f"attnx translate: {drawn}", file=sys.stderr, flush=True)
 
-                def own_engine(
-                    ckpt: Path,
-                ):  # -> Translator (no import: --help of the module's commands loads no torch)
-                    return load(
-                        ckpt, device=device, search=search, max_tokens=max_tokens, precision=precision
+                if plan is not None:
+                    same = translator.search  # the checkpoint searches as the export does
+                    translator = plan.translator(
+                        translator,
+                        lambda ckpt: load(
+                            ckpt, device=device, search=same, max_tokens=max_tokens, precision=precision
+                        ),
                     )
-
-                def switch(translator):
-                    return phrase_engine(translator, model, own_engine, "attnx translate")
-
-                job = TranslationJob(translator, format, token_scores, buffer_size, terms, switch)
+                job = TranslationJob(translator, format, token_scores, buffer_size, terms)
                 return run_translation(job, inputs, sink)
         except Stop:  # before the first line was read: nothing to keep
             print(

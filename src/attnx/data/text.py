@@ -78,6 +78,17 @@ def read_chunks(path: Path, chunk_lines: int = CHUNK_LINES) -> Iterator[list[str
             raise DataError(f"{path}: cannot read past line {number - 1}: {e}") from e
 
 
+def read_lines(path: str | Path) -> list[str]:
+    """Every line of a UTF-8 text file, as attnx reads any file of lines (sources, references, constraints):
+    a line ends at `\\n` only (a `\\r` before it is dropped), so U+2028, U+0085, a form feed or any other
+    Unicode line separator stays inside its line; a last line without `\\n` counts. `OSError` and
+    `UnicodeDecodeError` are the caller's to name."""
+    lines = Path(path).read_bytes().decode("utf-8").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
 def count_lines(path: Path) -> int:
     with _open(path) as f:
         try:

@@ -25,7 +25,8 @@ shared weights, quantize) and save it. What needs care:
 
 The directory also holds `sentencepiece.model` (the checkpoint's tokenizer) and `attnx.json` (format
 version, the transformer config, the default search settings, the SentencePiece model's SHA-256 and that of
-every file CTranslate2 wrote, [`check_digests`][attnx.checkpoint.digests.check_digests]), which [`is_ctranslate2_model`][attnx.inference.ctranslate2.is_ctranslate2_model] checks and
+every file CTranslate2 wrote, [`check_digests`][attnx.checkpoint.digests.check_digests], and the name, size and
+SHA-256 of the checkpoint it was exported from), which [`is_ctranslate2_model`][attnx.inference.ctranslate2.is_ctranslate2_model] checks and
 [`CTranslate2Translator`][attnx.inference.ctranslate2.CTranslate2Translator] reads.
 """
 
@@ -43,6 +44,7 @@ from torch import nn
 
 from attnx.checkpoint.digests import RECORD, file_digests
 from attnx.data.batch import BOS_ID, EOS_ID
+from attnx.data.corpus import file_sha256
 from attnx.data.tokenizer import Tokenizer
 from attnx.export.common import (
     ExportError,
@@ -88,6 +90,14 @@ TARGET = Target(
 (`rotary_dim`, interleaved pairs, `rotary_base`) or T5's relative bias (`relative_attention_bias`), ReLU or
 gated (`ffn_glu`, SiLU or GELU) feed-forward networks, LayerNorm or RMSNorm (`rms_norm`), and grouped-query
 attention (`num_heads_kv`, one count for a decoder layer's two attentions)."""
+
+SOURCE = "source_checkpoint"
+"""The metadata key of the file name of the checkpoint the export was made from (attnx translate decodes lines
+with terminology constraints with it, when it lies beside the export)."""
+SOURCE_SHA256 = "source_checkpoint_sha256"
+"""The metadata key of that checkpoint's SHA-256 (exports before it was recorded have none)."""
+SOURCE_BYTES = "source_checkpoint_bytes"
+"""The metadata key of that checkpoint's size in bytes."""
 
 GATES = {"swiglu": "SWISH", "geglu": "GELU"}
 """CTranslate2's activation of each gated feed-forward network (SiLU is Swish-1; GELU is the exact one)."""
@@ -262,6 +272,8 @@ def export_ctranslate2(
         raise ExportError(f"search settings to store with the model: {err}") from err
     with staged_output(output, force) as work:
         loaded = load_exportable(ckpt_path, TARGET)
+        # hashed in blocks (a checkpoint of gigabytes is never held in memory whole)
+        source_sha256, source_bytes = file_sha256(Path(ckpt_path)), Path(ckpt_path).stat().st_size
         spec = transformer_spec(loaded.model, loaded.config, loaded.tokenizer)
         spec.validate()
         spec.optimize(quantization=quantization)
@@ -277,7 +289,9 @@ def export_ctranslate2(
             "search": _search_dict(search),
             "tokenizer": SPM_MODEL,
             "tokenizer_sha256": loaded.tokenizer.sha256,
-            "source_checkpoint": Path(ckpt_path).name,
+            SOURCE: Path(ckpt_path).name,
+            SOURCE_SHA256: source_sha256,
+            SOURCE_BYTES: source_bytes,
             RECORD: written,
         }
         (work / METADATA).write_text(json.dumps(meta, indent=2) + "\n")

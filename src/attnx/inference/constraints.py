@@ -4,9 +4,10 @@ log-probabilities before the token selection ([`selection`][attnx.inference.sele
 * `<pad>` and `<s>` are never generated; `<unk>` is allowed.
 * `min_length` bans `</s>` before that many tokens.
 * `no_repeat_ngram` bans any token that would repeat an n-gram of the hypothesis.
-* Banned phrases (a sentence's `exclude` constraints, [`PhraseIds`][attnx.inference.lexical.PhraseIds]): the
-  last token of a phrase is banned wherever the hypothesis ends with the rest of it, so the phrase never
-  appears.
+* Banned phrases (a sentence's `exclude` constraints, [`PhraseIds`][attnx.inference.lexical.PhraseIds]),
+  matched on the text the pieces spell ([`terms`][attnx.inference.terms]): every piece that would complete one
+  is banned, so the output never contains it, however spelled (as a whole word by default: after `Hund`, only
+  what goes on with the word, as `Hundeleine` does, may follow).
 * Until a hypothesis contains every phrase it must ([`lexical`][attnx.inference.lexical]), `</s>` is banned.
 * A forced prefix allows only its next token until it is written (its log-probabilities count in the score);
   the maximum length is never below the prefix's length.
@@ -27,6 +28,7 @@ from torch import Tensor
 from attnx.data.batch import BOS_ID, EOS_ID, PAD_ID
 from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
+from attnx.inference.term_tables import TermTables
 
 __all__ = ["Constraints", "prefix_table"]
 
@@ -39,31 +41,35 @@ class Constraints:
         config: SearchConfig,
         prefixes: Tensor | None,
         prefix_lengths: Tensor | None,
-        bans: tuple[Tensor, Tensor] | None = None,
+        bans: TermTables | None = None,
     ) -> None:
         self.min_length = config.min_length
         self.ngram = config.no_repeat_ngram
         self.prefixes = prefixes  # (B', P) forced prefix ids per sentence still searched, PAD-padded
         self.prefix_lengths = prefix_lengths  # (B',)
-        # (B', D, Q) banned phrases per sentence, PAD-padded ([`phrase_table`][attnx.inference.lexical.phrase_table]),
-        # and their lengths (B', D)
-        self.bans, self.ban_lengths = bans if bans is not None else (None, None)
+        self.bans = bans  # the sentences' phrases to exclude
+        self.ban_state: Tensor | None = None  # (N, D) each row's automaton per phrase, from its first step
 
     def keep(self, index: Tensor) -> None:
         """Keep the sentences `index` (re-packing)."""
         if self.prefixes is not None and self.prefix_lengths is not None:
             self.prefixes, self.prefix_lengths = self.prefixes[index], self.prefix_lengths[index]
-        if self.bans is not None and self.ban_lengths is not None:
-            self.bans, self.ban_lengths = self.bans[index], self.ban_lengths[index]
+        if self.bans is not None:
+            self.bans.keep(index)
 
     def ban_phrases(self, log_probs: Tensor, t: int, history: Tensor, row_sent: Tensor) -> None:
-        """Ban in place the last token of every banned phrase whose other tokens end a row's `history`."""
-        assert self.bans is not None and self.ban_lengths is not None
-        bans, lengths = self.bans[row_sent], self.ban_lengths[row_sent]  # (N, D, Q), (N, D)
-        for length in range(1, min(bans.shape[2], t + 1) + 1):
-            tail = history[:, t - length + 1 :].unsqueeze(1)  # (N, 1, length - 1)
-            hit = (bans[:, :, : length - 1] == tail).all(dim=2) & (lengths == length)  # (N, D)
-            log_probs.scatter_(1, bans[:, :, length - 1].masked_fill(~hit, PAD_ID), -math.inf)
+        """Ban in place every piece that would complete a banned phrase after a row's output."""
+        assert self.bans is not None
+        if self.ban_state is None:
+            self.ban_state = self.bans.start(row_sent.numel())
+        self.bans.ban(log_probs, self.ban_state, row_sent)
+
+    def follow(self, rows: Tensor, history: Tensor, row_sent: Tensor) -> None:
+        """After the search moved to rows `rows` and appended their tokens to `history`: move the banned
+        phrases' automata."""
+        if self.bans is not None and self.ban_state is not None:
+            state, _ = self.bans.advance(self.ban_state[rows], history[:, -1:], row_sent)
+            self.ban_state = state.squeeze(1)
 
     def apply(
         self,

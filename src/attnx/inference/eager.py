@@ -33,6 +33,7 @@ from attnx.inference.phrases import check_phrases
 from attnx.inference.precision import resolve_precision
 from attnx.inference.scoring import force_decode
 from attnx.inference.search import generate
+from attnx.inference.terms import vocabulary
 from attnx.inference.translator import Translator, blank, fitted_search
 from attnx.model import Transformer
 
@@ -193,6 +194,7 @@ class EagerTranslator(Translator):
                 prefixes=prefixes,
                 generator=generator,
                 constraints=constraints,
+                vocabulary=None if constraints is None else vocabulary(self.tokenizer),
             )
             results = rerank(results, self.search, self.decode)
             if self.search.alignment:
@@ -230,15 +232,17 @@ class EagerTranslator(Translator):
         scores: bool = True,
         constraints: Sequence[PhraseIds | None] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Per input, `search.nbest` hypotheses best first (`text` empty); `[]` in gives one empty hypothesis.
-        The search computes the scores as it goes: they are filled whatever `scores` says."""
+        """Per input, `search.nbest` hypotheses best first (`text` empty); `[]` in gives one empty hypothesis
+        (listing its phrases to include as `unmet`). The search computes the scores as it goes: they are
+        filled whatever `scores` says."""
         if prefixes is not None and len(prefixes) != len(ids):
             raise ConfigError(f"{len(prefixes)} prefixes for {len(ids)} inputs: give one per input")
         if constraints is not None:
             if len(constraints) != len(ids):
                 raise ConfigError(f"{len(constraints)} constraints for {len(ids)} inputs: give one per input")
             check_phrases(constraints, ids, prefixes, self.search)
-        out: list[list[Hypothesis]] = [blank() for _ in ids]
+        # a blank input is not searched: its phrases to include stay unmet
+        out = [blank(None if constraints is None else constraints[i]) for i in range(len(ids))]
         todo = [i for i, x in enumerate(ids) if x]
         lengths = [len(ids[i]) + 1 for i in todo]  # + the source </s>
         device = self.device

@@ -13,7 +13,8 @@ Each input gives a list of hypotheses, best first (empty for a blank input line)
   counted). With token scores, `pieces` (the target pieces and `</s>`) and `token_log_probs` (one per
   piece); with alignments, `alignment` as `[source piece, target piece]` pairs; with MBR decoding
   (`--search.mbr N`), `expected_utility` (0-100), the hypotheses being the distinct candidates ranked by it;
-  with terminology constraints, `unmet`: the phrases to include (0-based) the maximum length left out.
+  with terminology constraints, `unmet`: the phrases to include (0-based) the maximum length left out (a
+  blank input line: all of them).
 - `moses`: the n-best form of Moses and Marian, one line per hypothesis,
   `id ||| text [||| 0-0 1-2 ...] [||| WordScores= ...] ||| F0= log_prob [MBR= expected utility] ||| score`,
   where `id` is the 0-based input line.

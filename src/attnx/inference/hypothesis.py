@@ -37,4 +37,4 @@ class Hypothesis:
     candidates ([`attnx.inference.mbr`][attnx.inference.mbr])."""
     unmet: list[int] | None = None
     """Lexically constrained search only: the indices of the phrases this output was to contain and does not
-    (the maximum length ended it first); `[]`: all met."""
+    (the maximum length ended it first, or the input line was blank and nothing was searched); `[]`: all met."""

@@ -1,22 +1,24 @@
-"""Lexically constrained beam search: target phrases every output must contain, found by dynamic beam
-allocation (Post & Vilar 2018), vectorized over sentences and phrases as Hu et al. (2019) do.
+"""Lexically constrained beam search: phrases every output must contain, found by dynamic beam allocation
+(Post & Vilar 2018), vectorized over sentences and phrases as Hu et al. (2019) do.
 
-Per sentence, `C` phrases of target ids (`include`), met in any order or, when `ordered`, one after the
-other. A phrase is *met* once the hypothesis contains it; its *progress* is the number of tokens of its
-phrases met, plus the longest start of an unmet phrase the hypothesis ends with. Each step:
+Phrases are matched on the text the pieces spell, as whole words by default ([`terms`][attnx.inference.terms]):
+however the model spells a phrase, it is seen, and a phrase listed twice must appear twice. Per sentence, `C`
+phrases, met in any order or, when `ordered`, one after the other. A phrase's *progress* is its length in
+characters once met, else the characters of it the output ends with. Each step:
 
 1. **Candidates.** Every live row offers its `k` most probable next tokens and, for every unmet phrase
-   (ordered: the next one), the token that continues each start of that phrase the row ends with (the
-   phrase's first token included), each once.
-2. **Banks.** A candidate's bank is the progress its hypothesis would have.
+   (ordered: the next one), the piece that goes on writing it from where the row is (at a word start also its
+   `▁`-led form), each once.
+2. **Banks.** A candidate's bank is the progress its hypothesis would have, summed over the phrases.
 3. **Allocation.** A sentence's candidates are ranked by score within their bank, and the beam is filled
    round-robin over banks, most progress first: the best of every bank, then the second best, and so on.
    A hypothesis with little progress but a good score keeps a slot beside those that wrote the phrases.
-4. **Ending.** `</s>` is banned until every phrase is met; the maximum length still wins, and a hypothesis
-   it ends says which phrases it missed (`Hypothesis.unmet`).
+4. **Ending.** `</s>` is banned until every phrase is met (a phrase that ends the output is met by the end);
+   the maximum length still wins, and a hypothesis it ends says which phrases it missed (`Hypothesis.unmet`).
 
 Everything is a few tensor operations over the rows of all sentences, on the CPU and the GPU alike; the
-state per row (`met`) follows the search's back-pointers. Nothing here needs Lightning.
+state per row (each phrase's automaton, how many times each phrase was met) follows the search's back-pointers.
+Nothing here needs Lightning.
 """
 
 from __future__ import annotations
@@ -29,51 +31,64 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnx.data.batch import PAD_ID
+from attnx.errors import ConfigError
+from attnx.inference.term_tables import TermTables
+from attnx.inference.terms import Term, Vocabulary
 
-__all__ = ["LexicalBeam", "PhraseIds", "phrase_table"]
+__all__ = ["LexicalBeam", "PhraseIds", "compile_phrases"]
 
 
 @dataclass
 class PhraseIds:
-    """One input's lexical constraints as target ids (SentencePiece pieces, no `<s>`/`</s>`)."""
+    """One input's lexical constraints: phrases as target ids (SentencePiece pieces, no `<s>`/`</s>`) and, where
+    they came as text, that text, which is what is matched ([`terms`][attnx.inference.terms])."""
 
     include: list[list[int]] = field(default_factory=list)
-    """Phrases every output must contain."""
+    """Phrases every output must contain (a phrase listed twice: twice)."""
     exclude: list[list[int]] = field(default_factory=list)
     """Phrases no output may contain."""
     ordered: bool = False
     """The `include` phrases must appear in the given order, each after the end of the one before."""
+    text: tuple[list[str], list[str]] | None = None
+    """The `include` and `exclude` phrases as the model's normalizer writes them (`▁` for a space); None: the
+    text their ids spell."""
+    whole_words: bool = True
+    """Match the phrases as whole words (False: anywhere, e.g. inside compounds)."""
 
 
-def phrase_table(
-    phrases: Sequence[Sequence[Sequence[int]]], device: torch.device | str
-) -> tuple[Tensor, Tensor]:
-    """Per sentence, its phrases as a `(B, C, P)` table of ids (`<pad>` after each phrase, empty phrases to
-    fill the `C`) and their lengths `(B, C)` (0: no phrase)."""
-    b = len(phrases)
-    c = max((len(p) for p in phrases), default=0)
-    width = max((len(x) for p in phrases for x in p), default=0)
-    ids = torch.full((b, max(c, 1), max(width, 1)), PAD_ID, dtype=torch.long)
-    lengths = torch.zeros((b, max(c, 1)), dtype=torch.long)
-    for i, p in enumerate(phrases):
-        for j, x in enumerate(p):
-            ids[i, j, : len(x)] = torch.as_tensor(list(x), dtype=torch.long)
-            lengths[i, j] = len(x)
-    return ids.to(device), lengths.to(device)
-
-
-def ends_with_starts(history: Tensor, ids: Tensor, limit: Tensor) -> Tensor:
-    """`(N, C, P)`: whether row `i`'s `history` `(N, t)` ends with the first `j` tokens of phrase `c` of `ids`
-    `(N, C, P)` (`j = 0`: always), counting no more than `limit` `(N,)` last tokens."""
-    n, c, p = ids.shape
-    t = history.shape[1]
-    starts = torch.zeros((n, c, p), dtype=torch.bool, device=ids.device)
-    starts[:, :, 0] = True
-    for j in range(1, min(p, t + 1)):
-        tail = history[:, t - j :].unsqueeze(1)  # (N, 1, j)
-        starts[:, :, j] = (ids[:, :, :j] == tail).all(dim=2) & (limit >= j).unsqueeze(1)
-    return starts
+def compile_phrases(
+    vocab: Vocabulary, phrases: Sequence[PhraseIds], include: bool
+) -> tuple[list[list[Term]], list[list[int]], list[list[list[int]]]]:
+    """Per sentence, its `include` (or `exclude`) phrases compiled for `vocab`, how many times each is needed,
+    and which of the input's phrases each stands for: unordered phrases to include listed twice are one phrase
+    needed twice."""
+    terms, needs, origins = [], [], []
+    for c in phrases:
+        ids = c.include if include else c.exclude
+        if c.text is not None:
+            texts = c.text[0 if include else 1]
+        else:  # the text the ids spell, without the space a word's first piece starts with
+            texts = [vocab.spell(x) if vocab.by_ids else vocab.spell(x).strip("▁") for x in ids]
+        if not all(texts):
+            raise ConfigError("an empty phrase: give its words, or leave it out")
+        whole = c.whole_words and not vocab.by_ids
+        unique: dict[str, list[int]] = {}
+        for i, text in enumerate(texts):
+            key = text if include and not c.ordered else f"{i}\x00{text}"
+            unique.setdefault(key, []).append(i)
+        row = []
+        for positions in unique.values():
+            text = texts[positions[0]]
+            try:
+                row.append(vocab.term(text, whole))
+            except ValueError as err:
+                raise ConfigError(
+                    f"the phrase {text.replace('▁', ' ')!r} has characters no piece of the model spells: {err}"
+                ) from None
+        terms.append(row)
+        needs.append([len(positions) if include else 1 for positions in unique.values()])
+        origins.append([positions for positions in unique.values()])
+    return terms, needs, origins
 
 
 class LexicalBeam:
@@ -82,74 +97,97 @@ class LexicalBeam:
     Args:
         k: The beam.
         vocab_size: Tokens a row may write.
-        phrases: Per sentence of the batch, its `include` phrases (ids; an empty list: none).
+        tables: The batch's phrases to include, with how many times each must appear.
         ordered: Per sentence, whether its phrases must appear in order.
+        origin: Per sentence and phrase of `tables`, the indices of the input's phrases it stands for (a phrase
+            listed twice is one phrase needed twice); None: phrase `c` is phrase `c`.
     """
 
     def __init__(
         self,
         k: int,
         vocab_size: int,
-        phrases: Sequence[Sequence[Sequence[int]]],
+        tables: TermTables,
         ordered: Sequence[bool],
         device: torch.device | str,
+        origin: Sequence[Sequence[Sequence[int]]] | None = None,
     ) -> None:
         self.k = k
         self.kk = min(k, vocab_size)  # most probable tokens offered per row
-        self.ids, self.lengths = phrase_table(phrases, device)  # (B', C, P), (B', C)
+        self.tables = tables
         self.ordered = torch.as_tensor(list(ordered), dtype=torch.bool, device=device)  # (B',)
-        self.banks = max(sum(len(x) for x in p) for p in phrases) + 1 if phrases else 1
-        self.met = self.lengths == 0  # (N, C) per row; one row per sentence at the start
-        self.since = torch.zeros(len(phrases), dtype=torch.long, device=device)  # (N,) tokens since the last
-        # ordered phrase was met
+        self.origin = origin
+        self.sentence = torch.arange(len(ordered), device=device)  # (B',) index into `origin`
+        self.banks = int((tables.lengths * tables.need).sum(1).max()) + 1 if len(ordered) else 1
+        self.state = tables.start(len(ordered))  # (N, C) per row; one row per sentence at the start
+        self.count = torch.zeros_like(self.state)  # (N, C) times each phrase was met
 
     def keep(self, index: Tensor) -> None:
         """Keep the sentences `index` (re-packing)."""
-        self.ids, self.lengths, self.ordered = self.ids[index], self.lengths[index], self.ordered[index]
+        self.tables.keep(index)
+        self.ordered, self.sentence = self.ordered[index], self.sentence[index]
 
-    def unfinished(self) -> Tensor:
+    def met(self, count: Tensor, state: Tensor, row_sent: Tensor) -> Tensor:
+        """`(N, C)`: phrases met, counting one the end of the output would complete."""
+        pending = self.tables.waits(state, row_sent) & self.active(count, row_sent)
+        return count + pending.long() >= self.tables.need[row_sent]
+
+    def unfinished(self, row_sent: Tensor) -> Tensor:
         """`(N,)`: rows whose hypothesis has not met all its phrases (they may not write `</s>`)."""
-        return ~self.met.all(dim=1)
+        return ~self.met(self.count, self.state, row_sent).all(dim=1)
 
-    def unmet(self, rows: Tensor) -> list[list[int]]:
-        """Per row of `rows`, the indices of the phrases its hypothesis has not met."""
-        real = self.lengths.shape[1]
-        return [[c for c in range(real) if not m[c]] for m in self.met[rows].tolist()]
+    def unmet(self, rows: Tensor, row_sent: Tensor) -> list[list[int]]:
+        """Per row of `rows` (rows of the last step, whose sentences `row_sent` gives), the indices of the input's
+        phrases its hypothesis has not met."""
+        count, state, sent = self.count[rows], self.state[rows], row_sent[rows]
+        missing = (self.tables.need[sent] - count - self.tables.waits(state, sent).long()).clamp(min=0)
+        out = []
+        for row, s in zip(missing.tolist(), self.sentence[sent].tolist(), strict=True):
+            phrases = []
+            for c, gap in enumerate(row):
+                if gap:
+                    phrases += list(self.origin[s][c][-gap:]) if self.origin is not None else [c]
+            out.append(sorted(phrases))
+        return out
 
-    def active(self, row_sent: Tensor) -> Tensor:
-        """`(N, C)`: the phrases a row may make progress on: the unmet ones, or for an ordered sentence the
-        first unmet one."""
-        unmet = ~self.met
-        first = unmet & (unmet.cumsum(dim=1) == 1)
-        return torch.where(self.ordered[row_sent].unsqueeze(1), first, unmet)
+    def active(self, count: Tensor, row_sent: Tensor) -> Tensor:
+        """`(N, C)` (or `(N, M, C)` for counts `(N, M, C)`): the phrases a row may make progress on: the unmet
+        ones, or for an ordered sentence the first unmet one."""
+        need, ordered = self.tables.need[row_sent], self.ordered[row_sent]
+        if count.dim() == 3:
+            need, ordered = need.unsqueeze(1), ordered.unsqueeze(1)
+        unmet = count < need
+        first = unmet & (unmet.cumsum(dim=-1) == 1)
+        return torch.where(ordered.unsqueeze(-1), first, unmet)
+
+    def _after(self, tokens: Tensor, row_sent: Tensor) -> tuple[Tensor, Tensor]:
+        """`(N, T, C)` states and counts of each row after each of `tokens` `(N, T)`."""
+        new, events = self.tables.advance(self.state, tokens, row_sent)
+        active = self.active(self.count, row_sent).unsqueeze(1)
+        return new, self.count.unsqueeze(1) + events * active
 
     def candidates(
         self, log_probs: Tensor, scores: Tensor, row_sent: Tensor, row_pos: Tensor, n: int, history: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """`(B', K)` extensions in allocation order: log P so far, the row each continues, its token, the
         token's log-prob (`-inf` log P: no extension); the selection's answer, with the phrases' banks."""
-        k, device = self.k, log_probs.device
-        ids, lengths = self.ids[row_sent], self.lengths[row_sent]  # (N, C, P), (N, C)
-        limit = torch.where(self.ordered[row_sent], self.since, history.shape[1])
-        c, p = ids.shape[1], ids.shape[2]
-        position = torch.arange(p, device=device)
-        # (N, C, P): the row ends with the first j tokens of phrase c, which it may continue
-        open_ = ends_with_starts(history, ids, limit) & (position < lengths.unsqueeze(2))
-        open_ &= self.active(row_sent).unsqueeze(2)
+        k, device, tables = self.k, log_probs.device, self.tables
+        rows = row_sent.numel()
+        offers = tables.offered(self.state, row_sent, history[:, -1] if history.shape[1] else None)
+        offers = offers.masked_fill(~self.active(self.count, row_sent).unsqueeze(2), -1).view(rows, -1)
         row_top, row_token = log_probs.topk(self.kk, dim=1)  # (N, K')
-        phrase_token = ids.view(-1, c * p)  # (N, C P) the token continuing each open start
-        offered = open_.view(-1, c * p) & ~(phrase_token.unsqueeze(2) == row_token.unsqueeze(1)).any(dim=2)
-        same = (phrase_token.unsqueeze(2) == phrase_token.unsqueeze(1)) & offered.unsqueeze(1)  # (N, CP, CP)
+        offered = (offers >= 0) & ~(offers.unsqueeze(2) == row_token.unsqueeze(1)).any(dim=2)
+        same = (offers.unsqueeze(2) == offers.unsqueeze(1)) & offered.unsqueeze(1)  # (N, 2C, 2C)
         offered &= ~torch.tril(same, diagonal=-1).any(dim=2)  # each token once per row
+        phrase_token = offers.clamp(min=0)
         token = torch.cat([row_token, phrase_token], dim=1)  # (N, M)
         step = torch.cat([row_top, log_probs.gather(1, phrase_token).masked_fill(~offered, -math.inf)], dim=1)
 
         # The bank of each candidate: the progress of its hypothesis.
-        match = open_.unsqueeze(1) & (ids.unsqueeze(1) == token.view(*token.shape, 1, 1))  # (N, M, C, P)
-        reached = (match * (position + 1)).amax(dim=3)  # (N, M, C) phrase tokens matched after the token
-        done = (reached == lengths.unsqueeze(1)) & (lengths.unsqueeze(1) > 0)
-        met = self.met.unsqueeze(1) | done
-        bank = (lengths.unsqueeze(1) * met).sum(dim=2) + reached.masked_fill(done, 0).amax(dim=2)  # (N, M)
+        state, count = self._after(token, row_sent)  # (N, M, C)
+        need, lengths = tables.need[row_sent].unsqueeze(1), tables.lengths[row_sent].unsqueeze(1)
+        partial = tables.progress(state, row_sent) * self.active(count, row_sent)  # the phrases still written
+        bank = (lengths * count.minimum(need)).sum(dim=2) + partial.sum(dim=2)  # (N, M)
 
         m = token.shape[1]
         table = torch.full((n, k, m), -math.inf, dtype=log_probs.dtype, device=device)
@@ -161,7 +199,7 @@ class LexicalBeam:
         cand_bank = torch.zeros((n, k, m), dtype=torch.long, device=device)
         cand_bank[row_sent, row_pos] = bank
         slot_row = torch.zeros((n, k), dtype=torch.long, device=device)
-        slot_row[row_sent, row_pos] = torch.arange(row_sent.numel(), device=device)
+        slot_row[row_sent, row_pos] = torch.arange(rows, device=device)
 
         score, order = table.view(n, -1).sort(dim=1, descending=True)  # (B', K M)
         bank = cand_bank.view(n, -1).gather(1, order).clamp(max=self.banks - 1)
@@ -176,15 +214,7 @@ class LexicalBeam:
 
     def follow(self, rows: Tensor, history: Tensor, row_sent: Tensor) -> None:
         """After the search moved to rows `rows` of the last step and appended their tokens to `history`
-        `(N, t)`: mark the phrases the new hypotheses complete."""
-        self.met, self.since = self.met[rows], self.since[rows] + 1
-        ids, lengths = self.ids[row_sent], self.lengths[row_sent]  # (N, C, P), (N, C)
-        t = history.shape[1]
-        limit = torch.where(self.ordered[row_sent], self.since, t)
-        done = torch.zeros_like(self.met)
-        for length in range(1, min(ids.shape[2], t) + 1):
-            ends = (ids[:, :, :length] == history[:, t - length :].unsqueeze(1)).all(dim=2)
-            done |= ends & (lengths == length) & (limit >= length).unsqueeze(1)
-        done &= self.active(row_sent)
-        self.met = self.met | done
-        self.since = self.since.masked_fill(done.any(dim=1), 0)
+        `(N, t)`: move each phrase's automaton by the new tokens and count the phrases they complete."""
+        self.state, self.count = self.state[rows], self.count[rows]
+        state, count = self._after(history[:, -1:], row_sent)
+        self.state, self.count = state.squeeze(1), count.squeeze(1)

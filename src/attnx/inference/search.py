@@ -44,8 +44,10 @@ from attnx.inference.constraints import Constraints, prefix_table
 from attnx.inference.decoder import Decoder, as_decoder, decoding
 from attnx.inference.hypothesis import Hypothesis
 from attnx.inference.lengths import length_penalty, max_output_lengths
-from attnx.inference.lexical import LexicalBeam, PhraseIds, phrase_table
+from attnx.inference.lexical import LexicalBeam, PhraseIds, compile_phrases
 from attnx.inference.selection import token_selection
+from attnx.inference.term_tables import TermTables
+from attnx.inference.terms import Vocabulary
 
 __all__ = ["beam_search", "generate", "greedy_search", "translate_batch"]
 
@@ -65,13 +67,15 @@ def generate(
     prefixes: Sequence[Sequence[int]] | None = None,
     generator: torch.Generator | None = None,
     constraints: Sequence[PhraseIds | None] | None = None,
+    vocabulary: Vocabulary | None = None,
 ) -> list[list[Hypothesis]]:
     """Per sentence of the padded batch `src` `(B, S)`, up to `config.nbest` hypotheses, best first.
 
     `prefixes`: per sentence, target ids every hypothesis must start with (empty: none). `generator`:
     the random numbers of sampling (default: torch's global generator, seeded by `config.seed` when set).
     `constraints`: per sentence, phrases its hypotheses must contain ([`lexical`][attnx.inference.lexical],
-    beam search only) and phrases they must not (None: none).
+    beam search only) and phrases they must not (None: none), matched on the text the pieces of `vocabulary`
+    spell ([`terms`][attnx.inference.terms]; None: on the ids themselves).
 
     Decoder rows are grouped by sentence, at most `k` each (the beam, or the number of samples):
     `row_sent`/`row_pos` say which sentence and which of its positions a row holds. Each step ranks every
@@ -96,15 +100,19 @@ def generate(
                 f"{len(phrases)} constraints for {b} sources: give one (possibly None) per source"
             )
         lexical = None
+        words = vocabulary or Vocabulary.of_ids(decoder.vocab_size)
         if any(c.include for c in phrases):
             if config.sampling:
                 raise ConfigError(
                     "phrases an output must contain need beam search: leave out search.sampling"
                 )
-            lexical = LexicalBeam(
-                k, decoder.vocab_size, [c.include for c in phrases], [c.ordered for c in phrases], device
-            )
-        bans = phrase_table([c.exclude for c in phrases], device) if any(c.exclude for c in phrases) else None
+            terms, needs, origin = compile_phrases(words, phrases, include=True)
+            tables = TermTables(words, terms, device, needs)
+            lexical = LexicalBeam(k, decoder.vocab_size, tables, [c.ordered for c in phrases], device, origin)
+        bans = None
+        if any(c.exclude for c in phrases):
+            terms, _, _ = compile_phrases(words, phrases, include=False)
+            bans = TermTables(words, terms, device)
         rules = Constraints(config, prefix_ids, prefix_lengths, bans)
         limits = max_output_lengths(src_mask, config.max_len_a, config.max_len_b, config.max_positions)
         limits = limits.to(device)  # (B',) per sentence still searched
@@ -112,7 +120,7 @@ def generate(
             limits = torch.maximum(limits, prefix_lengths)
         if lexical is not None:  # room for the prefix and every phrase after it
             limits = torch.maximum(
-                limits, lexical.lengths.sum(1) + (0 if prefix_lengths is None else prefix_lengths)
+                limits, lexical.tables.pieces + (0 if prefix_lengths is None else prefix_lengths)
             )
         # Largest penalty a live hypothesis can still reach (see the module docstring); lp is monotone.
         lp_final = length_penalty(limits.float() + 1, config.alpha, config.length_penalty)
@@ -140,7 +148,7 @@ def generate(
         while sentences.numel():
             n, rows_now = sentences.numel(), row_sent.numel()
             log_probs = decoder.step(last, state)  # (N, V)
-            no_eos = None if lexical is None else lexical.unfinished()
+            no_eos = None if lexical is None else lexical.unfinished(row_sent)
             log_probs = rules.apply(log_probs, t, limits[row_sent] == t, history, row_sent, no_eos)
             if lexical is None:
                 top, source, token, step = select.candidates(log_probs, scores, row_sent, row_pos, n)
@@ -156,7 +164,7 @@ def generate(
                 normalized = top / length_penalty(t + 1, config.alpha, config.length_penalty)
                 sent, col = ends.nonzero(as_tuple=True)
                 rows = source[sent, col]
-                unmet = [None] * rows.numel() if lexical is None else lexical.unmet(rows)
+                unmet = [None] * rows.numel() if lexical is None else lexical.unmet(rows, row_sent)
                 for s, ids, per_token, last_step, score, logp, missed in zip(
                     sentences[sent].tolist(),
                     history[rows].tolist(),
@@ -216,6 +224,7 @@ def generate(
             steps = torch.cat([steps[rows], last_step.unsqueeze(1)], dim=1)
             if lexical is not None:
                 lexical.follow(rows, history, row_sent)
+            rules.follow(rows, history, row_sent)
 
         # A hypothesis with every phrase it must contain ranks before one the maximum length ended first.
         return [

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, Self
 
 import torch
@@ -45,7 +45,14 @@ from attnx.inference.config import DEFAULT_MAX_TOKENS, SearchConfig
 from attnx.inference.hypothesis import Hypothesis
 from attnx.inference.lexical import PhraseIds
 from attnx.inference.mbr import check_memory
-from attnx.inference.phrases import check_phrases, encode_phrases, to_constraints
+from attnx.inference.phrases import (
+    PhraseConstraints,
+    check_phrases,
+    encode_phrases,
+    read_constraint,
+    unmet_lines,
+    unmet_warnings,
+)
 
 __all__ = ["DEFAULT_MAX_TOKENS", "Hypothesis", "Translator", "encode_lines", "one_line", "truncate_ids"]
 
@@ -98,9 +105,28 @@ def fitted_search(search: SearchConfig, max_positions: int) -> SearchConfig:
     return search
 
 
-def blank() -> list[Hypothesis]:
-    """What a blank input line gives: one empty hypothesis."""
-    return [Hypothesis([], 0.0, 0.0, text="")]
+def blank(phrases: PhraseIds | None = None) -> list[Hypothesis]:
+    """What a blank input line gives: one empty hypothesis, which lists every phrase it was to include as
+    `unmet` (nothing is searched for a blank line)."""
+    unmet = list(range(len(phrases.include))) if phrases is not None and phrases.include else None
+    return [Hypothesis([], 0.0, 0.0, text="", unmet=unmet)]
+
+
+def per_line(constraints: Iterable[Any], lines: int) -> list[Any]:
+    """`constraints` (any iterable) as a list of one entry per line, or a usage error in one line."""
+    if isinstance(constraints, (str, Mapping, PhraseConstraints)):
+        raise ConfigError(
+            f"constraints takes one entry (or None) per line, in a list: {lines} lines; wrap one line's: [value]"
+        )
+    try:
+        given = list(constraints)
+    except TypeError:
+        raise ConfigError(
+            f"constraints must be a list with one entry (or None) per line, got {type(constraints).__name__}"
+        ) from None
+    if len(given) != lines:
+        raise ConfigError(f"{len(given)} constraints entries for {lines} lines: give one (or None) per line")
+    return given
 
 
 class Translator(Protocol):
@@ -172,14 +198,15 @@ class Translator(Protocol):
         prefixes: Sequence[str] | None = None,
         progress: bool = False,
         scores: bool = True,
-        constraints: Sequence[Any] | None = None,
+        constraints: Iterable[Any] | None = None,
     ) -> list[list[Hypothesis]]:
         """Per line, `search.nbest` hypotheses best first (with sampling: `nbest` samples), `text` filled; a
         blank line gives one empty hypothesis. `prefixes`: per line, the start every translation of it must
-        have (blank: none). `scores=False`: only the texts are wanted (see `generate_ids`). `constraints`: per
-        line, terminology constraints ([`phrases`][attnx.inference.phrases]): a list of phrases the translation
-        must contain, or `{"include": [...], "exclude": [...], "ordered": false}`, or None; a hypothesis the
-        maximum length ended before it met them lists them in `unmet`."""
+        have (blank: none). `scores=False`: only the texts are wanted (see `generate_ids`). `constraints`: any
+        iterable of one entry per line, terminology constraints ([`phrases`][attnx.inference.phrases]): a list
+        of phrases the translation must contain, `{"include": [...], "exclude": [...], "ordered": false}`, a
+        string read as a line of a constraints file (`"Hund"`, `"Hund\\tKatze"`, `'["Hund"]'`), or None; a
+        hypothesis the maximum length ended before it met them, or a blank line's, lists them in `unmet`."""
         if isinstance(lines, str):
             raise TypeError("generate takes a list of lines; wrap a single sentence: generate([text])")
         prefix_ids = None
@@ -190,20 +217,15 @@ class Translator(Protocol):
         sources = self.truncate(self.encode(lines))
         phrase_ids = None
         if constraints is not None:
-            if isinstance(constraints, (str, dict)) or len(constraints) != len(lines):
-                raise ConfigError(f"give one constraints entry (or None) per line: {len(lines)} lines")
+            given = per_line(constraints, len(lines))
             where = [f"constraints of line {i + 1}" for i in range(len(lines))]
-            items = [to_constraints(c, label) for c, label in zip(constraints, where, strict=True)]
+            items = [read_constraint(c, label) for c, label in zip(given, where, strict=True)]
             phrase_ids = encode_phrases(self.encode, items, where)
             check_phrases(phrase_ids, sources, prefix_ids, self.search, where)
         results = self.generate_ids(sources, prefix_ids, progress, scores, constraints=phrase_ids)
-        if unmet := [i + 1 for i, hyps in enumerate(results) if hyps and hyps[0].unmet]:
-            log.warning(
-                "%d translation(s) reached the maximum output length before writing all their phrases to include "
-                "(raise search.max_len_b; Hypothesis.unmet names them): line %s",
-                len(unmet),
-                ", ".join(map(str, unmet[:10])),
-            )
+        unmet = unmet_lines(phrase_ids, [h[0].unmet if h else None for h in results], sources, self.search)
+        for warning in unmet_warnings(unmet, self.search, "search."):  # Hypothesis.unmet names the phrases
+            log.warning("%s", warning)
         for line, hyps in zip(lines, results, strict=True):
             for hyp in hyps:
                 hyp.text = self.decode(hyp.tokens) if line.strip() else ""
@@ -227,7 +249,7 @@ class Translator(Protocol):
         return hyps
 
     def translate(
-        self, lines: Sequence[str] | str, progress: bool = False, constraints: Sequence[Any] | None = None
+        self, lines: Sequence[str] | str, progress: bool = False, constraints: Iterable[Any] | None = None
     ) -> list[str]:
         """Translations of `lines` (one segment each), same number and order; blank in gives blank out.
         `constraints`: per line, phrases to include and exclude (see `generate`)."""

@@ -3,9 +3,11 @@
 A request body is `{"text": ["line", ...]}` (or `{"text": "one line"}`), optionally with `"search": {...}`
 (some of the server's search settings changed for this request: `nbest`, `sampling`, `top_k`, ...; see
 [`REQUEST_SEARCH`][attnx.serving.validation.REQUEST_SEARCH]), `"scores": true` (answer every hypothesis
-with its scores) and `"constraints"`: per line, terminology constraints
-([`phrases`][attnx.inference.phrases]: `{"include": [...], "exclude": [...], "ordered": false}`, a list of
-phrases to include, or null; one object alone for a `"text"` string). Every check runs in the HTTP process, so a bad request is answered at once with a 4xx and
+with its scores) and `"constraints"`: per line, terminology constraints, read as `attnx translate
+--constraints` reads a line of its file ([`phrases`][attnx.inference.phrases]):
+`{"include": [...], "exclude": [...], "ordered": false}`, a list of phrases to include, null, or a string
+(any form of a file's line, such as tab-separated phrases to include); one value alone for a `"text"`
+string. Every check runs in the HTTP process, so a bad request is answered at once with a 4xx and
 `{"detail": "<message>"}` and never joins a batch of good ones: one request's mistake cannot fail its
 neighbours' translations. (A request that still fails while decoding is isolated by the worker:
 `attnx.serving.server.TranslationAPI.predict`.)
@@ -32,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attnx.inference.config import SearchConfig, changed_search
 from attnx.inference.lexical import PhraseIds
-from attnx.inference.phrases import PhraseConstraints, check_phrases, to_constraints
+from attnx.inference.phrases import PhraseConstraints, check_phrases, read_constraint
 from attnx.serving.settings import RequestLimits
 
 FIELD = "text"
@@ -142,7 +144,8 @@ def request_search(payload: dict[str, Any], search: SearchConfig, limits: Reques
 
 def request_constraints(payload: dict[str, Any], search: SearchConfig) -> list[PhraseConstraints] | None:
     """The request's constraints, one per line (None: none), checked as far as the text allows (the pieces
-    each phrase takes are counted by the model's worker), or a `RequestError`."""
+    each phrase takes, and a phrase `no_repeat_ngram` forbids, are the model's worker's to refuse), or a
+    `RequestError`."""
     if CONSTRAINTS not in payload or payload[CONSTRAINTS] is None:
         return None
     given = payload[CONSTRAINTS]
@@ -155,7 +158,7 @@ def request_constraints(payload: dict[str, Any], search: SearchConfig) -> list[P
             f'"constraints" has {count} items for {len(text)} lines of "text": give one per line (null: none)',
         )
     try:
-        out = [to_constraints(c, f'"constraints" item {i}') for i, c in enumerate(items)]
+        out = [read_constraint(c, f'"constraints" item {i}') for i, c in enumerate(items)]
         ids = [PhraseIds([[0]] * len(c.include)) for c in out]  # the count; lengths are the worker's
         check_phrases(
             ids, [[0]] * len(ids), None, dataclasses.replace(search, max_len_b=2**31), where(len(ids))

@@ -21,12 +21,19 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from attnx.data.batch import Batch
+from attnx.data.text import read_lines
 from attnx.errors import ConfigError
 from attnx.evaluation.agreement import Agreement, agreement
 from attnx.evaluation.bleu import BleuReport, score
 from attnx.inference.config import AUTO, PAPER_SEARCH, Precision, SearchConfig, check_precision
 from attnx.inference.lexical import PhraseIds
-from attnx.inference.phrases import check_phrases, encode_phrases, parse_line
+from attnx.inference.phrases import (
+    check_phrases,
+    encode_phrases,
+    parse_line,
+    unmet_lines,
+    unmet_warnings,
+)
 from attnx.inference.progress import Progress
 
 """§6.1's beam 4, α 0.6, maximum length input + 50 (copied, never modified)."""
@@ -71,9 +78,10 @@ class TranslationEvaluator(Callback):
                 where the reduced precision falls more than 1 point below fp32's BLEU or chrF
                 ([`agreement`][attnx.evaluation.agreement.agreement]; then decode that model in 32-true).
             constraints: `test` and `predict` only: a file of terminology constraints beside the test set, one
-                line per sentence of the split in corpus order, as `attnx translate --constraints` reads
-                (`{"include": [...], "exclude": [...], "ordered": false}` or tab-separated phrases to include;
-                blank: none).
+                line per sentence of the split in corpus order, read as `attnx translate --constraints` reads
+                its file (`{"include": [...], "exclude": [...], "ordered": false}`, a JSON array of phrases to
+                include, `null`, a JSON string, or tab-separated phrases to include; blank: none). With
+                `compare_fp32`, the fp32 pass decodes with the same constraints.
         """
         if bleu_samples < 0 or valid_beam < 1:
             raise ConfigError(
@@ -98,7 +106,8 @@ class TranslationEvaluator(Callback):
         self.constraints = constraints
         self._phrases: list[PhraseIds | None] | None = None  # per sentence of the split being decoded
         self.unmet = 0
-        """Sentences of the last `test` or `predict` the maximum length ended before all their phrases."""
+        """Sentences of the last `test` or `predict` whose translation left out phrases to include."""
+        self._unmet: dict[str, list[int]] = {}  # why (`unmet_reason`) -> the constraints file's lines
         self.report: BleuReport | None = None
         self.written: Path | None = None
         """The file the last `test` or `predict` wrote its translations to (rank 0)."""
@@ -139,23 +148,30 @@ class TranslationEvaluator(Callback):
         width = int(src_mask.sum(1).max())  # the selected rows may need fewer columns
         translator = module.translator(search, precision=self.decodes_in or self.precision)
         self.decodes_in = translator.precision  # `auto`: measured on the model, now on its device, said once
+        phrases = None
         if self._phrases is None or trainer.validating or trainer.sanity_checking:
             hyps = translator.translate_tensors(src[:, :width], src_mask[:, :width])
         else:
             corpus_index = index[rows].tolist()
             phrases = [self._phrases[i] for i in corpus_index]
-            sources = [x[m].tolist() for x, m in zip(src, src_mask, strict=True)]
+            ids = [x[m].tolist()[:-1] for x, m in zip(src, src_mask, strict=True)]  # without the </s>
             where = [f"evaluation.constraints {self.constraints} line {i + 1}" for i in corpus_index]
-            check_phrases(phrases, [x[:-1] for x in sources], None, translator.search, where)
+            check_phrases(phrases, ids, None, translator.search, where)
             found = translator.generate_tensors(src[:, :width], src_mask[:, :width], constraints=phrases)
-            self.unmet += sum(bool(h[0].unmet) for h in found)
+            unmet = unmet_lines(phrases, [h[0].unmet for h in found], ids, translator.search, 0)
+            for reason, at in unmet.items():  # positions in this batch: their lines in the file
+                self.unmet += len(at)
+                self._unmet.setdefault(reason, []).extend(corpus_index[j] + 1 for j in at)
             hyps = [h[0].tokens for h in found]
         self._translations.extend(zip(index[rows].tolist(), hyps, strict=True))
-        if self._comparing(trainer):
-            fp32 = module.translator(search, precision="32-true").translate_tensors(
-                src[:, :width], src_mask[:, :width]
-            )
-            self._fp32.extend(zip(index[rows].tolist(), fp32, strict=True))
+        if self._comparing(trainer):  # the same lines with the same constraints, in fp32
+            fp32 = module.translator(search, precision="32-true")
+            if phrases is None:
+                theirs = fp32.translate_tensors(src[:, :width], src_mask[:, :width])
+            else:
+                found = fp32.generate_tensors(src[:, :width], src_mask[:, :width], constraints=phrases)
+                theirs = [h[0].tokens for h in found]
+            self._fp32.extend(zip(index[rows].tolist(), theirs, strict=True))
 
     def _comparing(self, trainer: pl.Trainer) -> bool:
         """Whether this stage also decodes in fp32 to compare (`test`, `compare_fp32`, a reduced precision)."""
@@ -165,12 +181,12 @@ class TranslationEvaluator(Callback):
     def _read_constraints(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
         """Read and encode `constraints` for the split `stage` decodes: one line per sentence, or one line
         naming the file and what to do."""
-        self._phrases, self.unmet = None, 0
+        self._phrases, self.unmet, self._unmet = None, 0, {}
         if self.constraints is None:
             return
         path = Path(self.constraints)
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = read_lines(path)  # "\n" ends a line, as in every file of lines
         except (OSError, UnicodeDecodeError) as err:
             raise ConfigError(f"evaluation.constraints {path}: cannot read it ({err})") from None
         corpus, split = corpus_split(trainer, stage)
@@ -268,12 +284,9 @@ class TranslationEvaluator(Callback):
         self._gather(trainer, pl_module, "predict", write=True)
 
     def _say_unmet(self) -> None:
-        if self.unmet:
-            print(
-                f"attnx: warning: the maximum output length ended {self.unmet} translation(s) before all their "
-                "evaluation.constraints phrases were written (raise --evaluation.search.max_len_b)",
-                file=sys.stderr,
-            )
+        lines = {reason: sorted(found) for reason, found in self._unmet.items()}
+        for warning in unmet_warnings(lines, self.search, "--evaluation.search."):
+            print(f"attnx: warning: evaluation.constraints {self.constraints}: {warning}", file=sys.stderr)
 
     # ----------------------------------------------------------------------------- gather, write, score
 
