@@ -55,11 +55,16 @@ class Scripted(nn.Module):
         state["t"] = state["t"][index]
 
 
-def search(tok: Tokenizer, script: list[int], constraints: PhraseIds, beam: int = 4) -> list[int]:
+def search(
+    tok: Tokenizer, script: list[int], constraints: PhraseIds, beam: int = 4, prefix: list[int] | None = None
+) -> list[int]:
     decoder = EnsembleDecoder([Scripted(script, tok.vocab_size)])
     src, mask = torch.full((1, 5), 9), torch.ones(1, 5, dtype=torch.bool)
     config = SearchConfig(beam=beam, max_len_a=0, max_len_b=len(script) + 12)
-    [hyps] = generate(decoder, src, mask, config, constraints=[constraints], vocabulary=vocabulary(tok))
+    prefixes = None if prefix is None else [prefix]
+    [hyps] = generate(
+        decoder, src, mask, config, prefixes=prefixes, constraints=[constraints], vocabulary=vocabulary(tok)
+    )
     assert hyps[0].unmet in (None, [])
     return hyps[0].tokens
 
@@ -147,3 +152,13 @@ def test_whole_words_false_matches_inside_compounds_too(tok) -> None:
     [ids] = encode_phrases(tok.encode_batch, [PhraseConstraints((), ("Mann",), whole_words=False)], ["t"])
     out = tok.decode(search(tok, script, ids))
     assert "Mann" not in out, out
+
+
+def test_a_phrase_right_after_an_opening_quote_is_not_written_with_a_space(tok) -> None:
+    """The output must start with `„` (a prefix) and the model would go on with `▁Frau`: the phrase's spaced
+    piece is withheld after the quote."""
+    quote = tok.encode("„")
+    script = [*quote, *tok.encode("Frau"), *tok.encode("“")]
+    assert "„ Frau" in tok.decode(script)
+    out = tok.decode(search(tok, script, phrase(tok, include=["Frau"]), prefix=quote))
+    assert "„ Frau" not in out and surface_contains(out, "Frau") == 1, out

@@ -173,8 +173,12 @@ class LexicalBeam:
         token's log-prob (`-inf` log P: no extension); the selection's answer, with the phrases' banks."""
         k, device, tables = self.k, log_probs.device, self.tables
         rows = row_sent.numel()
-        offers = tables.offered(self.state, row_sent, history[:, -1] if history.shape[1] else None)
-        offers = offers.masked_fill(~self.active(self.count, row_sent).unsqueeze(2), -1).view(rows, -1)
+        offers, withheld = tables.offered(self.state, row_sent, history[:, -1] if history.shape[1] else None)
+        active = self.active(self.count, row_sent)
+        offers = offers.masked_fill(~active.unsqueeze(2), -1).view(rows, -1)
+        withheld = withheld.masked_fill(~active, -1)
+        if bool((withheld >= 0).any()):  # a phrase right after an opening bracket: no space before it
+            log_probs = _withhold(log_probs, withheld)
         row_top, row_token = log_probs.topk(self.kk, dim=1)  # (N, K')
         offered = (offers >= 0) & ~(offers.unsqueeze(2) == row_token.unsqueeze(1)).any(dim=2)
         same = (offers.unsqueeze(2) == offers.unsqueeze(1)) & offered.unsqueeze(1)  # (N, 2C, 2C)
@@ -218,3 +222,11 @@ class LexicalBeam:
         self.state, self.count = self.state[rows], self.count[rows]
         state, count = self._after(history[:, -1:], row_sent)
         self.state, self.count = state.squeeze(1), count.squeeze(1)
+
+
+def _withhold(log_probs: Tensor, pieces: Tensor) -> Tensor:
+    """`log_probs` `(N, V)` with each row's `pieces` `(N, C)` (-1: none) made impossible."""
+    rows, cols = (pieces >= 0).nonzero(as_tuple=True)
+    out = log_probs.clone()
+    out[rows, pieces[rows, cols]] = -math.inf
+    return out

@@ -113,14 +113,15 @@ class TermTables:
         empty = self.empty[tokens].unsqueeze(2)  # (N, T, 1)
         return torch.where(empty, state.unsqueeze(1), new), hit.masked_fill(empty, 0)
 
-    def offered(self, state: Tensor, row_sent: Tensor, last: Tensor | None) -> Tensor:
+    def offered(self, state: Tensor, row_sent: Tensor, last: Tensor | None) -> tuple[Tensor, Tensor]:
         """`(N, C, 2)` the pieces to offer each row for each phrase (-1: none): at a word start after an opening
-        bracket or quote (`last`: each row's last token; None: nothing written) the phrase without a space,
-        after `"`, `'`, `-` or `/` with or without one, elsewhere with one."""
+        bracket or low quote (`last`: each row's last token; None: nothing written) the phrase without a space,
+        after `"`, `'`, `-` or `/` with or without one, elsewhere with one; and `(N, C)` the spaced pieces
+        withheld after an opening bracket (-1: none), which the row may not write there either (`( Frau`)."""
         at = state.clamp(max=self.offers.shape[2] - 1)[:, :, None, None].expand(-1, -1, 1, 2)
         offers = self.offers[row_sent].gather(2, at).squeeze(2)  # (N, C, 2): at START (bare, spaced)
         if self.by_ids:
-            return offers
+            return offers, torch.full_like(offers[..., 1], -1)
         if last is None:
             opens = joins = torch.zeros(state.shape[0], dtype=torch.bool, device=state.device)
         else:
@@ -128,9 +129,10 @@ class TermTables:
         start = state == START
         bare = start & ~(opens | joins).unsqueeze(1)
         spaced = start & opens.unsqueeze(1)
+        withheld = offers[..., 1].masked_fill(~spaced, -1)
         offers[..., 0] = offers[..., 0].masked_fill(bare, -1)
         offers[..., 1] = offers[..., 1].masked_fill(spaced, -1)
-        return offers
+        return offers, withheld
 
     def waits(self, state: Tensor, row_sent: Tensor) -> Tensor:
         """`(N, C)`: rows whose output ends with a whole phrase that the next boundary (or `</s>`) counts."""
