@@ -86,8 +86,8 @@ def row(
             need = c["include"].count(word)
             total += need
             held += min(surface_contains(out, word), need)
-            if "prefix" in c and f"{c['prefix']} {word}" in out:
-                stray += 1
+            if "prefix" in c and re.search(re.escape(f"{c['prefix']} {word}") + r"(?!\w)", out):
+                stray += 1  # the word right after the bracket, a space between
         for word in c.get("exclude", []):
             total += 1
             held += surface_contains(out, word) == 0

@@ -532,3 +532,17 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits_0(checkpoint, tmp_pat
     assert "SIGTERM received" in err and err.rstrip().endswith("attnx serve: stopped")
     assert "Did not terminate gracefully" not in err  # the workers exit on their own, none is killed
     assert "Traceback" not in err
+
+
+def test_a_phrase_the_model_cannot_write_is_answered_422_naming_its_characters(api):
+    """A phrase in a script the model has no pieces for is refused, not counted as met; its neighbour is served."""
+    lit = api(max_batch_size=8)
+    requests = [{"text": ["A dog."], "constraints": [["שלום"]]}, {"text": "A cat."}]
+    answers = lit.unbatch(lit.predict(lit.batch([lit.decode_request(r) for r in requests])))
+    response = lit.encode_response(answers[0])
+    assert response.status_code == 422
+    assert (
+        "cannot write" in json.loads(response.body)["detail"]
+        and "U+05E9" in json.loads(response.body)["detail"]
+    )
+    assert "translations" in answers[1]

@@ -176,7 +176,7 @@ class LexicalBeam:
         offers, withheld = tables.offered(self.state, row_sent, history[:, -1] if history.shape[1] else None)
         active = self.active(self.count, row_sent)
         offers = offers.masked_fill(~active.unsqueeze(2), -1).view(rows, -1)
-        withheld = withheld.masked_fill(~active, -1)
+        withheld = withheld.masked_fill(~active.unsqueeze(2), -1).view(rows, -1)
         if bool((withheld >= 0).any()):  # a phrase right after an opening bracket: no space before it
             log_probs = _withhold(log_probs, withheld)
         row_top, row_token = log_probs.topk(self.kk, dim=1)  # (N, K')
@@ -225,7 +225,7 @@ class LexicalBeam:
 
 
 def _withhold(log_probs: Tensor, pieces: Tensor) -> Tensor:
-    """`log_probs` `(N, V)` with each row's `pieces` `(N, C)` (-1: none) made impossible."""
+    """`log_probs` `(N, V)` with each row's `pieces` `(N, K)` (-1: none) made impossible."""
     rows, cols = (pieces >= 0).nonzero(as_tuple=True)
     out = log_probs.clone()
     out[rows, pieces[rows, cols]] = -math.inf

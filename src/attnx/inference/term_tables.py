@@ -42,6 +42,25 @@ class TermTables:
         self.waiting = torch.full((b, c), -1, dtype=torch.long)  # the state that waits for a boundary
         self.free_start = torch.ones((b, c), dtype=torch.bool)
         self.pieces = torch.zeros(b, dtype=torch.long)  # the output length the phrases take
+        # per phrase, the pieces that begin it after a space (and a space on its own): what may not follow an
+        # opening bracket while the phrase is to be written
+        spaced = [
+            [
+                [
+                    t
+                    for m, t in enumerate(term.tokens)
+                    if vocab.pieces[t][:1] == "▁" and term.nxt[START][m] > START
+                ]
+                + ([vocab.ids["▁"]] if "▁" in vocab.ids else [])
+                for term in row
+            ]
+            for row in terms
+        ]
+        w = max((len(x) for row in spaced for x in row), default=1) or 1
+        self.spaced = torch.full((b, c, w), -1, dtype=torch.long)
+        for i, row in enumerate(spaced):
+            for j, x in enumerate(row):
+                self.spaced[i, j, : len(x)] = torch.tensor(x, dtype=torch.long)
         for i, row in enumerate(terms):
             for j, term in enumerate(row):
                 k, st = len(term.tokens), term.states
@@ -64,6 +83,7 @@ class TermTables:
             "waiting",
             "free_start",
             "pieces",
+            "spaced",
         ):
             setattr(self, name, getattr(self, name).to(device))
         self.starts_free = vocab.starts_free.to(device)
@@ -84,6 +104,7 @@ class TermTables:
             "waiting",
             "free_start",
             "pieces",
+            "spaced",
         ):
             setattr(self, name, getattr(self, name)[index])
 
@@ -116,12 +137,13 @@ class TermTables:
     def offered(self, state: Tensor, row_sent: Tensor, last: Tensor | None) -> tuple[Tensor, Tensor]:
         """`(N, C, 2)` the pieces to offer each row for each phrase (-1: none): at a word start after an opening
         bracket or low quote (`last`: each row's last token; None: nothing written) the phrase without a space,
-        after `"`, `'`, `-` or `/` with or without one, elsewhere with one; and `(N, C)` the spaced pieces
-        withheld after an opening bracket (-1: none), which the row may not write there either (`( Frau`)."""
+        after `"`, `'`, `-` or `/` with or without one, elsewhere with one; and `(N, C, W)` the pieces withheld
+        after an opening bracket (-1: none), which the row may not write there (`( Frau`): every piece that
+        begins the phrase after a space, and a space on its own."""
         at = state.clamp(max=self.offers.shape[2] - 1)[:, :, None, None].expand(-1, -1, 1, 2)
         offers = self.offers[row_sent].gather(2, at).squeeze(2)  # (N, C, 2): at START (bare, spaced)
         if self.by_ids:
-            return offers, torch.full_like(offers[..., 1], -1)
+            return offers, torch.full_like(self.spaced[row_sent], -1)
         if last is None:
             opens = joins = torch.zeros(state.shape[0], dtype=torch.bool, device=state.device)
         else:
@@ -129,7 +151,7 @@ class TermTables:
         start = state == START
         bare = start & ~(opens | joins).unsqueeze(1)
         spaced = start & opens.unsqueeze(1)
-        withheld = offers[..., 1].masked_fill(~spaced, -1)
+        withheld = self.spaced[row_sent].masked_fill(~spaced.unsqueeze(-1), -1)
         offers[..., 0] = offers[..., 0].masked_fill(bare, -1)
         offers[..., 1] = offers[..., 1].masked_fill(spaced, -1)
         return offers, withheld

@@ -154,8 +154,12 @@ class Vocabulary:
                 s = self.pieces[i]
                 if not whole_words or boundary(s[len(s) - j - 1], p[0]):
                     found.add(i)
-        for m in range(1, n):  # (3) going on past the phrase's end
-            found.update(i for i in self.prefixes.get(p[m:], ()) if len(self.pieces[i]) > n - m)
+        wordy = whole_words and not is_free(p[-1])  # a whole word ends only before a boundary
+        for m in range(1, n):  # (3) going on past the phrase's end: where the phrase ends inside the piece
+            for i in self.prefixes.get(p[m:], ()):
+                s = self.pieces[i]
+                if len(s) > n - m and (not wordy or is_free(s[n - m])):
+                    found.add(i)
         if n < self.longest:
             found.update(i for piece, i in self.ids.items() if p in piece and len(piece) > n)
         return sorted(found)
