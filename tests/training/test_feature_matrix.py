@@ -235,7 +235,11 @@ IN_ONE_PROCESS = [(p, f) for p in ALONE for f in FEATURES]
 def test_a_feature_holds_in_each_precision_and_resumes(
     matrix_corpus: Path, parents: dict[str, Path], tmp_path: Path, precision: str, case: str
 ) -> None:
-    options = case_options(case, parents)
+    resumes_alike(matrix_corpus, tmp_path, precision, case_options(case, parents))
+
+
+def resumes_alike(matrix_corpus: Path, tmp_path: Path, precision: str, options: list[str]) -> None:
+    """The run with `options` holds its tensors right, and resumed from its step-2 checkpoint ends as it does."""
     whole = fit_here(matrix_corpus, tmp_path / "whole", precision, *options)
     held_right(tmp_path / "whole")
     middle = tmp_path / "middle.ckpt"

@@ -21,10 +21,10 @@ from tests.training.test_feature_matrix import (
     case_options,
     checkpoint_at,
     fit_argv,
-    fit_here,
     held_right,
     make_corpus,
     make_parents,
+    resumes_alike,
     resuming,
     same_weights,
 )
@@ -47,14 +47,7 @@ def parents(matrix_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 def test_every_feature_together_holds_in_each_precision_and_resumes(
     matrix_corpus: Path, parents: dict[str, Path], tmp_path: Path, precision: str, case: str
 ) -> None:
-    options = case_options(case, parents)
-    whole = fit_here(matrix_corpus, tmp_path / "whole", precision, *options)
-    held_right(tmp_path / "whole")
-    middle = tmp_path / "middle.ckpt"
-    shutil.copy(checkpoint_at(whole, 2), middle)
-    resumed = fit_here(matrix_corpus, tmp_path / "resumed", precision, *resuming(options, middle))
-    held_right(tmp_path / "resumed")
-    same_weights(whole, resumed, precision)
+    resumes_alike(matrix_corpus, tmp_path, precision, case_options(case, parents))
 
 
 UNDER_DDP = [

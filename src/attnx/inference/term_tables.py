@@ -13,6 +13,9 @@ from attnx.inference.terms import MID, START, Term, Vocabulary
 
 __all__ = ["TermTables"]
 
+FIELDS = ("tokens", "nxt", "events", "offers", "lengths", "need", "waiting", "free_start", "pieces", "spaced")
+"""The tables' tensors indexed by sentence: moved to the device together, kept together on re-packing."""
+
 
 class TermTables:
     """A batch's phrases as tensors: per sentence `C` of them (padding: length 0, needed 0 times).
@@ -73,18 +76,7 @@ class TermTables:
                 self.waiting[i, j] = len(term.text) + 1 if term.waits else -1
                 self.free_start[i, j] = term.free_start
                 self.pieces[i] += term.pieces * need
-        for name in (
-            "tokens",
-            "nxt",
-            "events",
-            "offers",
-            "lengths",
-            "need",
-            "waiting",
-            "free_start",
-            "pieces",
-            "spaced",
-        ):
+        for name in FIELDS:
             setattr(self, name, getattr(self, name).to(device))
         self.starts_free = vocab.starts_free.to(device)
         self.ends_free = vocab.ends_free.to(device)
@@ -94,18 +86,7 @@ class TermTables:
 
     def keep(self, index: Tensor) -> None:
         """Keep the sentences `index` (re-packing)."""
-        for name in (
-            "tokens",
-            "nxt",
-            "events",
-            "offers",
-            "lengths",
-            "need",
-            "waiting",
-            "free_start",
-            "pieces",
-            "spaced",
-        ):
+        for name in FIELDS:
             setattr(self, name, getattr(self, name)[index])
 
     def start(self, rows: int) -> Tensor:
