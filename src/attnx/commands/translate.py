@@ -123,7 +123,8 @@ def translate(
             {"include": ["phrase", ...], "exclude": ["phrase", ...], "ordered": false}, a JSON array of
             phrases to include, null, a JSON string (one phrase), or else tab-separated phrases to include.
             Every translation contains each phrase to include (in the given order with "ordered": true) and
-            none to exclude; docs/decoding.md.
+            none to exclude, as whole words however the model spells them ("whole_words": false: inside
+            longer words too); docs/decoding.md.
         constraint: The same constraints for every input line, written as one line of --constraints, e.g.
             --constraint Bestellnummer or --constraint '{"exclude": ["Auftragsnummer"]}'.
         token_scores: Also write each target piece's log-probability (jsonl: pieces and token_log_probs;
