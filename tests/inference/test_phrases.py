@@ -119,7 +119,7 @@ def test_what_no_search_can_meet_is_refused_naming_the_input():
     with pytest.raises(ConfigError, match="need beam search"):
         check_phrases([PhraseIds([[5]])], [[9]], None, SearchConfig(sampling=True))
     with pytest.raises(ConfigError, match="contains one to exclude"):
-        check_phrases([PhraseIds([[5, 6, 7]], [[6, 7]])], [[9]], None, beam4)
+        check_phrases([PhraseIds([[5, 6, 7]], [[6, 7]], whole_words=False)], [[9]], None, beam4)
     check_phrases([PhraseIds([[5] * 9])], [[]], None, beam4)  # a blank input is not searched
     check_phrases([PhraseIds(exclude=[[5, 6]])], [[9]], None, SearchConfig(sampling=True))
 

@@ -21,7 +21,7 @@ from attnx.errors import ConfigError
 from attnx.inference.config import SearchConfig
 from attnx.inference.decoder import EnsembleDecoder
 from attnx.inference.lexical import PhraseIds
-from attnx.inference.phrases import PhraseConstraints, encode_phrases
+from attnx.inference.phrases import PhraseConstraints, check_phrases, encode_phrases
 from attnx.inference.search import generate
 from attnx.inference.term_tables import TermTables
 from attnx.inference.terms import surface_contains, vocabulary
@@ -142,7 +142,8 @@ def test_a_phrase_the_model_cannot_write_is_refused_naming_its_characters(tok) -
 def test_a_phrase_to_include_that_holds_one_to_exclude_is_refused(tok) -> None:
     with pytest.raises(ConfigError, match="contains the one to exclude"):
         encode_phrases(tok.encode_batch, [PhraseConstraints(("ein Mann",), ("Mann",))], ["line 1"])
-    encode_phrases(tok.encode_batch, [PhraseConstraints(("Mannschaft",), ("Mann",))], ["line 1"])  # a word
+    compound = encode_phrases(tok.encode_batch, [PhraseConstraints(("Mannschaft",), ("Mann",))], ["line 1"])
+    check_phrases(compound, [[9]], None, SearchConfig(beam=4))  # a compound holds no word of its own
 
 
 def test_whole_words_false_matches_inside_compounds_too(tok) -> None:

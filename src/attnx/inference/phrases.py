@@ -229,7 +229,9 @@ def check_phrases(
                 f"more than the {limit} this input may have (search.max_len_a * input length + search.max_len_b, "
                 "within the model's positions): shorten them or raise --search.max_len_b"
             )
-        for inc in c.include:
+        # phrases as whole words: encode_phrases compared their texts (an id run inside a compound's ids is no
+        # word of it); matched anywhere, a run of ids inside another phrase's is text inside its text
+        for inc in c.include if not c.whole_words else ():
             for exc in c.exclude:
                 if contains(inc, exc):
                     raise ConfigError(
