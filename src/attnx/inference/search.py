@@ -99,8 +99,9 @@ def generate(
             raise ConfigError(
                 f"{len(phrases)} constraints for {b} sources: give one (possibly None) per source"
             )
-        lexical = None
-        words = vocabulary or Vocabulary.of_ids(decoder.vocab_size)
+        lexical, bans = None, None
+        if any(c.include or c.exclude for c in phrases):  # the pieces' spelling, built only for phrases
+            words = vocabulary or Vocabulary.of_ids(decoder.vocab_size)
         if any(c.include for c in phrases):
             if config.sampling:
                 raise ConfigError(
@@ -109,7 +110,6 @@ def generate(
             terms, needs, origin = compile_phrases(words, phrases, include=True)
             tables = TermTables(words, terms, device, needs)
             lexical = LexicalBeam(k, decoder.vocab_size, tables, [c.ordered for c in phrases], device, origin)
-        bans = None
         if any(c.exclude for c in phrases):
             terms, _, _ = compile_phrases(words, phrases, include=False)
             bans = TermTables(words, terms, device)
