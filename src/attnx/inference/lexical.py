@@ -40,8 +40,8 @@ __all__ = ["LexicalBeam", "PhraseIds", "compile_phrases"]
 
 @dataclass
 class PhraseIds:
-    """One input's lexical constraints: phrases as target ids (SentencePiece pieces, no `<s>`/`</s>`) and, where
-    they came as text, that text, which is what is matched ([`terms`][attnx.inference.terms])."""
+    """One input's lexical constraints: phrases as target ids (SentencePiece pieces, no `<s>`/`</s>`), matched on
+    the text they spell ([`terms`][attnx.inference.terms])."""
 
     include: list[list[int]] = field(default_factory=list)
     """Phrases every output must contain (a phrase listed twice: twice)."""
@@ -49,9 +49,6 @@ class PhraseIds:
     """Phrases no output may contain."""
     ordered: bool = False
     """The `include` phrases must appear in the given order, each after the end of the one before."""
-    text: tuple[list[str], list[str]] | None = None
-    """The `include` and `exclude` phrases as the model's normalizer writes them (`▁` for a space); None: the
-    text their ids spell."""
     whole_words: bool = True
     """Match the phrases as whole words (False: anywhere, e.g. inside compounds)."""
 
@@ -65,10 +62,8 @@ def compile_phrases(
     terms, needs, origins = [], [], []
     for c in phrases:
         ids = c.include if include else c.exclude
-        if c.text is not None:
-            texts = c.text[0 if include else 1]
-        else:  # the text the ids spell, without the space a word's first piece starts with
-            texts = [vocab.spell(x) if vocab.by_ids else vocab.spell(x).strip("▁") for x in ids]
+        # the text the ids spell (the normalizer's, encode_phrases encoded), without a word's leading space
+        texts = [vocab.spell(x) if vocab.by_ids else vocab.spell(x).strip("▁") for x in ids]
         if not all(texts):
             raise ConfigError("an empty phrase: give its words, or leave it out")
         whole = c.whole_words and not vocab.by_ids
@@ -86,7 +81,7 @@ def compile_phrases(
                     f"the phrase {text.replace('▁', ' ')!r} has characters no piece of the model spells: {err}"
                 ) from None
         terms.append(row)
-        needs.append([len(positions) if include else 1 for positions in unique.values()])
+        needs.append([len(positions) for positions in unique.values()])
         origins.append([positions for positions in unique.values()])
     return terms, needs, origins
 
@@ -190,7 +185,7 @@ class LexicalBeam:
         # The bank of each candidate: the progress of its hypothesis.
         state, count = self._after(token, row_sent)  # (N, M, C)
         need, lengths = tables.need[row_sent].unsqueeze(1), tables.lengths[row_sent].unsqueeze(1)
-        partial = tables.progress(state, row_sent) * self.active(count, row_sent)  # the phrases still written
+        partial = tables.progress(state) * self.active(count, row_sent)  # the phrases still written
         bank = (lengths * count.minimum(need)).sum(dim=2) + partial.sum(dim=2)  # (N, M)
 
         m = token.shape[1]

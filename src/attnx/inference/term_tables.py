@@ -141,7 +141,8 @@ class TermTables:
         """`(N, C)`: rows whose output ends with a whole phrase that the next boundary (or `</s>`) counts."""
         return state == self.waiting[row_sent]
 
-    def progress(self, state: Tensor, row_sent: Tensor) -> Tensor:
+    @staticmethod
+    def progress(state: Tensor) -> Tensor:
         """`(N, ..., C)` characters of each phrase the output ends with (0 mid-word or at a start)."""
         return (state - 1).clamp(min=0)
 

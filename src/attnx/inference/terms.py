@@ -208,7 +208,7 @@ def compile_term(vocab: Vocabulary, text: str, whole_words: bool = True) -> Term
 
 def _compile(vocab: Vocabulary, p: str, whole: bool) -> Term:
     n = len(p)
-    ok = (lambda a, b: boundary(a, b)) if whole else (lambda a, b: True)
+    ok = boundary if whole else (lambda a, b: True)
     # fail[k]: the longest proper suffix of p[:k] that is a prefix of p and starts at a boundary within p
     fail = [0] * (n + 1)
     for k in range(2, n + 1):
