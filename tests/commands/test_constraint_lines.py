@@ -17,6 +17,7 @@ from attnx.cli import main as attnx_main
 from attnx.commands.constraint_lines import ConstraintLines
 from attnx.errors import ConfigError
 from attnx.inference.phrases import PhraseConstraints
+from tests.commands.conftest import stop_in_the_second_chunk
 
 LINES = ["A man is walking a dog in the park.", "Two children play with a ball.", "", "A woman reads a book."]
 
@@ -257,7 +258,6 @@ def test_which_engine_decodes_a_line_is_decided_once_whatever_the_chunks_and_on_
     """Lines with constraints (to include or exclude) by attnx's engine over the checkpoint, the others by
     CTranslate2, in input order: one chunk a line, one chunk for all, and a run stopped after its first
     chunk and continued all decode each line with the same engine, and give the same output."""
-    from attnx.commands.streaming import TranslationJob
 
     lines = [*LINES[:2], "The dog runs.", LINES[3], "A girl sings.", "Two dogs play with a ball."]
     inputs = write(tmp_path / "in.en", lines)
@@ -287,15 +287,7 @@ def test_which_engine_decodes_a_line_is_decided_once_whatever_the_chunks_and_on_
 
     resumed = tmp_path / "resumed.txt"
     argv = ["--constraints", str(cons), "--buffer_size", "2"]
-    decode, chunks = TranslationJob.decode, []
-
-    def stopped_in_the_second_chunk(job, chunk, first):
-        chunks.append(first)
-        if len(chunks) == 2:
-            raise KeyboardInterrupt
-        return decode(job, chunk, first)
-
-    monkeypatch.setattr(TranslationJob, "decode", stopped_in_the_second_chunk)
+    stop_in_the_second_chunk(monkeypatch)
     assert translate(export, inputs, resumed, *argv) == 130
     monkeypatch.undo()
     capsys.readouterr()
@@ -311,21 +303,13 @@ def test_a_continued_run_whose_engines_would_differ_is_refused(
 ):
     """Stopped while attnx's engine decoded its lines with phrases to exclude, a run is not continued by
     CTranslate2's bans once the checkpoint is gone: one line says so, and the partial output is kept."""
-    from attnx.commands.streaming import TranslationJob
 
     inputs = write(tmp_path / "in.en", LINES)
     cons = write(tmp_path / "c.jsonl", ['{"exclude": ["Mann"]}', "", "", '{"exclude": ["Frau"]}'])
     export = export_beside(ct2_export, tmp_path, trained)
     out = tmp_path / "out.txt"
     argv = ["--constraints", str(cons), "--buffer_size", "2"]
-    decode = TranslationJob.decode
-
-    def stopped_in_the_second_chunk(job, chunk, first):
-        if first > 1:
-            raise KeyboardInterrupt
-        return decode(job, chunk, first)
-
-    monkeypatch.setattr(TranslationJob, "decode", stopped_in_the_second_chunk)
+    stop_in_the_second_chunk(monkeypatch)
     assert translate(export, inputs, out, *argv) == 130
     monkeypatch.undo()
     partial = tmp_path / "out.txt.attnx-partial"

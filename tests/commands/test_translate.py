@@ -22,6 +22,7 @@ import attnx
 from attnx.cli import main as attnx_main
 from attnx.commands.streaming import run_options
 from attnx.inference.config import SearchConfig
+from tests.commands.conftest import stop_in_the_second_chunk
 from tests.inference.test_phrases import FORMS
 from tests.inference.test_translator import LINES, spelled
 
@@ -858,7 +859,6 @@ def test_seeded_sampling_repeats_and_a_resumed_run_gives_the_uninterrupted_outpu
     seed of its own that every engine's generator takes (an export refused every seeded run: its chunk seeds
     had 63 bits). The same command gives the same lines, and a run stopped by Ctrl+C in its second chunk
     continues, run again, to the output of the run that was not stopped."""
-    from attnx.commands.streaming import TranslationJob
 
     path = request.getfixturevalue(model)
     src = write_lines(tmp_path / "in.txt", SOURCES + SOURCES[::-1])  # 8 lines: 4 chunks
@@ -869,15 +869,7 @@ def test_seeded_sampling_repeats_and_a_resumed_run_gives_the_uninterrupted_outpu
         assert attnx_main(export_argv(path, src, out, *seeded)) == 0, capsys.readouterr().err
     assert whole.read_bytes() == again.read_bytes()
     assert len(whole.read_text(encoding="utf-8").splitlines()) == 2 * 8 - 2  # a blank line: one hypothesis
-    decode, chunks = TranslationJob.decode, []
-
-    def stopped_in_the_second_chunk(job, chunk, first):
-        chunks.append(first)
-        if len(chunks) == 2:
-            raise KeyboardInterrupt
-        return decode(job, chunk, first)
-
-    monkeypatch.setattr(TranslationJob, "decode", stopped_in_the_second_chunk)
+    stop_in_the_second_chunk(monkeypatch)
     capsys.readouterr()
     assert attnx_main(export_argv(path, src, resumed, *seeded)) == 130
     assert "stopped by Ctrl+C after 2 of 8 line(s)" in capsys.readouterr().err and not resumed.exists()
