@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -210,7 +211,7 @@ class SampledBatches(BatchDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = {**self.__dict__, "_sp": None}
-        state.pop("_merges", None)  # rebuilt in each worker
+        state.pop("merges", None)  # rebuilt in each worker
         return state
 
     @property
@@ -229,12 +230,10 @@ class SampledBatches(BatchDataset):
         room = self.max_tokens // max(len(lengths), 1)
         return max(width, min(room, width_limit(self.max_tokens, self.max_positions)))
 
-    @property
+    @cached_property
     def merges(self) -> MergeTable | None:
         """The BPE model's merges (None for a unigram model), built once per process."""
-        if "_merges" not in self.__dict__:
-            self.__dict__["_merges"] = MergeTable(self.sp) if _is_bpe(Tokenizer(self.sp)) else None
-        return self.__dict__["_merges"]
+        return MergeTable(self.sp) if _is_bpe(Tokenizer(self.sp)) else None
 
     def _sample(self, prepared: list[list[int]], key: tuple[int, ...]) -> list[list[int]]:
         """Sampled ids of `prepared` segmentations drawn from `key` alone: BPE-dropout by attnx's own merges
