@@ -8,6 +8,7 @@ import os
 import random
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +22,11 @@ from attnx.inference.precision import PrecisionChoice, decoding_probe
 from attnx.model import TransformerConfig
 
 REPO = Path(__file__).resolve().parents[1]
+
+# what `auto` measures is kept in a file of the test session's own, never in the user's (attnx.choices), and
+# nothing is inherited from a command that started pytest
+os.environ["ATTNX_CHOICES"] = str(Path(tempfile.mkdtemp(prefix="attnx-choices-")) / "choices.json")
+os.environ.pop("ATTNX_INHERITED_CHOICES", None)
 
 
 def bench_script(name: str) -> ModuleType:
@@ -65,6 +71,13 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError("no free TCP port from 20000 to 32767")
+
+
+@pytest.fixture(autouse=True)
+def _choices_of_this_test(tmp_path_factory, monkeypatch) -> None:
+    """What `auto` measures in a test is kept in a file of that test's own, and nothing is inherited."""
+    monkeypatch.setenv("ATTNX_CHOICES", str(tmp_path_factory.mktemp("choices") / "choices.json"))
+    monkeypatch.setenv("ATTNX_INHERITED_CHOICES", "{}")
 
 
 @pytest.fixture(autouse=True)

@@ -46,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "configs": "attnx.commands.models:configs",
     "plugins": "attnx.commands.models:plugins",
     "describe": "attnx.commands.models:describe",
+    "choices": "attnx.commands.choices:choices",
 }
 """Command name → `module:function`; modules are imported only when their command runs."""
 

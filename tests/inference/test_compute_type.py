@@ -81,3 +81,40 @@ def test_the_probe_times_each_type_on_the_model_itself(ct2_export: Path) -> None
     seconds = time_compute_types(ct2_export, torch.device("cpu"), 1, ["float32", "int8"])
     assert list(seconds) == ["float32", "int8"]
     assert all(math.isfinite(s) and s > 0 for s in seconds.values())
+
+
+def test_the_timings_are_kept_so_three_commands_decode_in_one_type(ct2_export: Path, monkeypatch) -> None:
+    """The probe's timings wander (int8 fastest, then float32, then int8_float32); the first is kept, so every
+    later command (each a new process) decodes the export in the same type without timing it again."""
+    from attnx.inference.compute_type import measured_by
+
+    readings = iter(
+        [
+            {"float32": 1.0, "int8": 0.8, "int8_float32": 0.9},
+            {"float32": 0.7, "int8": 0.8, "int8_float32": 0.9},
+            {"float32": 1.0, "int8": 0.8, "int8_float32": 0.6},
+        ]
+    )
+    calls = []
+
+    def timer(directory, device, threads, types):
+        calls.append(types)
+        return next(readings)
+
+    measure = measured_by(timer, keep=True)
+    chosen = []
+    for _ in range(3):
+        monkeypatch.setenv("ATTNX_INHERITED_CHOICES", "{}")
+        chosen.append(measure(ct2_export, torch.device("cpu"), 1, ["float32", "int8", "int8_float32"]))
+    assert [c.compute_type for c in chosen] == ["int8"] * 3 and len(calls) == 1
+    assert "kept in" in chosen[1].reason and chosen[1] == chosen[2]
+
+
+def test_timings_beside_busy_processes_take_the_exports_own_type(ct2_export: Path, monkeypatch) -> None:
+    import attnx.choices as choices
+    from attnx.inference.compute_type import measured_by
+
+    monkeypatch.setattr(choices, "busy_cores", lambda measure: (measure(), 0.9))
+    measure = measured_by(lambda *args: {"float32": 1.0, "int8": 0.5}, keep=True)
+    choice = measure(ct2_export, torch.device("cpu"), 1, ["float32", "int8"])
+    assert choice.compute_type == "float32" and "0.9 cores busy" in choice.reason  # exported unquantized

@@ -154,3 +154,81 @@ def test_attnx_fit_command_prints_the_precision_of_this_cpu(corpus: Path, tmp_pa
         assert lines[0] == "precision: 32-true (CPU has no bf16 units)"
     saved = yaml.safe_load((tmp_path / "runs" / "tiny" / "version_0" / "config.yaml").read_text())
     assert saved["trainer"]["precision"] == lines[0].split()[1]
+
+
+class Speedups:
+    """A probe of a machine whose readings wander (a busy one): the next of `ratios` at each call."""
+
+    def __init__(self, *ratios: float) -> None:
+        self.ratios, self.calls = list(ratios), 0
+
+    def __call__(self, *args, **kwargs) -> float:
+        self.calls += 1
+        return self.ratios.pop(0)
+
+
+def weights(run: Path) -> dict:
+    import torch
+
+    checkpoint = run / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_three_fits_on_one_machine_train_alike_beside_a_busy_process(
+    corpus: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """The probe's readings wander (1.4x, then 0.9x, then 1.5x); the first is kept, so every run trains in the
+    same precision with the same shape buckets, batches and weights, the second one beside a process that keeps
+    a core busy."""
+    import torch
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(ZEN4))
+    speedups = Speedups(1.4, 0.9, 1.5)
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", speedups)
+    runs = []
+    for i in range(3):
+        monkeypatch.setenv("ATTNX_INHERITED_CHOICES", "{}")  # each run a new command
+        (work := tmp_path / f"run{i}").mkdir()
+        burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if i == 1 else None
+        try:
+            lines, trainer = fit(corpus, work, "--trainer.precision", "null")
+        finally:
+            if burner is not None:
+                burner.kill()
+                burner.wait()
+        runs.append(([x for x in lines if x.startswith(("precision:", "batches:"))], trainer["precision"]))
+    assert speedups.calls == 1
+    assert runs[0][1] == runs[1][1] == runs[2][1] == "bf16-mixed"
+    assert runs[0][0][1:] == runs[1][0][1:] == runs[2][0][1:] and "shape_buckets 8" in runs[0][0][1]
+    assert "kept in" in runs[1][0][0] and "measured" in runs[1][0][0]
+    first = weights(tmp_path / "run0")
+    for i in (1, 2):
+        assert all(torch.equal(first[k], v) for k, v in weights(tmp_path / f"run{i}").items())
+
+
+def test_a_resumed_fit_trains_in_the_precision_its_run_recorded(corpus: Path, tmp_path: Path, monkeypatch):
+    """A resume takes the precision the run started in from its folder, whatever the probe says now."""
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(ZEN4))
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", Speedups(1.6))
+    fit(corpus, tmp_path, "--trainer.precision", "null")
+    monkeypatch.setenv("ATTNX_CHOICES", "off")  # nothing kept: the probe would now say fp32
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", never_probed)
+    run = tmp_path / "runs" / "tiny" / "version_0"
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.chdir(tmp_path)
+        resumed = fit_args(corpus, "--trainer.max_steps", "2", "--trainer.precision", "null")
+        assert attnx([*resumed, "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]) == 0
+    said = [x for x in out.getvalue().splitlines() if x.startswith("precision:")]
+    recorded = "runs/tiny/version_0/config.yaml"
+    assert said == [f"precision: bf16-mixed (the precision this run trained in, recorded in {recorded})"]
+
+
+def test_a_probe_beside_busy_processes_trains_in_fp32_and_keeps_nothing(monkeypatch) -> None:
+    import attnx.choices as choices
+
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", Speedups(2.0))
+    monkeypatch.setattr(choices, "busy_cores", lambda measure: (measure(), 1.5))
+    choice = precision.kept_cpu_precision(ZEN4)
+    assert choice.precision == "32-true" and "1.5 cores busy" in choice.reason
+    assert not Path(os.environ["ATTNX_CHOICES"]).exists()

@@ -51,9 +51,9 @@ def batch_plan(values: Any, base: Path) -> str | None:
                     on_gpu = str(trainer.get("accelerator", "auto")) in ("gpu", "cuda")
                     precision = trainer.get("precision")
                     if precision is None and not on_gpu:  # chosen from this CPU's bf16 units, as fit does
-                        from attnx.training.precision import choose_cpu_precision, cpu_flags
+                        from attnx.training.precision import kept_cpu_precision
 
-                        precision = choose_cpu_precision(cpu_flags()).precision
+                        precision = kept_cpu_precision().precision
                     datamodule.shape_buckets = auto_shape_buckets(str(precision), on_gpu)
                 return datamodule.train_sampler.summary()
             except (DataError, OSError, KeyError, ValueError) as err:
@@ -75,12 +75,12 @@ def run_estimate(
     """The estimate lines of `describe --device`, from the config's trainer and data sections; `trainable`:
     the parameters that train where not all do (LoRA)."""
     from attnx.training.estimate import estimate_run, larger_batches
-    from attnx.training.precision import FP32, choose_cpu_precision, cpu_flags
+    from attnx.training.precision import FP32, kept_cpu_precision
 
     trainer, data = section(values, "trainer"), section(values, "data")
     precision = precision or trainer.get("precision")
     if not precision:
-        precision = choose_cpu_precision(cpu_flags()).precision if device == "cpu" else "bf16-mixed"
+        precision = kept_cpu_precision().precision if device == "cpu" else "bf16-mixed"
     if device != "cpu" and str(precision).startswith("32"):
         precision = FP32
     max_tokens = int(data.get("max_tokens") or 4096)

@@ -169,7 +169,8 @@ class AttnxCLI(LightningCLI):
             )
         trainer = config.get("trainer") or {}
         check_devices(trainer)
-        if subcommand == "fit" and (choice := resolve_cpu_precision(trainer)):
+        resumed_in = self.resumed.log_dir if self.resumed is not None else None
+        if subcommand == "fit" and (choice := resolve_cpu_precision(trainer, resumed_in)):
             print(choice.line(), flush=True)  # trainer.precision unset: chosen from the CPU's bf16 units
         elif subcommand == "fit" and (slow := emulated_bf16_line(trainer)) and rank_zero_only.rank == 0:
             print(f"attnx fit: warning: {slow}", file=sys.stderr, flush=True)

@@ -6,8 +6,10 @@ The probe loads the export in each supported type and times a beam search of a f
 pieces, 16 output tokens each, ends forbidden until then, so every type does the same work), the types in
 turns, best of [`PROBE_REPEATS`][attnx.inference.compute_type.PROBE_REPEATS]. Which type wins depends on the CPU: CTranslate2's
 int8 needs fast integer dot products (AVX512-VNNI, AMX) to beat its float32, and on some CPUs with them it
-still does not. The choice is said on standard error in one line, measured once per process for each export,
-device and thread count; [`compute_type_probe`][attnx.inference.compute_type.compute_type_probe] replaces
+still does not. The choice is said on standard error in one line. The timings are kept per machine kind,
+CTranslate2 version, device, thread count and model shape ([`attnx.choices`][attnx.choices]), so every later
+command decodes such an export in the same type; within a process it is settled once for each export, device and
+thread count; [`compute_type_probe`][attnx.inference.compute_type.compute_type_probe] replaces
 the timing (tests, benchmarks).
 """
 
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 
 from attnx.checkpoint.digests import check_digests
+from attnx.choices import Remembered, machine_key
 from attnx.data.batch import EOS_ID
 from attnx.data.tokenizer import Tokenizer
 from attnx.inference.config import AUTO, check_precision
@@ -121,22 +124,45 @@ def fastest(seconds: dict[str, float]) -> ComputeTypeChoice:
     return ComputeTypeChoice(best, f"the fastest here by a probe ({', '.join(others)} its speed)")
 
 
-def measured_by(timer: Timer) -> Callable[..., ComputeTypeChoice]:
+def measured_by(timer: Timer, keep: bool = False) -> Callable[..., ComputeTypeChoice]:
     """What measures `auto`'s choice for an export with `timer`: its files checked first (a damaged model.bin
-    is not timed), then the fastest of the candidates (default: those CTranslate2 supports on the device)."""
+    is not timed), then the fastest of the candidates (default: those CTranslate2 supports on the device).
+    With `keep`, the timings are kept per machine kind, CTranslate2 version, device, threads and model shape
+    ([`attnx.choices`][attnx.choices]) and read back by later commands instead of timing again."""
 
     def measure(
         directory: Path, device: torch.device, threads: int, types: Sequence[str] | None
     ) -> ComputeTypeChoice:
-        check_digests(directory, read_metadata(directory) or {}, METADATA)
+        meta = read_metadata(directory) or {}
+        check_digests(directory, meta, METADATA)
         candidates = list(types) if types is not None else supported_compute_types(device)
-        return fastest(timer(directory, device, threads, candidates))
+        if not keep:
+            return fastest(timer(directory, device, threads, candidates))
+        seconds = Remembered(
+            machine_key(
+                "ctranslate2 compute types",
+                import_ctranslate2().__version__,
+                device,
+                threads,
+                candidates,
+                meta.get("transformer"),
+                meta.get("quantization"),
+            ),
+            lambda: timer(directory, device, threads, candidates),
+            f"seconds of a CTranslate2 beam search in each compute type, {device} (decoding an export, auto)",
+        )
+        choice = fastest(seconds())
+        if seconds.busy:  # the type the export was written in
+            own = str(meta.get("quantization") or "float32")
+            own = own if own in candidates else "float32"
+            return ComputeTypeChoice(own, seconds.noted(f"the export's own type, {own}"))
+        return ComputeTypeChoice(choice.compute_type, seconds.noted(choice.reason))
 
     return measure
 
 
 _probe: ProbeCache[Callable[..., ComputeTypeChoice], ComputeTypeChoice] = ProbeCache(
-    measured_by(time_compute_types), ComputeTypeChoice.line
+    measured_by(time_compute_types, keep=True), ComputeTypeChoice.line
 )
 
 

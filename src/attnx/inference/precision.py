@@ -15,7 +15,10 @@ model's beam-search steps measured 1.6x fp32 (--precision 32-true to override)`.
 * CUDA: bf16-mixed where the device computes bf16 and the same probe, run on it, reaches that ratio; 32-true
   elsewhere (a search step's products are small: on a GPU they are bound by launches, not arithmetic).
 
-The choice is measured once per process for each device and model shape;
+The probe's ratio is kept per machine kind, library versions and model shape ([`attnx.choices`][attnx.choices]):
+every later command, a resumed translation included, decodes such a model in the same precision without
+timing again, and a probe taken on a busy machine says so and is not kept. Within a process the choice is made
+once for each device and model shape;
 [`decoding_probe`][attnx.inference.precision.decoding_probe] replaces the probe (tests, benchmarks).
 """
 
@@ -30,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from attnx.choices import Remembered, machine_key
 from attnx.inference.config import AUTO, check_precision
 from attnx.inference.decoder import Decoder, as_decoder
 from attnx.inference.probes import ProbeCache
@@ -133,25 +137,44 @@ def choose_bf16(
     return PrecisionChoice(FP32, "CPU has no bf16 units")
 
 
+def kept_decoding_speedup(decoder: Decoder, device: torch.device) -> Remembered[float]:
+    """[`bf16_decoding_speedup`][attnx.inference.step_probe.bf16_decoding_speedup] of `decoder` on `device`,
+    measured once per machine kind and model shape and kept ([`attnx.choices`][attnx.choices])."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return Remembered(
+        machine_key("bf16 over fp32 decoding steps", name, model_signature(decoder)),
+        lambda: bf16_decoding_speedup(decoder, device),
+        f"bf16-mixed over 32-true beam-search step speed of a model, {name} (decoding --precision auto)",
+    )
+
+
 def probe_device(device: torch.device, decoder: Decoder) -> PrecisionChoice:
-    """The precision `auto` decodes `decoder` in on `device` (`cpu` or `cuda[:N]`, where its models are),
-    measured now."""
+    """The precision `auto` decodes `decoder` in on `device` (`cpu` or `cuda[:N]`, where its models are):
+    from its probe's ratio, kept per machine kind and model shape (measured where none is kept)."""
     what = "this model's beam-search steps"
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         if not torch.cuda.is_bf16_supported():
             return PrecisionChoice(FP32, f"{name} has no bf16 units")
-        ratio = bf16_decoding_speedup(decoder, device)
+        speedup = kept_decoding_speedup(decoder, device)
+        ratio = speedup()
+        if speedup.busy:
+            return PrecisionChoice(FP32, speedup.noted(f"{name} has bf16 units, bf16 not measured"))
         if ratio >= MIN_DECODE_BF16_SPEEDUP:
-            return PrecisionChoice(BF16, f"{what} measured {ratio:.1f}x fp32 on {name}")
+            return PrecisionChoice(BF16, speedup.noted(f"{what} measured {ratio:.1f}x fp32 on {name}"))
         return PrecisionChoice(
-            FP32, f"{what} measured only {ratio:.1f}x fp32 on {name} (below {MIN_DECODE_BF16_SPEEDUP}x)"
+            FP32,
+            speedup.noted(
+                f"{what} measured only {ratio:.1f}x fp32 on {name} (below {MIN_DECODE_BF16_SPEEDUP}x)"
+            ),
         )
     if device.type != "cpu":
         return PrecisionChoice(FP32, f"no probe for {device.type} devices")
-    return choose_bf16(
-        cpu_flags(), lambda: bf16_decoding_speedup(decoder, device), MIN_DECODE_BF16_SPEEDUP, what
-    )
+    speedup = kept_decoding_speedup(decoder, device)
+    choice = choose_bf16(cpu_flags(), speedup, MIN_DECODE_BF16_SPEEDUP, what)
+    if speedup.busy:
+        return PrecisionChoice(FP32, speedup.noted("CPU has AVX512-BF16, bf16 not measured"))
+    return PrecisionChoice(choice.precision, speedup.noted(choice.reason))
 
 
 Probe = Callable[[torch.device, Decoder], PrecisionChoice]

@@ -11,20 +11,28 @@ rule:
 * AVX512-BF16 without AMX (e.g. AMD Zen 4): bf16-mixed only if a short probe at start measures bf16 matrix
   products at least [`MIN_BF16_SPEEDUP`][attnx.training.precision.MIN_BF16_SPEEDUP] × fp32, fp32 otherwise.
 * No bf16 units (AVX2 only): fp32. bf16 there is emulated and up to ~90× slower.
+
+The probe's ratio is kept per machine kind ([`attnx.choices`][attnx.choices]): later runs, resumes and `attnx
+describe` take the same precision, and with it the same shape buckets and batches, without timing again
+([`kept_cpu_precision`][attnx.training.precision.kept_cpu_precision]).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
+from attnx.choices import Remembered, machine_key
 from attnx.inference.precision import (
     AMX_FLAGS,
     AVX512_BF16_FLAG,
     BF16,
     FP32,
+    TRAINING_SHAPE,
     PrecisionChoice,
     bf16_matmul_speedup,
     choose_bf16,
@@ -43,6 +51,8 @@ __all__ = [
     "cpu_flags",
     "cpu_has_bf16_units",
     "emulated_bf16_line",
+    "kept_cpu_precision",
+    "recorded_precision",
     "resolve_cpu_precision",
     "trains_on_cpu",
 ]
@@ -63,6 +73,22 @@ def choose_cpu_precision(
     return choose_bf16(flags, speedup, MIN_BF16_SPEEDUP)
 
 
+def kept_cpu_precision(flags: Iterable[str] | None = None) -> PrecisionChoice:
+    """[`choose_cpu_precision`][attnx.training.precision.choose_cpu_precision] for this CPU (`flags`: its
+    flags), with the probe's ratio measured once per machine kind and kept ([`attnx.choices`][attnx.choices]);
+    the reason says how it was settled."""
+    flags = cpu_flags() if flags is None else frozenset(flags)
+    speedup = Remembered(
+        machine_key("bf16 over fp32 training matrix products", TRAINING_SHAPE),
+        bf16_matmul_speedup,
+        "bf16 over fp32 matrix-product speed of a training batch (attnx fit, trainer.precision null)",
+    )
+    choice = choose_cpu_precision(flags, speedup)
+    if speedup.busy:
+        return PrecisionChoice(FP32, speedup.noted("CPU has AVX512-BF16, bf16 not measured"))
+    return PrecisionChoice(choice.precision, speedup.noted(choice.reason))
+
+
 def trains_on_cpu(accelerator: Any) -> bool:
     """Whether a Trainer with this `accelerator` setting runs on the CPU."""
     accelerator = str(accelerator or "auto")
@@ -71,12 +97,30 @@ def trains_on_cpu(accelerator: Any) -> bool:
     return accelerator == "auto" and not torch.cuda.is_available() and not torch.backends.mps.is_available()
 
 
-def resolve_cpu_precision(trainer: Any) -> PrecisionChoice | None:
-    """Set `trainer["precision"]` from the CPU where it is unset and the run is on CPU; returns the choice
-    made, or None where the config's own value (or Lightning's GPU default) stands."""
+def recorded_precision(log_dir: Path | None) -> str | None:
+    """The precision a run trained in, as its folder's `config.yaml` records it (None where it records none)."""
+    try:
+        with open(Path(log_dir) / "config.yaml", encoding="utf-8") as f:
+            trainer = (yaml.safe_load(f) or {}).get("trainer") or {}
+    except (OSError, TypeError, AttributeError, yaml.YAMLError):
+        return None
+    precision = trainer.get("precision") if isinstance(trainer, dict) else None
+    return str(precision) if precision not in (None, "auto") else None
+
+
+def resolve_cpu_precision(trainer: Any, log_dir: Path | None = None) -> PrecisionChoice | None:
+    """Set `trainer["precision"]` where it is unset and the run is on CPU: for a resumed run (`log_dir`, its
+    folder) the precision it trained in, else the CPU's ([`kept_cpu_precision`][attnx.training.precision.kept_cpu_precision]);
+    returns the choice made, or None where the config's own value (or Lightning's GPU default) stands."""
     if trainer.get("precision") is not None or not trains_on_cpu(trainer.get("accelerator")):
         return None
-    choice = choose_cpu_precision(cpu_flags())
+    recorded = recorded_precision(log_dir) if log_dir is not None else None
+    if recorded is not None:
+        choice = PrecisionChoice(
+            recorded, f"the precision this run trained in, recorded in {log_dir}/config.yaml"
+        )
+    else:
+        choice = kept_cpu_precision()
     trainer["precision"] = choice.precision
     return choice
 
