@@ -121,3 +121,36 @@ def test_fit_refuses_a_checkpoint_of_weights_only_and_says_what_to_use(
     assert "Traceback" not in err and err.splitlines()[-1].startswith(
         f"attnx fit: error: --ckpt_path {averaged} is an averaged checkpoint: it holds weights only"
     ), err
+
+
+def test_last_and_best_of_a_run_dir_are_its_own(corpus: Path, tmp_path: Path, capsys) -> None:
+    """`--ckpt_path last --run_dir DIR` looked among the loggers' runs/NAME/version_N and found no run there."""
+    run = tmp_path / "lora_medical"
+    (run / "checkpoints").mkdir(parents=True)
+    last = tiny_checkpoint(corpus, run / "checkpoints" / "last.ckpt")
+    assert checked_checkpoint("test", "last", csv_logger(tmp_path / "runs"), run) == str(last)
+    assert capsys.readouterr().err == f"attnx test: --ckpt_path last is {last} (the run in {run})\n"
+    with pytest.raises(CheckpointError) as caught:
+        checked_checkpoint("test", "best", csv_logger(tmp_path / "runs"), run)
+    assert str(caught.value) == (
+        f"--ckpt_path best: {run} holds no checkpoints/best.ckpt; a run keeps one when trained with --best.metric "
+        "bleu (or loss, ppl); pass a checkpoint's path"
+    )
+
+
+def test_a_missing_loose_checkpoint_names_the_config_s_newest_run_s_file(
+    corpus: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`attnx test --ckpt_path averaged.ckpt` said ". holds no checkpoint", where the config's run has one."""
+    monkeypatch.chdir(tmp_path)
+    for version in (0, 1):
+        (tmp_path / "runs" / "tiny" / f"version_{version}" / "checkpoints").mkdir(parents=True)
+        tiny_checkpoint(
+            corpus, tmp_path / "runs" / "tiny" / f"version_{version}" / "checkpoints" / "averaged.ckpt"
+        )
+    newest = Path("runs/tiny/version_1/checkpoints/averaged.ckpt")
+    os.utime(newest, ns=(time.time_ns() + 10**9,) * 2)
+    assert attnx(fit_args(corpus, "--ckpt_path", "averaged.ckpt", subcommand="test")) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"attnx test: error: checkpoint averaged.ckpt does not exist; the newest run of this config has {newest}"
+    ]

@@ -35,3 +35,9 @@ def test_the_resume_hint_of_a_fine_tuning_run_drops_init_from() -> None:
     assert resume_command(argv, Path("runs/tiny/version_0/checkpoints/last.ckpt")) == (
         "attnx fit --config tiny --trainer.max_steps 5 --ckpt_path runs/tiny/version_0/checkpoints/last.ckpt"
     )
+
+
+def test_a_missing_checkpoint_is_left_for_the_command_to_name(tmp_path: Path) -> None:
+    """The model override read the checkpoint first, and its one line could not name the config's runs."""
+    argv = ["test", "--config", "tiny", "--ckpt_path", str(tmp_path / "averaged.ckpt")]
+    assert checkpoint_override(argv) == argv

@@ -113,6 +113,22 @@ def test_a_decoding_command_without_weights_says_what_to_pass(subcommand: str, c
     assert "or set ckpt_path in the config" in line
 
 
+def test_the_hint_of_a_command_without_weights_names_the_newest_run_s_averaged_checkpoint(
+    corpus: Path, tmp_path: Path, capsys
+) -> None:
+    """It named runs/NAME/version_0/checkpoints/averaged.ckpt, whatever the config's runs."""
+    assert "(e.g. runs/tiny/version_N/checkpoints/averaged.ckpt)" in refusal(
+        fit_args(corpus, subcommand="test"), capsys
+    )
+    averaged = Path("runs/tiny/version_0/checkpoints/averaged.ckpt")
+    averaged.parent.mkdir(parents=True)
+    averaged.touch()
+    line = refusal(fit_args(corpus, subcommand="test"), capsys)
+    assert f"(e.g. {averaged}, the newest run of this config)" in line, line
+    line = refusal(fit_args(corpus, "--name", "lora", subcommand="test"), capsys)
+    assert "(e.g. runs/lora/checkpoints/averaged.ckpt)" in line, line
+
+
 def test_the_trainer_writes_checkpoints_atomically_unless_the_config_gives_its_own_io(
     corpus: Path, build
 ) -> None:

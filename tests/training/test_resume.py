@@ -180,3 +180,24 @@ def test_a_new_run_pins_its_loggers_to_one_new_folder(tmp_path: Path) -> None:
     trainer = loggers(tmp_path / "runs")
     assert continue_run(trainer, None, {}) is False
     assert [logger["init_args"]["version"] for logger in trainer["logger"]] == [1, 1]
+
+
+def test_a_checkpoint_of_another_run_says_the_folder_it_continues_in(tmp_path: Path, capsys) -> None:
+    """Resumed into a folder --run_dir chose (or a new version_N), the line names that folder, not the
+    loggers' save_dir."""
+    from attnx.training.run_dir import place_loggers
+    from attnx.training.runs import Resumed
+
+    other = Resumed(tmp_path / "a" / "last.ckpt", 4, tmp_path / "elsewhere" / "version_0", None, {})
+    trainer = loggers(tmp_path / "runs")
+    place_loggers(trainer, tmp_path / "runs" / "lora")
+    assert continue_run(trainer, other, {"model": {}}) is False
+    out = capsys.readouterr().out
+    assert f"continues in a new run folder, {tmp_path / 'runs' / 'lora'}: its own run's folder" in out
+    assert f"{tmp_path / 'elsewhere' / 'version_0'}, is not where this command logs" in out
+    fresh = loggers(tmp_path / "logs")
+    assert continue_run(fresh, other, {"model": {}}) is False
+    assert (
+        f"continues in a new run folder, {tmp_path / 'logs' / 'tiny' / 'version_0'}:"
+        in capsys.readouterr().out
+    )

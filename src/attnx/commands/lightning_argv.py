@@ -45,7 +45,8 @@ def checkpoint_override(argv: list[str]) -> list[str]:
             ckpt = argv[i + 1]
         elif arg.startswith("--ckpt_path="):
             ckpt = arg.split("=", 1)[1]
-    if not ckpt or ckpt in ("null", *RUN_KEYWORDS, *LIGHTNING_KEYWORDS):
+    # a missing file is left for the command to name, with the config's runs (attnx.commands.ckpt_path)
+    if not ckpt or ckpt in ("null", *RUN_KEYWORDS, *LIGHTNING_KEYWORDS) or not Path(ckpt).is_file():
         return argv
     return [*argv, "--model.transformer", json.dumps(model_from_checkpoint(ckpt))]
 

@@ -12,7 +12,8 @@ written atomically and read with `weights_only=True`.
 A run is one folder across its restarts ([attnx.training.runs][]): `--ckpt_path CKPT` resumes the run CKPT
 belongs to, in its folder, applying the options a run may change (one line each) and refusing the others;
 `--init_from CKPT` starts a new run from CKPT's weights with a fresh optimizer, schedule and step count
-([attnx.training.resume][]).
+([attnx.training.resume][]). `--run_dir DIR` (or `--name NAME`, `<save_dir>/NAME`) chooses a new run's folder;
+`validate`, `test` and `predict` log inside the run their checkpoint lies in ([attnx.training.run_dir][]).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from attnx.checkpoint import read_checkpoint
-from attnx.commands.ckpt_path import checked_checkpoint
+from attnx.commands.ckpt_path import averaged_example, checked_checkpoint
 from attnx.commands.devices import check_devices
 from attnx.commands.lightning_console import with_progress_bar
 from attnx.commands.usage import config_file_action
@@ -48,7 +49,8 @@ from attnx.training.optimizers import SCHEDULER_NEEDS_OPTIMIZER, choice_line, co
 from attnx.training.precision import emulated_bf16_line, resolve_cpu_precision
 from attnx.training.progress import ProgressLog
 from attnx.training.resume import check_init_from, continue_run, load_initial_weights
-from attnx.training.runs import Resumed, RunFolder, evaluation_folder, resumed_run
+from attnx.training.run_dir import chosen_folder, evaluation_folder, has_loggers, place_loggers, refuse_taken
+from attnx.training.runs import Resumed, RunFolder, pin_versions, resumed_run
 from attnx.training.throughput import TokenThroughput
 
 DECODING_COMMANDS = ("validate", "test", "predict")
@@ -104,15 +106,38 @@ class AttnxCLI(LightningCLI):
             "count (fine-tuning, domain adaptation, the second stage of back-translation); the config's model "
             "must have the checkpoint's architecture. --ckpt_path instead resumes the checkpoint's run.",
         )
+        parser.add_argument(
+            "--run_dir",
+            type=str | None,
+            default=None,
+            help="fit: the folder the run writes, exactly (fairseq's --save-dir, Marian's -m): its checkpoints/, "
+            "metrics.csv, config.yaml, hparams.yaml and TensorBoard events, for every logger of the config, "
+            "instead of <save_dir>/<name>/version_N. A folder that holds a run already is refused unless "
+            "--ckpt_path resumes that run (--ckpt_path last and best are looked up in it); a resumed run "
+            "continues in its own folder without it. validate/test/predict: the run whose --ckpt_path last or "
+            "best to decode (they log in the run their checkpoint lies in, RUN/test/<checkpoint name>/).",
+        )
+        parser.add_argument(
+            "--name",
+            type=str | None,
+            default=None,
+            help="Short for --run_dir <the loggers' save_dir>/NAME (e.g. runs/NAME), with no version_N: "
+            "attnx fit --init_from parent.ckpt --name lora_medical writes runs/lora_medical.",
+        )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         super().parse_arguments(parser, args)
         self.resumed: Resumed | None = None
         self.run_config = ""
+        self.run_dir: Path | None = None
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
         config = self.config[subcommand]
+        self.run_dir = chosen_folder(config.get("run_dir"), config.get("name"), config.get("trainer") or {})
+        self.run_option = (
+            f"--run_dir {config['run_dir']}" if config.get("run_dir") else f"--name {config.get('name')}"
+        )
         if config.get("init_from") and subcommand != "fit":
             raise ConfigError(
                 f"--init_from is for attnx fit; attnx {subcommand} reads weights from --ckpt_path"
@@ -123,7 +148,9 @@ class AttnxCLI(LightningCLI):
                 "resumes a run (its optimizer, schedule and step), --init_from starts a new one from the weights; "
                 "pass one of them"
             )
-        config["ckpt_path"] = checked_checkpoint(subcommand, config.get("ckpt_path"), config.get("trainer"))
+        config["ckpt_path"] = checked_checkpoint(
+            subcommand, config.get("ckpt_path"), config.get("trainer"), self.run_dir
+        )
         if subcommand != "fit":
             ckpt_path = config.get("ckpt_path")
             if ckpt_path and Path(ckpt_path).is_file():  # its run folder only: the weights load later
@@ -149,24 +176,19 @@ class AttnxCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config.get(subcommand, self.config) if subcommand else self.config
         self.continued = False
-        if subcommand == "fit":
-            if self.resumed is not None:  # the command line's and config's model, not the checkpoint's
-                config["model"] = self.typed_model
-            self.continued = continue_run(config.get("trainer") or {}, self.resumed, self.typed)
-        else:  # a checkpoint of one of this config's runs: its logs and translations in that run's folder
-            folder = evaluation_folder(self.resumed, config.get("trainer") or {}, subcommand)
-            if folder is not None and rank_zero_only.rank == 0:
-                print(
-                    f"attnx {subcommand}: {self.resumed.checkpoint} belongs to the run {self.resumed.log_dir}; "
-                    f"this {subcommand} logs in {folder}",
-                    flush=True,
-                )
         if subcommand in DECODING_COMMANDS and not config.get("ckpt_path"):
             raise ConfigError(
                 f"attnx {subcommand} needs weights: pass --ckpt_path CHECKPOINT (e.g. "
-                "runs/NAME/version_0/checkpoints/averaged.ckpt), or set ckpt_path in the config; without it "
-                "the model would be randomly initialised"
+                f"{averaged_example(config.get('trainer') or {}, self.run_dir)}), or set ckpt_path in the config; "
+                "without it the model would be randomly initialised"
             )
+        if subcommand == "fit":
+            if self.resumed is not None:  # the command line's and config's model, not the checkpoint's
+                config["model"] = self.typed_model
+            self._place_run(config.get("trainer") or {})
+            self.continued = continue_run(config.get("trainer") or {}, self.resumed, self.typed)
+        elif subcommand:
+            self._place_evaluation(config.get("trainer") or {}, subcommand)
         trainer = config.get("trainer") or {}
         check_devices(trainer)
         resumed_in = self.resumed.log_dir if self.resumed is not None else None
@@ -181,6 +203,43 @@ class AttnxCLI(LightningCLI):
         threads = config.get("torch_threads")
         if threads:
             torch.set_num_threads(threads)
+
+    def _place_run(self, trainer: Any) -> None:
+        """fit: the run's folder where the command chose it (`--run_dir`, `--name`), or where the resumed run's was
+        chosen; a folder holding another run is refused in one line."""
+        folder, option, resumed = self.run_dir, self.run_option, self.resumed
+        resumes = resumed is not None and resumed.log_dir is not None and resumed.log_dir.is_dir()
+        if folder is None and resumes and any((resumed.config or {}).get(key) for key in ("run_dir", "name")):
+            folder, option = resumed.log_dir, f"--ckpt_path {resumed.checkpoint}"  # it continues there
+        if folder is None:
+            return
+        if not has_loggers(trainer):
+            raise ConfigError(
+                f"{option}: the config leaves trainer.logger to Lightning's default, which numbers its own "
+                "version_N folders; name the loggers (e.g. lightning.pytorch.loggers.CSVLogger with a save_dir), "
+                "or set trainer.logger false"
+            )
+        if rank_zero_only.rank == 0:  # the others may start once rank 0 has begun writing the folder (DDP)
+            refuse_taken(folder, option, resumes and resumed.log_dir.resolve() == folder.resolve())
+        place_loggers(trainer, folder)
+
+    def _place_evaluation(self, trainer: Any, subcommand: str) -> None:
+        """validate/test/predict: log in the run the checkpoint lies in, or in a folder beside a checkpoint of no
+        run, never in a new `version_N`; said in one line."""
+        if self.resumed is None:  # a checkpoint Lightning resolves itself (`hpc`, `registry`)
+            pin_versions(trainer, None, None)
+            return
+        checkpoint = self.resumed.checkpoint
+        folder, run = evaluation_folder(checkpoint, trainer, subcommand)
+        if self.run_dir is not None and (run is None or run.resolve() != self.run_dir.resolve()):
+            raise ConfigError(
+                f"{self.run_option}: --ckpt_path {checkpoint} is not a checkpoint of the run in {self.run_dir} "
+                f"(attnx {subcommand} logs in the run its checkpoint lies in); pass --ckpt_path last, best or a file "
+                f"of {self.run_dir / 'checkpoints'}, or leave {self.run_option.split()[0]} out"
+            )
+        if rank_zero_only.rank == 0:
+            whose = f"belongs to the run {run}" if run is not None else "lies in no run's checkpoints/ folder"
+            print(f"attnx {subcommand}: {checkpoint} {whose}; this {subcommand} logs in {folder}", flush=True)
 
     @staticmethod
     def configure_optimizers(module: Any, optimizer: Any, lr_scheduler: Any = None) -> Any:
@@ -198,13 +257,15 @@ class AttnxCLI(LightningCLI):
         if callbacks is None:
             callbacks = (init.get("trainer") or {}).get("callbacks") or []
             callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-        # also where the checkpoint's run folder entry is only restored (test): Lightning asks for its callback
+        # also where a checkpoint's entries are only restored (validate, test, predict): Lightning asks for the
+        # callback of every state a checkpoint holds, and RunFolder and CorpusMixLog do nothing else there
         callbacks.append(
             RunFolder(self.run_config, self.resumed if subcommand == "fit" else None, self.continued)
         )
         if subcommand == "fit":
             callbacks.append(CapturedSteps(self.config["fit"].get("cuda_graphs")))
-            callbacks.append(CorpusMixLog())  # logs only where data.corpus_weights/sampling_temperature mix
+        # logs only in fit, where data.corpus_weights/sampling_temperature mix
+        callbacks.append(CorpusMixLog())
         kwargs["callbacks"] = callbacks
         return super().instantiate_trainer(plugins=plugins, **kwargs)
 

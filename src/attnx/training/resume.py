@@ -138,21 +138,29 @@ def continue_run(trainer: Any, resumed: Resumed | None, typed: dict[str, Any]) -
             print(line, flush=True)
     if version is None:
         pin_versions(trainer, None, None)
-        if speak and logger_groups(trainer):
-            where = (
-                f"its run folder {resumed.log_dir} is not"
-                if resumed.log_dir
-                else "its run folder is not known, nor"
+        if speak and (groups := logger_groups(trainer)):
+            places = dict.fromkeys(  # a folder --run_dir/--name chose has its version set, not numbered
+                str(folder / run_version(args.get("version")))
+                for folder, members in groups.items()
+                for args in members
             )
+            own = f"its own run's folder, {resumed.log_dir}," if resumed.log_dir else "its own run's folder"
             print(
-                f"resume: {resumed.checkpoint} continues in a new run folder: {where} one of this config's "
-                f"({', '.join(str(f) for f in logger_groups(trainer))})",
+                f"resume: {resumed.checkpoint} continues in a new run folder, {', '.join(places)}: {own} is not "
+                "where this command logs",
                 flush=True,
             )
         return False
     pin_versions(trainer, version, resumed.step)
     tensorboard_purge(trainer, resumed.step)
     return True
+
+
+def run_version(version: Any) -> str:
+    """A logger's `version` as the folder it names: `version_3` for 3, a chosen folder's name as it is."""
+    if isinstance(version, str):
+        return version
+    return f"version_{version}" if version is not None else "version_N"
 
 
 def check_init_from(path: str, transformer: dict[str, Any]) -> None:

@@ -1,10 +1,11 @@
 """A run is a folder, across all its restarts.
 
-`attnx fit` makes `runs/NAME/version_N` for a new run once it starts; `--ckpt_path` resumes the run the
-checkpoint belongs to in that same folder (NeMo's `resume_if_exists`): its loggers keep their version, the
-CSV and TensorBoard logs continue without the steps after the checkpoint (the killed segment's, which the
-resumed run logs again), and the step checkpoints keep accumulating under one `keep` rule, so
-`AverageCheckpoints` averages the last k of the whole run.
+`attnx fit` makes `runs/NAME/version_N` for a new run once it starts (or the folder `--run_dir`/`--name`
+chooses, [attnx.training.run_dir][]); `--ckpt_path` resumes the run the checkpoint belongs to in that same
+folder (NeMo's `resume_if_exists`): its loggers keep their version, the CSV and TensorBoard logs continue without
+the steps after the checkpoint (the killed segment's, which the resumed run logs again), and the step
+checkpoints keep accumulating under one `keep` rule, so `AverageCheckpoints` averages the last k of the whole
+run.
 
 A validation due at the very step where a stop signal saved is not run (stopping comes first, and Lightning's
 loop does not go back to it on resume): the logs lack that one validation row.
@@ -38,19 +39,20 @@ from attnx.checkpoint import atomic_copy
 from attnx.errors import ConfigError
 from attnx.files import atomic_write
 from attnx.model import TRAINING_ONLY
+from attnx.training.run_dir import VERSION, checkpoint_run, logger_groups, remove_unstarted
 
 STATE_KEY = "RunFolder"
 """The checkpoint's `callbacks` entry holding the run folder and the config each segment ran with."""
 
-IGNORED = ("ckpt_path", "init_from", "config", "model.transformer.vocab_size")
+IGNORED = ("ckpt_path", "init_from", "config", "model.transformer.vocab_size", "run_dir", "name")
 """Config keys a resume never compares: the checkpoint itself, the config files' names (their values are
-compared), and the vocabulary size (linked from the data; a mismatch is refused when the weights load)."""
+compared), the vocabulary size (linked from the data; a mismatch is refused when the weights load), and the
+run's folder (`--run_dir`, `--name`: a resume continues in the checkpoint's)."""
 
 FIXED = ("seed_everything",)
 """Keys outside the model that a run cannot change: the dropout masks and the batch order follow the seed."""
 
 _STEP_FILE = re.compile(r"^step=(\d+)\.ckpt$")
-_VERSION = re.compile(r"^version_(\d+)$")
 
 
 class ResumeRefused(ConfigError):
@@ -64,7 +66,8 @@ class Resumed:
     checkpoint: Path
     step: int
     log_dir: Path | None
-    """The run folder its segment logged to (`runs/NAME/version_N`), if known."""
+    """The run folder its segment logged to (`runs/NAME/version_N`, or the `--run_dir` it was given), if
+    known."""
     config: dict[str, Any] | None
     """The config its segment ran with (None for checkpoints written before attnx recorded it)."""
     model: dict[str, Any]
@@ -78,8 +81,8 @@ def resumed_run(path: str | Path, checkpoint: dict[str, Any]) -> Resumed:
     path = Path(path)
     state = (checkpoint.get("callbacks") or {}).get(STATE_KEY) or {}
     log_dir = Path(state["log_dir"]) if state.get("log_dir") else None
-    if log_dir is None and path.parent.name == "checkpoints" and _VERSION.match(path.parent.parent.name):
-        log_dir = path.parent.parent  # a checkpoint of an attnx that did not record it
+    if log_dir is None or not log_dir.is_dir():  # not recorded (an earlier attnx), or recorded from another
+        log_dir = checkpoint_run(path) or log_dir  # working directory: the run the checkpoint lies in
     config = yaml.safe_load(state["config"]) if state.get("config") else None
     timer = (checkpoint.get("callbacks") or {}).get("Timer") or {}
     return Resumed(
@@ -111,7 +114,14 @@ def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _ignored(key: str) -> bool:
-    return key in IGNORED or (key.startswith("trainer.logger") and key.endswith(("version", "purge_step")))
+    """Where the run logs is not how it trains (a run's own `config.yaml` records the folder its loggers were
+    placed in, `--run_dir`): the folder a resume continues in is decided apart (`continued_version`)."""
+    where = ("version", "purge_step", "save_dir", ".name")
+    return (
+        key in IGNORED
+        or key == "trainer.default_root_dir"
+        or (key.startswith("trainer.logger") and key.endswith(where))
+    )
 
 
 def config_changes(before: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -153,26 +163,18 @@ def model_changes(checkpoint_model: dict[str, Any], model: dict[str, Any]) -> li
 # -------------------------------------------------------------------------------------------- the folder
 
 
-def logger_groups(trainer: Any) -> dict[Path, list[dict[str, Any]]]:
-    """The `init_args` of the trainer config's loggers, grouped by their `save_dir/name` folder."""
-    loggers = trainer.get("logger") if hasattr(trainer, "get") else None
-    loggers = loggers if isinstance(loggers, list) else [loggers]
-    groups: dict[Path, list[dict[str, Any]]] = {}
-    for logger in loggers:
-        args = logger.get("init_args") if hasattr(logger, "get") else None
-        if args is None or "save_dir" not in args:
-            continue
-        groups.setdefault(Path(str(args["save_dir"])) / str(args.get("name") or "lightning_logs"), []).append(
-            args
-        )
-    return groups
-
-
-def continued_version(resumed: Resumed, trainer: Any) -> int | None:
-    """The version of this config's loggers that the resumed checkpoint's run logged to, if it exists here."""
+def continued_version(resumed: Resumed, trainer: Any) -> int | str | None:
+    """The version of this config's loggers that the resumed checkpoint's run logged to, if it exists here: its
+    `version_N`, or the folder the loggers were placed in (`--run_dir`) when it is the checkpoint's run."""
     if resumed.log_dir is None or not resumed.log_dir.is_dir():
         return None
-    match = _VERSION.match(resumed.log_dir.name)
+    run = resumed.log_dir.resolve()
+    placed = [args for members in logger_groups(trainer).values() for args in members]
+    placed = [args for args in placed if isinstance(args.get("version"), str)]
+    if placed:  # a folder chosen for this run: the checkpoint's run continues only there
+        folder = Path(str(placed[0]["save_dir"])) / str(placed[0]["name"] or "") / placed[0]["version"]
+        return placed[0]["version"] if folder.resolve() == run else None
+    match = VERSION.match(resumed.log_dir.name)
     if match is None:
         return None
     parent = resumed.log_dir.parent.resolve()
@@ -181,7 +183,7 @@ def continued_version(resumed: Resumed, trainer: Any) -> int | None:
     return None
 
 
-def pin_versions(trainer: Any, version: int | None, purge_step: int | None) -> None:
+def pin_versions(trainer: Any, version: int | str | None, purge_step: int | None) -> None:
     """Give the loggers sharing a folder one version: `version`, or the next free one (a new run); for a
     continued run, TensorBoard hides the events from `purge_step` on (the steps the resumed run logs again)."""
     for folder, members in logger_groups(trainer).items():
@@ -193,24 +195,6 @@ def pin_versions(trainer: Any, version: int | None, purge_step: int | None) -> N
             ).version  # the next free version_N; nothing is written
         for args in members:
             args["version"] = version if version is not None else new
-
-
-def evaluation_folder(resumed: Resumed | None, trainer: Any, subcommand: str) -> Path | None:
-    """`validate`, `test` and `predict` of a checkpoint of one of this config's runs log into that run's folder,
-    `runs/NAME/version_N/<subcommand>/<checkpoint name>` (a test of `averaged.ckpt` and one of `last.ckpt` keep
-    their translations apart); returns that folder, or None (a checkpoint of no run of this config: a new
-    `version_N`, as before)."""
-    version = continued_version(resumed, trainer) if resumed is not None else None
-    if version is None:
-        pin_versions(trainer, None, None)
-        return None
-    name = f"version_{version}/{subcommand}/{resumed.checkpoint.stem}"
-    run = resumed.log_dir.parent.resolve()
-    for folder, members in logger_groups(trainer).items():
-        if folder.resolve() == run:  # continued_version found one
-            for args in members:
-                args["version"] = name
-    return resumed.log_dir / subcommand / resumed.checkpoint.stem
 
 
 def tensorboard_purge(trainer: Any, step: int) -> None:
@@ -293,30 +277,6 @@ def set_aside_later_checkpoints(directory: Path, step: int, resumed: Path) -> tu
         os.replace(last, aside / "last.ckpt")
         atomic_copy(resumed, last)
     return aside, [p.name for p in later]
-
-
-OWN_FILES = ("config.yaml", "hparams.yaml", "metrics.csv")
-"""What a run writes in its folder before its first step, besides TensorBoard's `events.out.tfevents.*`."""
-
-
-def remove_unstarted(folder: Path) -> bool:
-    """Remove a new run's folder that never trained, if it holds only what the run wrote before its first
-    step (never anything else); returns whether it did."""
-    if not folder.is_dir():
-        return False
-    entries = list(folder.iterdir())
-    own = [
-        p
-        for p in entries
-        if (p.is_file() and (p.name in OWN_FILES or p.name.startswith("events.out.tfevents.")))
-        or (p.is_dir() and p.name == "checkpoints" and not any(p.iterdir()))
-    ]
-    if len(own) != len(entries):
-        return False
-    for path in own:
-        path.rmdir() if path.is_dir() else path.unlink()
-    folder.rmdir()
-    return True
 
 
 class RunFolder(Callback):
