@@ -94,21 +94,41 @@ def test_test_decodes_the_averaged_checkpoint_and_prints_scores(run: Path, corpu
 
 
 def test_test_of_a_training_checkpoint_writes_beside_it_without_lightning_s_callback_warning(
-    run: Path, corpus: Path, capsys
+    run: Path, corpus: Path, capsys, recwarn: pytest.WarningsRecorder
 ) -> None:
+    """A training checkpoint holds CorpusMixLog's counts, and a test trainer without that callback had Lightning
+    print "Please add the following callbacks: ['CorpusMixLog']"; its translations went to `test.test.hyp`."""
     ckpt = run / "checkpoints" / "last.ckpt"
+    assert "CorpusMixLog" in torch.load(ckpt, weights_only=True)["callbacks"]
     extra = ["--ckpt_path", str(ckpt), "--evaluation.search.beam", "1"]
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(run.parents[2])
         assert attnx(fit_args(corpus, *extra, subcommand="test")) == 0
     out = capsys.readouterr()
-    assert "Please add the following callbacks" not in out.err + out.out
-    hyp = run / "test" / "last" / "test.test.hyp"
+    # Lightning's warning goes through `warnings`, which pytest records rather than prints
+    said = [str(w.message) for w in recwarn] + [out.err, out.out]
+    assert not [text for text in said if "Please add the following callbacks" in text], said
+    hyp = run / "test" / "last" / "test.hyp"
     assert len(hyp.read_text(encoding="utf-8").splitlines()) == 50
-    assert (
-        out.out.splitlines()[-1]
-        == f"translations written to {Path('runs/tiny/version_0/test/last/test.test.hyp')}"
-    )
+    assert out.out.splitlines()[-1] == f"translations written to {hyp}"  # in the folder of the path given
+
+
+def test_test_s_last_count_is_printed_once(
+    run: Path, corpus: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a log file a count is printed every minute and once at the end: where the last batch's minute line gave
+    the final count, it came twice."""
+    from attnx.inference import progress
+
+    monkeypatch.setattr(
+        progress, "LOG_EVERY", 0.0
+    )  # a line for every batch: the last one gives the final count
+    extra = ["--ckpt_path", str(run / "checkpoints" / "averaged.ckpt"), "--evaluation.search.beam", "1"]
+    monkeypatch.chdir(run.parents[2])
+    assert attnx(fit_args(corpus, *extra, "--data.eval_max_tokens", "200", subcommand="test")) == 0
+    counts = [line for line in capsys.readouterr().err.splitlines() if line.startswith("attnx test: ")]
+    assert len(counts) > 1 and counts[-1].startswith("attnx test: 50/50 sentences (100.0%)"), counts
+    assert len([line for line in counts if "50/50" in line]) == 1, counts
 
 
 def test_predict_writes_translations_in_corpus_order(run: Path, corpus: Path) -> None:

@@ -157,7 +157,32 @@ def test_quickstart_runs_as_written(
     printed = capsys.readouterr().out
     assert len(printed.splitlines()) == 2  # the first page prints one translation per sentence
     # The files the page points the reader to exist where it says.
-    hyp = "runs/multi30k_cpu/version_1/test.test.hyp"
+    hyp = "multi30k.test/test.hyp"
     assert hyp in PAGE.read_text(encoding="utf-8")
     for path in (hyp, "runs/multi30k_cpu/version_0/checkpoints/averaged.ckpt", "multi30k.ckpt"):
         assert (tmp_path / path).is_file(), path
+
+
+def test_the_undertrained_warning_it_quotes_is_the_one_fit_prints():
+    """The page's example of the warning is the line `attnx fit` prints (numbers aside), for the steps the
+    config's RecipePace says its 30 minutes were written for."""
+    from attnx.training.fit_estimate import RecipePace, undertrained_line
+    from tests.training.test_fit_estimate import estimate_of
+
+    [pace] = [
+        c
+        for c in yaml.safe_load(CONFIG.read_text())["trainer"]["callbacks"]
+        if "RecipePace" in c["class_path"]
+    ]
+    assert pace["init_args"] == {"steps": 3000, "minutes": 30}
+    text = " ".join(PAGE.read_text(encoding="utf-8").split())
+    assert "what its 30 minutes were written for, about 3,000 steps" in text
+    quoted = re.search(r"`(warning: the model will be undertrained: [^`]+)`", text)
+    assert quoted, f"{PAGE.name} lost its example of the warning"
+    printed = undertrained_line(RecipePace(**pace["init_args"]), estimate_of(142, step_seconds=12.6), 1800.0)
+    assert printed is not None
+
+    def numbers_aside(line: str) -> str:
+        return re.sub(r"\d[\d,:.]*", "N", line)
+
+    assert numbers_aside(quoted.group(1)) == numbers_aside(printed)

@@ -205,7 +205,7 @@ def test_test_compares_a_reduced_precision_with_fp32_when_asked_and_warns_where_
     compared = [line for line in out.splitlines() if line.startswith("bf16-mixed against 32-true on 3 lines")]
     assert len(compared) == 1 and "66.7% of lines identical" in compared[0]  # only when asked
     assert f"attnx test: warning: {compared[0]}" in err.splitlines()
-    assert (tmp_path / "test.test.hyp").read_text().splitlines()[1] == "zwei Kinder"  # what ran: bf16
+    assert (tmp_path / "test.hyp").read_text().splitlines()[1] == "zwei Kinder"  # what ran: bf16
 
 
 def test_a_test_in_fp32_has_nothing_to_compare(tmp_path, capsys) -> None:
@@ -382,3 +382,23 @@ def test_a_constraints_file_line_of_every_form_reads_as_attnx_translate_reads_it
     evaluator._read_constraints(trainer, module, "test")
     assert texts == [[*expected.include, *expected.exclude, "Hund"]]
     assert evaluator._phrases is not None and (evaluator._phrases[0] is None) == (not expected)
+
+
+def test_a_limited_validation_scores_the_first_sentences_of_the_batches_it_validates(capsys) -> None:
+    """`trainer.limit_val_batches` may leave out every one of the split's first `bleu_samples` sentences: BLEU then
+    scores the first ones of the batches validated (said once) rather than failing on no lines."""
+    evaluator = TranslationEvaluator(search=SearchConfig(beam=4), bleu_samples=3, valid_beam=1)
+    loader = [batch_of([5, 4]), batch_of([3, 2]), batch_of([1, 0])]
+    trainer = stage(0, 1, True)
+    trainer.num_val_batches, trainer.val_dataloaders, trainer.is_global_zero = [2], [loader], True
+    for _ in range(2):  # two validations: said once
+        evaluator.on_validation_epoch_start(trainer, None)
+        for batch in loader[:2]:
+            evaluator.on_validation_batch_end(trainer, Module(), None, batch, 0)
+        assert sorted(i for i, _ in evaluator._translations) == [3, 4, 5]
+    assert capsys.readouterr().err.count("validation BLEU scores the first 3 sentences of the batches") == 1
+    trainer.num_val_batches = [3]  # the whole split: its first sentences, by corpus index
+    evaluator.on_validation_epoch_start(trainer, None)
+    for batch in loader:
+        evaluator.on_validation_batch_end(trainer, Module(), None, batch, 0)
+    assert sorted(i for i, _ in evaluator._translations) == [0, 1, 2]

@@ -17,7 +17,13 @@ from attnx.commands.help import configure_parsing, help_formatter
 from attnx.commands.lightning_argv import checkpoint_override, resolve_configs, resume_command
 from attnx.commands.lightning_cli import DECODING_COMMANDS, AttnxCLI
 from attnx.commands.lightning_console import one_line_warnings, quiet_third_parties
-from attnx.commands.spellings import alias_help, conflicting_values, lightning_aliases, with_aliases
+from attnx.commands.spellings import (
+    alias_help,
+    component_names,
+    conflicting_values,
+    lightning_aliases,
+    with_aliases,
+)
 from attnx.commands.usage import option_names as keys
 from attnx.commands.usage import refused_command_line
 from attnx.data.datamodule import TranslationDataModule
@@ -44,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             f"the packaged ones, e.g. --config multi30k_cpu); `attnx {subcommand} --help` lists every option"
         )
     original = list(argv)  # as typed, for the resume hint
-    argv = resolve_configs(argv)
+    argv = component_names(resolve_configs(argv))
     short = lightning_aliases() if subcommand in DECODING_COMMANDS else {}
     conflicting_values(argv, short)
     if subcommand in DECODING_COMMANDS:
@@ -145,6 +151,8 @@ def option_names() -> list[str]:
         "--help",
         "--ckpt_path",
         "--init_from",
+        "--run_dir",
+        "--name",
         "--seed_everything",
         "--torch_threads",
         "--cuda_graphs",

@@ -68,7 +68,7 @@ class TranslationEvaluator(Callback):
                 position below this number); 0 turns validation BLEU off.
             valid_beam: Beam size for validation BLEU (1 = greedy, the cheapest).
             output_file: Where `test` and `predict` write translations, one a line in corpus order. None:
-                `<log_dir>/test.<split>.hyp` and `<log_dir>/predict.<split>.hyp`.
+                `<split>.hyp` in the folder they log in, e.g. `runs/NAME/version_0/test/averaged/test.hyp`.
             precision: What decoding runs in, as `attnx translate --precision`, whatever `trainer.precision`
                 trains in: 32-true, bf16-mixed, 16-mixed on CUDA, or auto (the default): bf16-mixed where a
                 probe finds the device's bf16 units make decoding faster, else 32-true, chosen when the run
@@ -113,6 +113,8 @@ class TranslationEvaluator(Callback):
         """The file the last `test` or `predict` wrote its translations to (rank 0)."""
         self._translations: list[tuple[int, list[int]]] = []
         self._progress: Progress | None = None
+        self._counted = False  # whether the console shows the count of the last batch already
+        self._limited, self._said_limited, self._seen = False, False, 0  # validation of some batches only
 
     # ------------------------------------------------------------------------------------------- decoding
 
@@ -122,7 +124,10 @@ class TranslationEvaluator(Callback):
             raise RuntimeError("evaluation batches carry no corpus index (Batch.index); translations need it")
         index = batch.index.cpu()
         keep = index % trainer.world_size == trainer.global_rank
-        if limit is not None:
+        if limit is not None and self._limited:  # the first `limit` sentences of the batches validated
+            keep &= torch.arange(len(index)) + self._seen < limit
+            self._seen += len(index)
+        elif limit is not None:
             keep &= index < limit
         rows = keep.nonzero().flatten()
         if not len(rows):
@@ -207,7 +212,16 @@ class TranslationEvaluator(Callback):
             check_precision(self.precision, trainer.strategy.root_device.type)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._translations = []
+        self._translations, self._seen = [], 0
+        self._limited = validation_is_limited(trainer)
+        if self._limited and self.bleu_samples > 0 and not self._said_limited and trainer.is_global_zero:
+            self._said_limited = True
+            print(
+                f"validation BLEU scores the first {self.bleu_samples} sentences of the batches validated "
+                "(trainer.limit_val_batches), not the split's first ones",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def on_validation_batch_end(
         self, trainer, pl_module, outputs: Any, batch: Batch, batch_idx, dataloader_idx=0
@@ -239,11 +253,14 @@ class TranslationEvaluator(Callback):
 
     def _advance(self, batch: Batch) -> None:
         if self._progress is not None:
+            shown = self._progress.shown
             self._progress.update(self._progress.done + batch.src.size(0))
+            self._counted = self._progress.shown != shown
 
     def _end_progress(self) -> None:
+        """The last count, once: not again where the last batch's line gave it (a log file's line a minute)."""
         if self._progress is not None:
-            self._progress.finish()
+            self._progress.close() if self._counted else self._progress.finish()
             self._progress = None
 
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -264,6 +281,8 @@ class TranslationEvaluator(Callback):
             print("\n".join(self.report.lines()), flush=True)
         if self._comparing(trainer):
             self._compare(trainer, pl_module, translations)
+        for logger in trainer.loggers if self.decodes_in else ():  # hparams.yaml of the test's folder
+            logger.log_hyperparams({"decoding_precision": self.decodes_in})
         for name in ("bleu", "chrf"):
             value = getattr(self.report, name) if self.report is not None else 0.0
             pl_module.log(f"test/{name}", trainer.strategy.broadcast(value, src=0), sync_dist=True)
@@ -329,9 +348,9 @@ class TranslationEvaluator(Callback):
     def _output_path(self, trainer: pl.Trainer, stage: str) -> Path:
         if self.output_file is not None:
             return Path(self.output_file)
-        _, split = corpus_split(trainer, stage)
+        _, split = corpus_split(trainer, stage)  # the folder names the stage: `test/averaged/test.hyp`
         log_dir = trainer.log_dir or trainer.default_root_dir
-        return Path(log_dir) / f"{stage}.{split or 'data'}.hyp"
+        return Path(log_dir) / f"{split or stage}.hyp"
 
     def _score(self, trainer: pl.Trainer, translations: list[tuple[int, str]] | None, stage: str):
         """sacreBLEU of `translations` against the raw references of `stage`'s split (rank 0)."""
@@ -344,6 +363,17 @@ class TranslationEvaluator(Callback):
         return score(
             [text for _, text in translations], [references[i] for i, _ in translations], lang=corpus.tgt_lang
         )
+
+
+def validation_is_limited(trainer: pl.Trainer) -> bool:
+    """Whether this validation runs fewer batches than the split holds (`trainer.limit_val_batches`)."""
+    counted = getattr(trainer, "num_val_batches", None) or []
+    loaders = trainer.val_dataloaders
+    loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+    try:
+        return bool(counted) and any(n < len(loader) for n, loader in zip(counted, loaders, strict=False))
+    except TypeError:  # a loader without a length
+        return False
 
 
 def corpus_split(trainer: pl.Trainer, stage: str) -> tuple[Any, str] | tuple[None, None]:
