@@ -42,6 +42,30 @@ def bench_script(name: str) -> ModuleType:
 
 pytest_plugins = ["tests.trained"]  # the small trained model, trained once per session for every folder
 
+SUITE_COST = (
+    'the whole suite takes about a quarter of an hour on a quiet 2-core machine; -m "not slow" is the quick '
+    "subset (a few minutes, without the end-to-end runs)"
+)
+"""What a run of the tests costs, as the README's "Run the tests" says it (tests/test_suite_header.py)."""
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [SUITE_COST]
+
+
+def cost_unsaid(config: pytest.Config) -> bool:
+    """Whether the run is the whole suite under `-q`, which shows no header (on the controller only, not on
+    each xdist worker): the cost is then said first, on a line of its own."""
+    whole = config.args_source is pytest.Config.ArgsSource.TESTPATHS
+    return whole and config.get_verbosity() < 0 and not hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and cost_unsaid(session.config):
+        reporter.write_line(SUITE_COST)
+
 
 def shared_data_dir() -> Path:
     """Real corpora: ``$ATTNX_DATA_DIR`` or ``../shared/data`` beside the repository."""

@@ -157,3 +157,22 @@ def test_describe_reports_the_papers_parameter_counts():
         check=True,
     ).stdout
     assert "parameters: 63,082,496 (63.1M)" in out and "MFLOP" in out
+
+
+def test_the_arguments_a_config_sets_are_those_after_what_the_model_passes():
+    """The same split the check of a config's args makes: the first shape arguments are the model's."""
+
+    class Gated(nn.Module):
+        def __init__(self, d_model: int, d_ff: int, /, dropout: float = 0.0, *, bias: bool = False, **rest):
+            super().__init__()
+
+    reg = ComponentRegistry()
+    reg.add_feedforward("gated", Gated)
+    reg.add_feedforward("swish", Swish)
+    from_model, settable, any_keyword = reg.arguments("feedforward", "gated", 2)
+    assert from_model == ["d_model", "d_ff"] and any_keyword
+    assert [(p.name, p.default) for p in settable] == [("dropout", 0.0), ("bias", False)]
+    assert reg.arguments("feedforward", "swish", 2) == (["d_model", "d_ff"], [], False)
+    with pytest.raises(ComponentArgumentError, match=r"has no argument 'dropout'; it accepts no args$"):
+        reg.check_arguments("feedforward", "swish", (8, 16), {"dropout": 0.1})
+    reg.check_arguments("feedforward", "gated", (8, 16), {"dropout": 0.1, "anything": 1})  # **rest takes it

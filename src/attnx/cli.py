@@ -45,7 +45,7 @@ COMMANDS: dict[str, str] = {
     "serve": "attnx.commands.deploy:serve",
     "configs": "attnx.commands.models:configs",
     "plugins": "attnx.commands.models:plugins",
-    "describe": "attnx.commands.models:describe",
+    "describe": "attnx.commands.describe:describe",
     "choices": "attnx.commands.choices:choices",
 }
 """Command name → `module:function`; modules are imported only when their command runs."""
@@ -221,6 +221,10 @@ def run_command(argv: list[str]) -> int:
     try:
         if name in LIGHTNING_COMMANDS:
             return command_function(name)([name, *rest])
+        if name == "describe":  # fit's options, spelled as fit takes them
+            from attnx.commands.spellings import component_names
+
+            rest = component_names(rest)
         return run_function(name, rest)
     except Exception as err:
         shown = expected_error(err) or err  # the attnx error a library wrapped in its own, if any

@@ -110,6 +110,26 @@ class ComponentRegistry:
         """The class (or factory) registered as `name` of `kind`; an unknown name lists the known ones."""
         return self.entry(kind, name).factory
 
+    def arguments(
+        self, kind: Kind | str, name: str, passed: int
+    ) -> tuple[list[str], list[inspect.Parameter], bool] | None:
+        """What a config sets of component `name`'s constructor when the model passes it `passed` positional
+        arguments first: their names, the parameters a config's `args` may set (in the constructor's order,
+        with their defaults and annotations), and whether it takes any keyword (`**kwargs`); None where the
+        constructor has no signature to read."""
+        try:
+            params = list(inspect.signature(self.entry(kind, name).factory).parameters.values())
+        except (TypeError, ValueError):
+            return None
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        from_model = [p.name for p in positional[:passed]]
+        settable = [
+            p
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in from_model
+        ]
+        return from_model, settable, any(p.kind is p.VAR_KEYWORD for p in params)
+
     def check_arguments(
         self, kind: Kind | str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
@@ -117,18 +137,11 @@ class ComponentRegistry:
         key and the accepted ones when `kwargs` (a config's `args`) do not fit the constructor's signature,
         after the positional shape arguments `args` the model passes."""
         entry = self.entry(kind, name)
-        try:
-            signature = inspect.signature(entry.factory)
-        except (TypeError, ValueError):  # no introspectable signature: the call itself reports
+        found = self.arguments(kind, name, len(args))
+        if found is None:  # no introspectable signature: the call itself reports
             return
-        params = list(signature.parameters.values())
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        from_model = [p.name for p in positional[: len(args)]]
-        accepted = [
-            p.name
-            for p in params
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in from_model
-        ]
+        from_model, settable, any_keyword = found
+        accepted = [p.name for p in settable]
         where = f"{entry.kind} component {name!r} ({entry.factory.__qualname__}, from {entry.distribution})"
         takes = f"accepted args: {', '.join(accepted)}" if accepted else "it accepts no args"
         for key in kwargs:
@@ -137,12 +150,12 @@ class ComponentRegistry:
                     f"{where}: {key!r} is passed by the model (as are {', '.join(from_model)}), not through "
                     f"args; {takes}"
                 )
-            if key not in accepted and not any(p.kind is p.VAR_KEYWORD for p in params):
+            if key not in accepted and not any_keyword:
                 close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ComponentArgumentError(f"{where} has no argument {key!r}{hint}; {takes}")
         try:
-            signature.bind(*args, **kwargs)
+            inspect.signature(entry.factory).bind(*args, **kwargs)
         except TypeError as err:
             raise ComponentArgumentError(f"{where}: {err}; {takes}") from None
 

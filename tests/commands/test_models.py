@@ -42,6 +42,18 @@ def test_plugins_lists_the_loss_components(capsys) -> None:
     assert "loss:" in out and "label_smoothed" in out and "reference" in out
 
 
+def test_plugins_lists_one_kind_and_refuses_a_kind_there_is_not(capsys) -> None:
+    assert main(["plugins", "--kind", "norm"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("norm: choose with --model.transformer.norm.name NAME") and "rmsnorm" in out
+    assert "multihead" not in out and "\nloss:" not in out
+    assert main(["plugins", "--kind", "attn"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "attnx plugins: error: --kind attn: no such kind of component (did you mean attention? the kinds: "
+        "attention, feedforward, positional, norm, loss)"
+    )
+
+
 def test_average_needs_checkpoints_or_a_directory(tmp_path: Path, capsys) -> None:
     assert main(["average", "--output", str(tmp_path / "a.ckpt")]) == 2
     assert "--checkpoints or --dir" in capsys.readouterr().err

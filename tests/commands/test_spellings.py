@@ -205,3 +205,37 @@ def test_an_abbreviated_option_is_refused_with_the_option_it_may_mean(argv, mean
     assert attnx_main(argv) == 2
     err = capsys.readouterr().err
     assert f"did you mean {meant}?" in err
+
+
+def test_a_component_named_alone_is_that_component_with_its_default_arguments(tmp_path) -> None:
+    from attnx.commands.spellings import component_names
+
+    spec = tmp_path / "ffn.yaml"
+    spec.write_text("name: geglu\n")
+    argv = ["--model.transformer.feedforward", "swiglu", "--model.transformer.norm=rmsnorm"]
+    argv += [
+        "--model.transformer.self_attention",
+        str(spec),
+        "--model.transformer.positional",
+        '{"name": "rope"}',
+    ]
+    assert component_names(argv) == [
+        "--model.transformer.feedforward",
+        '{"name": "swiglu"}',
+        '--model.transformer.norm={"name": "rmsnorm"}',
+        "--model.transformer.self_attention",
+        str(spec),
+        "--model.transformer.positional",
+        '{"name": "rope"}',
+    ]
+    assert component_names(["--model.transformer.feedforward.name", "swiglu"]) == [
+        "--model.transformer.feedforward.name",
+        "swiglu",
+    ]
+
+
+def test_fit_and_describe_take_a_component_by_name(tmp_path, capsys) -> None:
+    from attnx.cli import main as attnx
+
+    assert attnx(["describe", "--preset", "base", "--model.transformer.feedforward", "swiglu"]) == 0
+    assert "feed-forward swiglu" in capsys.readouterr().out

@@ -19,10 +19,10 @@ from tests.training.conftest import fit_args, read_metrics
 from tests.training.test_resume import fit
 
 
-def fake_trainer(step: int = 0, fn: str = "fit") -> SimpleNamespace:
-    return SimpleNamespace(
-        global_step=step, state=SimpleNamespace(fn=fn), is_global_zero=False, ckpt_path=None
-    )
+def fake_trainer(step: int = 0, fn: str = "fit", **plan) -> SimpleNamespace:
+    """A trainer at optimizer step `step`; `plan`: its max_steps, max_epochs and callbacks (default: none)."""
+    plan = {"max_steps": -1, "max_epochs": -1, "callbacks": [], "is_global_zero": False} | plan
+    return SimpleNamespace(global_step=step, state=SimpleNamespace(fn=fn), ckpt_path=None, **plan)
 
 
 def test_the_average_follows_the_rule_from_start_every_n_steps() -> None:
@@ -59,6 +59,78 @@ def test_fit_refuses_a_decay_of_1_in_one_line(corpus: Path, tmp_path: Path, caps
     assert attnx(fit_args(corpus, "--ema.decay", "1")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ema.decay must be in (0, 1)" in err[0], err
+
+
+def averaged_over(ema: WeightEMA, trainer: SimpleNamespace, steps: int, after: int = 0) -> float:
+    """The share of the average the starting weights (0) still hold after `steps` optimizer steps that set the
+    weights to 1 from step `after` + 1 on."""
+    module = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        module.weight.zero_()
+    ema.on_fit_start(trainer, module)
+    for step in range(1, steps + 1):
+        with torch.no_grad():
+            module.weight.fill_(float(step > after))
+        trainer.global_step = step
+        ema.on_train_batch_end(trainer, module, None, None, 0)
+    return 1.0 - float(ema.ema_weights()["weight"])
+
+
+def test_a_run_too_short_for_its_decay_says_so_as_it_starts_with_a_decay_that_suits_it(capsys) -> None:
+    """0.999 over 40 steps: 96% of the average is the initial weights (0.999^40), as the average itself shows."""
+    trainer = fake_trainer(max_steps=40, is_global_zero=True)
+    left = averaged_over(WeightEMA(decay=0.999), trainer, 40)
+    assert left == pytest.approx(0.999**40)
+    warning = capsys.readouterr().out.splitlines()[1]
+    assert warning == (
+        "ema: warning: 96% of the average will still be the initial weights at the end: this run's 40 optimizer "
+        "steps (trainer.max_steps) make 40 updates at decay 0.999 (0.999^40); --ema.decay 0.89 suits 40 "
+        "updates (leaves them 1%)"
+    )
+    assert averaged_over(WeightEMA(decay=0.89), fake_trainer(max_steps=40), 40) == pytest.approx(
+        0.01, abs=0.002
+    )
+    # ema.start copies the weights for 30 steps; every 2nd step of the 10 after it averages: 5 updates
+    trainer = fake_trainer(max_steps=40, is_global_zero=True)
+    left = averaged_over(WeightEMA(decay=0.8, every=2, start=30), trainer, 40, after=30)
+    assert "33% of the average will still be the weights of step 30 (ema.start)" in capsys.readouterr().out
+    assert left == pytest.approx(0.8**5)  # the weights of step 29, the last copy, were those of step 30
+    trainer = fake_trainer(max_steps=40, is_global_zero=True)
+    WeightEMA(decay=0.9, start=40).on_fit_start(trainer, nn.Linear(1, 1))
+    assert "this run's 40 optimizer steps (trainer.max_steps) end within ema.start 40: the average only " in (
+        capsys.readouterr().out
+    )
+
+
+def test_a_run_long_enough_for_its_decay_says_nothing_of_it(capsys) -> None:
+    for ema, steps in ((WeightEMA(decay=0.6), 8), (WeightEMA(decay=0.999), 3000)):
+        trainer = fake_trainer(max_steps=steps, is_global_zero=True)
+        ema.on_fit_start(trainer, nn.Linear(1, 1))
+        trainer.global_step = steps
+        ema.on_fit_end(trainer, nn.Linear(1, 1))
+        assert "warning" not in capsys.readouterr().out
+
+
+def test_a_run_that_stops_early_says_where_it_left_the_average(capsys) -> None:
+    """max_time: the steps are known only when it stops; a plan of 10,000 steps stopped at 40 says so too."""
+    from lightning.pytorch.callbacks import Timer
+
+    for plan in ({"callbacks": [Timer(duration="00:00:10:00")]}, {"max_steps": 10_000}):
+        trainer, ema = fake_trainer(is_global_zero=True, **plan), WeightEMA(decay=0.999)
+        assert averaged_over(ema, trainer, 40) == pytest.approx(0.999**40)
+        assert "warning" not in capsys.readouterr().out  # nothing said as it starts
+        ema.on_fit_end(trainer, nn.Linear(1, 1))
+        assert capsys.readouterr().out.splitlines()[-1] == (
+            "ema: warning: 96% of the average is still the initial weights: training stopped at step 40, after 40 "
+            "updates at decay 0.999 (0.999^40); --ema.decay 0.89 suits 40 updates (leaves them 1%); "
+            "--ema.evaluate training scores the checkpoints' trained weights"
+        )
+
+
+def test_a_run_planned_by_epochs_counts_the_steps_of_its_epochs(capsys) -> None:
+    trainer = fake_trainer(max_epochs=2, estimated_stepping_batches=30, is_global_zero=True)
+    WeightEMA(decay=0.99).on_fit_start(trainer, nn.Linear(1, 1))
+    assert "this run's 30 optimizer steps (trainer.max_epochs) make 30 updates" in capsys.readouterr().out
 
 
 EMA = ("--ema.decay", "0.6")  # far from 1: after a few steps the average differs clearly from the weights

@@ -1,7 +1,8 @@
 """The other spellings a command line may use, rewritten to attnx's own before it is parsed: the short decoding
 options a fairseq or Marian user types (`--beam 5` for `--search.beam 5`), the checkpoint under the name
 another command gives it (`--ckpt_path` where a command says `--model`, and the other way round), and an
-ensemble written `--model a.ckpt b.ckpt` or, as fairseq writes it, `--path a.ckpt:b.ckpt`.
+ensemble written `--model a.ckpt b.ckpt` or, as fairseq writes it, `--path a.ckpt:b.ckpt`, and a component
+named alone (`--model.transformer.feedforward swiglu`, for `attnx fit` and `attnx describe`).
 
 Each command's `--help` lists the short spellings it takes ([alias_help][attnx.commands.spellings.alias_help]).
 """
@@ -9,9 +10,12 @@ Each command's `--help` lists the short spellings it takes ([alias_help][attnx.c
 from __future__ import annotations
 
 import inspect
+import json
 import os
+import re
 import typing
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from attnx.errors import UsageError
@@ -176,3 +180,32 @@ def ensemble_members(model: list[str] | str) -> list[str] | str:
     if isinstance(model, str) and len(members) == 1:
         return members[0]
     return members
+
+
+COMPONENT_KEYS = tuple(
+    f"--model.transformer.{key}"
+    for key in ("self_attention", "cross_attention", "feedforward", "positional", "norm")
+)
+"""The options that take a component: a name alone (`--model.transformer.feedforward swiglu`) means that
+component with its default arguments."""
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+def component_names(argv: list[str]) -> list[str]:
+    """`--model.transformer.feedforward swiglu` → `--model.transformer.feedforward '{"name": "swiglu"}'`: a
+    bare registered-component name where jsonargparse expects a mapping (or a file holding one); a value that is
+    a file here, or already a mapping, is left as it is."""
+
+    def spelled(value: str) -> str:
+        if _NAME.match(value) and not Path(value).exists() and not value.endswith((".yaml", ".yml", ".json")):
+            return json.dumps({"name": value})
+        return value
+
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        if arg in COMPONENT_KEYS and i + 1 < len(argv):
+            argv[i + 1] = spelled(argv[i + 1])
+        elif arg.partition("=")[0] in COMPONENT_KEYS and "=" in arg:
+            key, _, value = arg.partition("=")
+            argv[i] = f"{key}={spelled(value)}"
+    return argv

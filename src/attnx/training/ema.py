@@ -9,21 +9,35 @@ EMA weights, and every checkpoint holds them as its model weights, so `attnx ave
 checkpoint beside them ([`attnx.checkpoint.ema`][attnx.checkpoint.ema]) and a resumed run continues both
 exactly. `--ema.evaluate training` scores the trained weights instead (in fit's validation, and in
 `attnx validate` / `test` / `predict` of a checkpoint with an EMA). One line says which weights a command uses.
+
+The decay is constant (no warm-up): after `n` averaging updates the weights the average started from still
+weigh `decay^n` in it, 96% for 0.999 over 40 updates. Where a run's planned steps leave them more than
+[INITIAL_SHARE][attnx.training.ema.INITIAL_SHARE], one line says so as training starts, with a decay that suits
+the run ([short_run_line][attnx.training.ema.WeightEMA.short_run_line]); so does one at the end of a run that stopped
+before its planned steps (`trainer.max_time`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, Timer
 from torch import Tensor
 
 from attnx.checkpoint.ema import EMA_KEY, ema_state
 from attnx.errors import ConfigError
 
 Weights = Literal["ema", "training"]
+
+INITIAL_SHARE = 0.05
+"""Above this share of the average still held by the weights it started from (`decay^updates`), a run is too
+short for its decay, and the EMA says so."""
+
+SUITED_SHARE = 0.01
+"""The share of the starting weights a suggested decay leaves in the average at the end of the run."""
 
 
 class WeightEMA(Callback):
@@ -61,6 +75,7 @@ class WeightEMA(Callback):
         self._shadow: dict[str, Tensor] = {}  # the EMA weights, by parameter name
         self._backup: dict[str, Tensor] | None = None  # the trained weights while validation uses the EMA
         self._resumed: dict[str, Any] | None = None  # a resumed fit's stored EMA state, until on_fit_start
+        self._planned: int | None = None  # the optimizer steps the run was planned to end at, where known
 
     @property
     def state_key(self) -> str:
@@ -103,6 +118,51 @@ class WeightEMA(Callback):
             f"ema: an average of the weights (decay {self.decay}, every {self.every} step"
             f"{'s' if self.every > 1 else ''}, from step {self.start}{wider}); validation scores {scored}, "
             "checkpoints hold the EMA weights",
+        )
+        self._planned, source = planned_steps(trainer)
+        if self._planned is not None and (line := self.short_run_line(self._planned, source)):
+            _say(trainer, line)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A run that stopped before its planned steps (`max_time`, or one whose steps the trainer did not know
+        when it started) says where that left the average."""
+        stopped = self._planned is None or trainer.global_step < self._planned
+        if self.decay is not None and stopped and (line := self.short_run_line(trainer.global_step)):
+            _say(trainer, line)
+
+    def short_run_line(self, steps: int, planned_by: str | None = None) -> str | None:
+        """One line where an average over a run that ends at optimizer step `steps` (as `planned_by` plans it,
+        or where it stopped: None) is still more than [INITIAL_SHARE][attnx.training.ema.INITIAL_SHARE] the
+        weights it started from, with a decay that suits the run; None where it is not, or without an EMA."""
+        if self.decay is None:
+            return None
+        updates = averaging_updates(steps, self.every, self.start)
+        share = self.decay**updates
+        if share <= INITIAL_SHARE:
+            return None
+        if planned_by:
+            run, ends = f"this run's {steps:,} optimizer steps ({planned_by})", " end"
+        else:
+            run, ends = f"training stopped at step {steps:,}", ","
+        if not updates:
+            return (
+                f"ema: warning: {run}{ends} within ema.start {self.start:,}: the average only copies the weights; "
+                "a smaller --ema.start averages them"
+            )
+        started = f"the weights of step {self.start:,} (ema.start)" if self.start else "the initial weights"
+        counted = f"{updates:,} updates at decay {self.decay} ({self.decay}^{updates:,})"
+        percent = f"{share:.0%}" if share < 0.995 else f"{share:.1%}"  # 0.999^4 is not 100%
+        suits = (
+            f"--ema.decay {suited_decay(updates)} suits {updates:,} updates (leaves them {SUITED_SHARE:.0%})"
+        )
+        if planned_by:
+            return (
+                f"ema: warning: {percent} of the average will still be {started} at the end: {run} make "
+                f"{counted}; {suits}"
+            )
+        return (
+            f"ema: warning: {percent} of the average is still {started}: {run}, after {counted}; {suits}; "
+            "--ema.evaluate training scores the checkpoints' trained weights"
         )
 
     def on_train_batch_end(
@@ -244,6 +304,36 @@ class WeightEMA(Callback):
             for name, p in self._parameters(pl_module).items():
                 p.copy_(stored["training"][name])
         _say(trainer, f"attnx {command}: the trained weights of {path} (ema.evaluate training), not its EMA")
+
+
+def planned_steps(trainer: pl.Trainer) -> tuple[int | None, str]:
+    """The optimizer step a run ends at, as the trainer knows it when fit starts, and where that comes from:
+    `trainer.max_steps`, else Lightning's count from the epochs (`max_epochs` times the steps of one); None for a
+    run bounded by `max_time` (or by nothing)."""
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        return trainer.max_steps, "trainer.max_steps"
+    timed = any(isinstance(callback, Timer) for callback in trainer.callbacks)
+    if timed or trainer.max_epochs is None or trainer.max_epochs < 0:  # its end is known only when it comes
+        return None, ""
+    estimated = trainer.estimated_stepping_batches
+    return (int(estimated), "trainer.max_epochs") if math.isfinite(estimated) else (None, "")
+
+
+def averaging_updates(steps: int, every: int, start: int) -> int:
+    """The updates that average the weights (not those that copy them, up to step `start`) in optimizer steps
+    1 to `steps`, one every `every` steps from step 1."""
+
+    def updates(n: int) -> int:
+        return (n - 1) // every + 1 if n >= 1 else 0
+
+    return max(0, updates(steps) - updates(start))
+
+
+def suited_decay(updates: int) -> float:
+    """A decay that leaves [SUITED_SHARE][attnx.training.ema.SUITED_SHARE] of the starting weights in the
+    average after `updates` updates (`decay^updates` = 0.01), `1 - decay` to two significant digits."""
+    decay = SUITED_SHARE ** (1 / updates)
+    return round(1.0 - float(f"{1.0 - decay:.2g}"), 10)
 
 
 def _ema_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -169,17 +169,79 @@ def time_remaining(trainer: pl.Trainer) -> float | None:
     return None
 
 
-def no_validation_line(trainer: pl.Trainer, steps: int) -> str | None:
-    """One line where a run that ends at optimizer step `steps` ends before its first validation
-    (`trainer.val_check_interval` counted in batches across epochs), with the option that changes it."""
-    every, batches = trainer.val_check_interval, steps * trainer.accumulate_grad_batches
-    if trainer.check_val_every_n_epoch is not None or not isinstance(every, int) or batches >= every:
+def epoch_length(trainer: pl.Trainer, epoch_batches: int) -> int:
+    """The training batches of one epoch of `epoch_batches` that Lightning takes under
+    `trainer.limit_train_batches` (a count, or a fraction of the epoch)."""
+    limit = trainer.limit_train_batches
+    if limit is None:
+        return epoch_batches
+    return min(epoch_batches, limit) if isinstance(limit, int) else int(epoch_batches * limit)
+
+
+def next_validation(trainer: pl.Trainer, after: int, epoch_batches: int | None = None) -> int | None:
+    """The training batch, counted from the run's start across epochs and restarts, at whose end Lightning
+    validates next after batch `after`: every `trainer.val_check_interval` batches (`check_val_every_n_epoch`
+    null), or in every n-th epoch of `epoch_batches` batches (`check_val_every_n_epoch` n), at its end (`1.0`),
+    at each fraction of it (`0.25`) or every so many of its batches (`100`). None where that cannot be told
+    before training: an interval of time (`00:00:10:00`), epochs whose length is not given, or an interval
+    Lightning refuses (longer than the epoch)."""
+    every, epochs = trainer.val_check_interval, trainer.check_val_every_n_epoch
+    if isinstance(every, bool) or not isinstance(every, int | float):
+        return None  # by the clock
+    if epochs is None:
+        return (after // every + 1) * every if isinstance(every, int) and every > 0 else None
+    if not epoch_batches or (length := epoch_length(trainer, epoch_batches)) < 1:
         return None
-    suggested = max(1, batches // 4)
+    interval = every if isinstance(every, int) else max(1, int(length * every))
+    if interval > length:
+        return None
+    epoch = after // length
+    while True:  # at most `epochs` epochs until one that validates
+        if (epoch + 1) % epochs == 0:
+            done = max(0, after - epoch * length)  # batches of this epoch before the one sought
+            at = (done // interval + 1) * interval
+            if at <= length:
+                return epoch * length + at
+        epoch += 1
+
+
+def no_validation_line(
+    trainer: pl.Trainer, steps: int, first_step: int = 0, epoch_batches: int | None = None
+) -> str | None:
+    """One line where a run that ends at optimizer step `steps` validates before it ends no more (after
+    `first_step`, where a resumed run starts; [next_validation][attnx.training.progress.next_validation], with
+    `epoch_batches` the batches of an epoch where known), with the option that changes it; None where it
+    validates, or where that cannot be told.
+
+    A run that `trainer.max_time` ends (not its `max_steps`) validates once as it stops, as Lightning does for
+    every run told to stop: said so, not "no validation". A run without validation batches
+    (`limit_val_batches` 0) says that instead of an option that would not help."""
+    accumulate = trainer.accumulate_grad_batches
+    first, batches = first_step * accumulate, steps * accumulate
+    at = next_validation(trainer, first, epoch_batches)
+    if at is None or at <= batches:
+        return None
+    if trainer.limit_val_batches == 0:  # not even as max_time stops it
+        return "no validation in this run: trainer.limit_val_batches is 0"
+    suggested = max(1, (batches - first) // 4)
     suggested -= suggested % 10 if suggested > 20 else 0
+    option = f"--trainer.val_check_interval {suggested} validates about 4 times"
+    if trainer.check_val_every_n_epoch is None:
+        rule = "trainer.val_check_interval"
+    else:
+        rule = f"trainer.check_val_every_n_epoch {trainer.check_val_every_n_epoch}"
+        option = f"--trainer.check_val_every_n_epoch null {option}"
+    first_or_next = "next" if first else "first"
+    by_steps = trainer.max_steps is not None and 0 < trainer.max_steps <= steps
+    if time_remaining(trainer) is not None and not by_steps:
+        return (
+            f"one validation in this run, when trainer.max_time stops it after about {batches:,} batches: its "
+            f"{first_or_next} by {rule} would come at batch {at:,}; {option}"
+        )
+    rest = "the rest of this run" if first else "this run"
     return (
-        f"no validation in this run: it ends after about {batches:,} batches, before its first validation at "
-        f"{every:,} (trainer.val_check_interval); --trainer.val_check_interval {suggested} validates about 4 times"
+        f"no validation in {rest}: it ends after about {batches:,} batches, before its {first_or_next} validation "
+        f"at {at:,} ({rule}); {option}"
     )
 
 
