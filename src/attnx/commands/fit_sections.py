@@ -4,9 +4,12 @@ prepared corpus its `data` names, and the memory and time estimate from its `tra
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnx.errors import ConfigError
+
+if TYPE_CHECKING:
+    from attnx.training.fit_estimate import RecipePace
 
 
 def files_merged(earlier: Any, later: Any) -> Any:
@@ -75,6 +78,7 @@ def run_estimate(
     """The estimate lines of `describe --device`, from the config's trainer and data sections; `trainable`:
     the parameters that train where not all do (LoRA)."""
     from attnx.training.estimate import estimate_run, larger_batches
+    from attnx.training.fit_estimate import undertrained_line
     from attnx.training.precision import FP32, kept_cpu_precision
 
     trainer, data = section(values, "trainer"), section(values, "data")
@@ -110,6 +114,11 @@ def run_estimate(
     batch = f"{accumulate} batch{'es' * (accumulate > 1)} of {max_tokens:,} tokens per side a step"
     where = f" on each of {devices} devices" if devices > 1 else " on 1 device"
     lines = estimate.lines()
+    pace, seconds = recipe_pace(trainer), max_time_seconds(trainer.get("max_time"))
+    warning = (
+        undertrained_line(pace, estimate, seconds, trainer.get("max_steps")) if pace and seconds else None
+    )
+    lines += [warning] if warning else []
     if device != "cpu":
         interval = trainer.get("val_check_interval")
         if isinstance(interval, int) and devices != configured:  # it counts batches: as many a step
@@ -119,6 +128,22 @@ def run_estimate(
     return [f"estimate ({device}, {precision}, {batch}{where}; estimates, not measurements):"] + [
         f"  {line}" for line in lines
     ]
+
+
+def recipe_pace(trainer: dict[str, Any]) -> RecipePace | None:
+    """The [RecipePace][attnx.training.fit_estimate.RecipePace] among a fit config's `trainer.callbacks`, if any."""
+    from attnx.training.fit_estimate import RecipePace
+
+    callbacks = trainer.get("callbacks") or []
+    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+        if isinstance(callback, dict) and str(callback.get("class_path")).rpartition(".")[2] == "RecipePace":
+            try:
+                return RecipePace(**(callback.get("init_args") or {}))
+            except TypeError as err:  # a key it does not take, or one missing
+                raise ConfigError(
+                    f"RecipePace (trainer.callbacks): {err}; it takes steps and minutes"
+                ) from None
+    return None
 
 
 def captures(values: Any, device: str, devices: int, accumulate: int) -> bool:
