@@ -11,6 +11,7 @@ import torch
 from attnx.checkpoint.ema import EMA_KEY, checkpoint_weights_line, weights_line, without_training_weights
 from attnx.cli import main as attnx
 from tests.checkpoint.test_format import unreadable_files
+from tests.checkpoints import tiny_checkpoint
 from tests.conftest import free_port
 
 STATE = {"decay": 0.999, "every": 1, "start": 0, "updates": 12, "training": {"w": torch.ones(2)}}
@@ -27,6 +28,28 @@ def test_a_checkpoint_with_an_ema_says_so_in_one_line(tmp_path: Path) -> None:
     assert checkpoint_weights_line(tmp_path, "translate") is None  # an exported model's folder
     line = checkpoint_weights_line([plain, with_ema], "translate")
     assert line == f"attnx translate: the EMA weights of {with_ema} (decay 0.999, 12 updates)"
+
+
+def test_a_checkpoint_read_whole_says_its_line_without_being_read_again(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`read_checkpoint` keeps what the line needs (a command reads its model, then says which weights it
+    holds: one read of a training checkpoint, not two); a file written since is read again."""
+    from attnx.checkpoint import read_checkpoint
+
+    path = tmp_path / "ema.ckpt"
+    written = torch.load(tiny_checkpoint(corpus, tmp_path / "plain.ckpt"), weights_only=True)
+    torch.save({**written, EMA_KEY: STATE, "averaged_from": ["a", "b"]}, path)
+    read_checkpoint(path)
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: pytest.fail("read again"))
+    assert checkpoint_weights_line(path, "translate") == (
+        f"attnx translate: the EMA weights of {path} (averaged over checkpoints) (decay 0.999, 12 updates)"
+    )
+    monkeypatch.undo()
+    torch.save({**written, EMA_KEY: {**STATE, "updates": 13}}, path)  # another file under the same name
+    assert checkpoint_weights_line(path, "translate") == (
+        f"attnx translate: the EMA weights of {path} (decay 0.999, 13 updates)"
+    )
 
 
 def test_averaged_weights_drop_the_trained_ones_and_keep_the_marker() -> None:

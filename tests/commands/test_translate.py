@@ -407,6 +407,123 @@ def test_precision_reaches_the_engine_and_the_partial_output_s_record(checkpoint
     assert "precision" not in run_options(str(checkpoint), None, None, "text", False)  # as recorded before
 
 
+def test_a_continued_run_decodes_in_the_precision_it_started_in(checkpoint, tmp_path, capsys, monkeypatch):
+    """A run that `auto` started in bf16-mixed, stopped in its second chunk, continues in bf16-mixed with
+    `--precision auto` however a probe would choose now (once kept, the choice is the record's), says so in one
+    line and writes the lines of the uninterrupted run; continued with another precision given, it starts over,
+    saying why in one line."""
+    from attnx.inference.eager import EagerTranslator
+    from attnx.inference.precision import PrecisionChoice, decoding_probe
+
+    seen: list[str] = []
+    autocast = EagerTranslator.autocast
+    monkeypatch.setattr(
+        EagerTranslator, "autocast", lambda self: seen.append(self.precision) or autocast(self)
+    )
+    src = write_lines(tmp_path / "in.txt", SOURCES + SOURCES[::-1])  # 8 lines: 4 chunks
+    argv = [
+        "translate",
+        "--model",
+        str(checkpoint),
+        "--input",
+        str(src),
+        "--device",
+        "cpu",
+        "--buffer_size",
+        "2",
+    ]
+    argv += SHORT
+    whole, out = tmp_path / "whole.txt", tmp_path / "out.txt"
+    assert attnx_main([*argv, "--output", str(whole), "--precision", "bf16-mixed"]) == 0
+    probed: list[str] = []
+
+    def interrupted(now: str) -> None:
+        stop_in_the_second_chunk(monkeypatch)
+        with decoding_probe(lambda device, decoder: PrecisionChoice("bf16-mixed", "injected")):
+            assert attnx_main([*argv, "--output", str(out)]) == 130
+        monkeypatch.undo()
+        monkeypatch.setattr(
+            EagerTranslator, "autocast", lambda self: seen.append(self.precision) or autocast(self)
+        )
+        record = json.loads(out.with_name(out.name + ".attnx-partial.json").read_text(encoding="utf-8"))
+        assert record["options"]["precision"] == "bf16-mixed" and record["lines"] == 2
+        capsys.readouterr()
+        seen.clear()
+
+    interrupted("auto")
+    with decoding_probe(
+        lambda device, decoder: probed.append(device) or PrecisionChoice("32-true", "injected")
+    ):
+        assert attnx_main([*argv, "--output", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        f"attnx translate: decoding in bf16-mixed, as the interrupted run in {out}.attnx-partial did "
+        "(--precision auto continues a run in the precision it started in)"
+    ), err
+    assert f"attnx translate: continuing after the 2 line(s) already in {out}.attnx-partial" in err[1], err
+    assert probed == [] and set(seen) == {"bf16-mixed"}
+    assert out.read_bytes() == whole.read_bytes()
+    out.unlink()
+    interrupted("auto")
+    assert attnx_main([*argv, "--output", str(out), "--precision", "32-true"]) == 0
+    (said,) = [line for line in capsys.readouterr().err.splitlines() if "starting over" in line]
+    assert said == (
+        f"attnx translate: starting over: {out}.attnx-partial holds 2 line(s) of an interrupted run with other "
+        'options (precision "bf16-mixed" -> "32-true"); --precision auto continues a run in the precision it '
+        "started in (bf16-mixed)"
+    )
+    assert set(seen) == {"32-true"}
+
+
+def test_a_continued_run_of_an_export_decodes_in_the_compute_type_it_started_in(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    """The same for an export: its CTranslate2 compute type, chosen by `auto` as the run started, is the one a
+    run continued with `--precision auto` loads, whatever the probe would choose now."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from attnx.export import export_ctranslate2
+    from attnx.inference.compute_type import compute_type_probe
+
+    other = next(t for t in ctranslate2.get_supported_compute_types("cpu") if t != "float32")
+    exported = export_ctranslate2(checkpoint, tmp_path / "ct2")
+    src = write_lines(tmp_path / "in.txt", SOURCES + SOURCES[::-1])
+    argv = [
+        "translate",
+        "--model",
+        str(exported),
+        "--input",
+        str(src),
+        "--device",
+        "cpu",
+        "--buffer_size",
+        "2",
+    ]
+    argv += [*SHORT, "--output", str(tmp_path / "out.txt")]
+
+    def fastest(best: str):
+        return compute_type_probe(
+            lambda directory, device, threads, types: {t: 0.5 if t == best else 1.0 for t in types}
+        )
+
+    stop_in_the_second_chunk(monkeypatch)
+    with fastest(other):
+        assert attnx_main(argv) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    loaded = []
+    real = attnx.inference.ctranslate2.CTranslate2Translator.load
+    monkeypatch.setattr(
+        attnx.inference.ctranslate2.CTranslate2Translator,
+        "load",
+        classmethod(lambda cls, *a, **kw: loaded.append(kw["compute_type"]) or real(*a, **kw)),
+    )
+    with fastest("float32"):
+        assert attnx_main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"attnx translate: decoding in {other}, as the interrupted run in "), err
+    assert "continuing after the 2 line(s)" in err[1] and loaded == [other], err
+
+
 @pytest.mark.slow
 def test_an_ensemble_and_a_prefix_reach_the_engine(checkpoint, tmp_path):
     src = write_lines(tmp_path / "in.txt", SOURCES)

@@ -570,3 +570,25 @@ def test_positions_inside_attention_take_the_offset_of_incremental_decoding_from
 def test_a_head_count_width_or_dropout_out_of_range_is_one_line_naming_it(args, message):
     with pytest.raises(ConfigError, match=message):
         MultiHeadAttention(**({"d_model": 32, "n_heads": 4} | args))
+
+
+def test_the_kernel_flags_are_marked_constant_for_the_compiler_as_its_decorator_marks_them() -> None:
+    """`backend_enabled` carries what `torch.compiler.assume_constant_result` sets (without importing the
+    compiler at start-up); a PyTorch that marks functions otherwise fails here, not in a compiled run."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from attnx.components.attention import backend_enabled
+
+    def probe() -> bool:
+        return True
+
+    marked = torch.compiler.assume_constant_result(probe)
+    assert {k: v for k, v in vars(marked).items()} == {"_dynamo_marked_constant": True}
+    assert backend_enabled._dynamo_marked_constant is True
+    code = "import sys, attnx.components.attention; print('torch._dynamo' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    )

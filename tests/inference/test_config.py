@@ -73,6 +73,27 @@ def test_bad_settings_are_one_line_naming_the_option(changes, message):
         dataclasses.replace(PAPER_SEARCH, **changes)
 
 
+def test_a_refusal_names_the_setting_to_change_as_its_reader_sets_it():
+    """The command line's wording by default; an interface that sets the beam otherwise (a server's request)
+    names its own field, and the error survives pickling (a worker process's answer) with its parts."""
+    import pickle
+
+    from attnx.inference.config import SearchSettingError, worded
+
+    with pytest.raises(SearchSettingError) as err:
+        SearchConfig(beam=2, nbest=3)
+    assert str(err.value).endswith("raise --search.beam to at least 3")
+    assert worded(err.value, lambda name: f"the {name} field").endswith("raise the beam field to at least 3")
+    assert worded(ValueError("as it is"), lambda name: name) == "as it is"
+    again = pickle.loads(pickle.dumps(err.value))
+    assert str(again) == str(err.value) and again.worded(str.upper).endswith("raise BEAM to at least 3")
+    with pytest.raises(ValueError) as other:  # any other refusal: every --search.X it names
+        SearchConfig(top_k=5)
+    assert "--search.sampling true" in str(other.value)
+    assert "the sampling field true" in worded(other.value, lambda name: f"the {name} field")
+    assert "--search." not in worded(other.value, lambda name: f"the {name} field")
+
+
 def test_sampling_draws_nbest_samples_and_leaves_the_beam_at_its_default():
     config = SearchConfig(sampling=True, nbest=8, top_k=10, top_p=0.9, temperature=0.8, seed=1)
     assert config.width == 8 and config.beam == 4

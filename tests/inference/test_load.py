@@ -190,3 +190,92 @@ def ctranslate2_types() -> list[str]:
     import ctranslate2
 
     return list(ctranslate2.get_supported_compute_types("cpu"))
+
+
+TRAINING_ONLY = ("lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics", "tensorboard")
+"""Libraries only training needs: loading, decoding, scoring, exporting and serving import none of them."""
+
+DECODE_AND_SERVE = r"""
+import json, sys, traceback
+
+TRAINING_ONLY = json.loads(sys.argv[1])
+first = {}
+
+
+class Watch:  # where each library was first imported from, for the test's message
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in TRAINING_ONLY and top not in first:
+            first[top] = "".join(traceback.format_stack(limit=30)[:-1])
+        return None
+
+
+sys.meta_path.insert(0, Watch())
+import importlib.util
+
+import attnx
+from attnx.cli import main
+
+checkpoint, lightning_checkpoint, work = sys.argv[2:5]
+for path in (checkpoint, lightning_checkpoint):
+    attnx.load(path, precision="32-true", beam=2, max_len_b=4).translate(["A dog runs.", ""])
+fast = ["--device", "cpu", "--precision", "32-true", "--search.beam", "2", "--search.max_len_b", "4"]
+with open(f"{work}/in.txt", "w") as f:
+    f.write("A dog runs.\n")
+commands = [
+    ["translate", "--model", checkpoint, "--input", f"{work}/in.txt", "--output", f"{work}/out.txt", *fast],
+    ["score", "--hypotheses", f"{work}/out.txt", "--references", f"{work}/in.txt"],
+    ["attention", "--model", checkpoint, "--text", "A dog runs.", "--output", f"{work}/a.png",
+     "--search.beam", "1", "--search.max_len_b", "4"],
+]
+if importlib.util.find_spec("ctranslate2"):
+    commands += [
+        ["export", "--ckpt_path", checkpoint, "--format", "ctranslate2", "--output", f"{work}/ct2"],
+        ["translate", "--model", f"{work}/ct2", "--input", f"{work}/in.txt", *fast],
+    ]
+for argv in commands:
+    assert main(argv) == 0, argv
+if importlib.util.find_spec("litserve"):
+    import attnx.commands.deploy
+    from attnx.inference.config import SearchConfig
+    from attnx.serving.server import ServeSettings, TranslationAPI, build_server
+
+    search = attnx.load(checkpoint, precision="32-true").search
+    build_server(checkpoint, search, ServeSettings(precision="32-true"))
+    api = TranslationAPI(checkpoint, search, max_tokens=256, precision="32-true")  # as a worker runs it
+    api.setup("cpu")
+    assert api.predict([api.decode_request({"text": ["A dog runs."]})])[0]["translations"]
+print(json.dumps({"imported": first, "loaded": sorted(m for m in sys.modules if m.split(".")[0] in TRAINING_ONLY)}))
+"""
+
+
+@pytest.mark.slow
+def test_loading_decoding_exporting_and_serving_never_import_lightning(checkpoint, tmp_path):
+    """`attnx.load`, translate, score, attention, export (and translate of the export) and a server's parts, in
+    a fresh interpreter: none imports Lightning or what only training needs (seconds of start-up each), also
+    for a checkpoint holding Lightning's dict of hyperparameters, which reads back as a plain dict. A failure
+    names the library and where it was first imported from."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    lightning_data = pytest.importorskip("lightning.fabric.utilities.data")
+    written = torch.load(checkpoint, weights_only=True)
+    hyperparameters = lightning_data.AttributeDict(lr_factor=2.0, nested=lightning_data.AttributeDict(a=1))
+    torch.save({**written, "hyper_parameters": hyperparameters}, tmp_path / "lightning.ckpt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", DECODE_AND_SERVE, json.dumps(TRAINING_ONLY), str(checkpoint)]
+        + [str(tmp_path / "lightning.ckpt"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    where = "\n".join(f"{name} first imported from:\n{stack}" for name, stack in report["imported"].items())
+    assert report["loaded"] == [] and report["imported"] == {}, where

@@ -211,6 +211,54 @@ def test_a_request_refused_while_decoding_is_logged_as_a_422_in_one_line(api, ch
     ]
 
 
+def test_a_worker_says_that_it_loads_warms_up_and_is_ready(api, checkpoint, capsys, monkeypatch):
+    """Each step of a worker's start is a line on standard error; the warm-up translates one short line (a
+    few pieces at most), and a warm-up that fails is one warning, not a worker that never starts."""
+    warmed = []
+    real = server_module.TranslationAPI.warm_up
+
+    def warm_up(self):
+        real_generate = self.translator.with_search
+
+        def with_search(**changes):
+            warmed.append(changes)
+            return real_generate(**changes)
+
+        monkeypatch.setattr(self.translator, "with_search", with_search)
+        real(self)
+
+    monkeypatch.setattr(server_module.TranslationAPI, "warm_up", warm_up)
+    api(1)
+    pid = f"attnx serve: inference worker (pid {os.getpid()})"
+    assert capsys.readouterr().err.splitlines() == [
+        f"{pid}: loading {checkpoint} on cpu in 32-true",
+        f"{pid}: warming up (one short line, so that the first request does not wait for it)",
+        f"{pid}: ready",
+    ]
+    assert warmed == [{"max_len_a": 0.0, "max_len_b": server_module.WARM_UP_PIECES}]
+    monkeypatch.setattr(server_module.TranslationAPI, "warm_up", real)
+    lit = api(1)
+    monkeypatch.setattr(lit.translator, "with_search", lambda **changes: 1 / 0)
+    capsys.readouterr()
+    lit.warm_up()
+    assert set(capsys.readouterr().err.splitlines()) == {  # once per setup in this process: two handlers
+        "attnx serve: warning: warming up failed (ZeroDivisionError: division by zero); serving without it"
+    }
+
+
+def test_a_refusal_while_decoding_names_the_request_field_to_raise(api, checkpoint):
+    """Phrases a worker refuses for the beam (the HTTP process's checks bypassed, as in a batch it did not
+    foresee): the 422 names the field of the request that changes the beam, not the command line's option."""
+    lit = api(max_batch_size=8)
+    request = {"text": "A woman reads a book.", "constraints": ["Buch", "Frau"]}  # 2 phrases, beam 2
+    (answer,) = lit.unbatch(lit.predict(lit.batch([lit.decode_request(request)])))
+    response = lit.encode_response(answer)
+    detail = json.loads(response.body)["detail"]
+    assert response.status_code == 422, detail
+    assert 'raise "beam" in the request\'s "search" to 3 or give fewer phrases' in detail, detail
+    assert "--search" not in detail
+
+
 def test_a_sampling_request_to_a_server_of_another_beam_is_served(api, checkpoint):
     lit = api(max_batch_size=8)  # beam 2, which sampling does not use
     requests = [
@@ -428,6 +476,20 @@ def test_health_and_info(server, checkpoint):
     assert info["batching"] == {"max_batch_size": 8, "batch_timeout": 0.05} and info["workers"] == 2
 
 
+@pytest.mark.slow
+def test_starting_says_each_step_on_standard_error_until_ready(server, checkpoint):
+    """Nothing is silent while the server starts: the workers are said to start, each says it loads the model,
+    warms up and is ready, and the last line of the start names the URL."""
+    lines = server.log.read_text(encoding="utf-8").splitlines()
+    start = [line for line in lines if "inference worker" in line or ": ready: " in line]
+    assert start[0] == (
+        f"attnx serve: starting 2 inference workers on cpu in 32-true, then the HTTP server on {server.url}"
+    ), lines
+    for step in (f"loading {checkpoint} on cpu in 32-true", "warming up (one short line", "ready"):
+        assert sum(": " + step in line and "(pid " in line for line in start) == 2, (step, lines)
+    assert start[-1].startswith(f"attnx serve: ready: {checkpoint} on {server.url}/translate (POST"), lines
+
+
 BAD = [
     (b'{"text": [', 400, "not valid JSON"),
     ({"txt": ["A dog runs."]}, 422, 'unknown field "txt"'),
@@ -527,7 +589,7 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits_0(checkpoint, tmp_pat
     for sock in in_flight:
         assert read_response(sock) == (200, {"translations": expected})
     assert status == 0, err
-    startup = err.splitlines()[0]
+    (startup,) = [line for line in err.splitlines() if line.startswith("attnx serve: ready: ")]
     assert f"on {served.url}/translate" in startup and str(checkpoint) in startup
     assert "SIGTERM received" in err and err.rstrip().endswith("attnx serve: stopped")
     assert "Did not terminate gracefully" not in err  # the workers exit on their own, none is killed

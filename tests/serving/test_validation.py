@@ -130,6 +130,8 @@ def test_middleware_leaves_other_routes_and_gets_alone():
 
 
 SERVER_SEARCH = SearchConfig(beam=4)
+CONSTRAINED = b'{"text": ["a", "b"], "constraints": %s}'
+CONSTRAINED_ONE = b'{"text": ["a"], "constraints": %s}'
 SAMPLING = b'{"text": "a", "search": {"sampling": true, %s}}'
 
 
@@ -181,6 +183,31 @@ def test_a_request_s_search_settings_are_checked_in_one_line(body, status, words
     assert "\n" not in err.value.message
 
 
+@pytest.mark.parametrize(
+    ("body", "server", "words"),
+    [
+        (b'{"text": "a", "search": {"nbest": 5}}', SearchConfig(beam=4), "to at least 5"),
+        (
+            b'{"text": "a", "search": {"beam": 2}}',
+            SearchConfig(mbr=4, mbr_candidates="nbest"),
+            "to at least 4",
+        ),
+        (CONSTRAINED_ONE % b'[["a", "b", "c", "d"]]', SearchConfig(beam=4), "to 5 or give fewer phrases"),
+    ],
+    ids=["nbest over the beam", "mbr over the beam", "phrases over the beam"],
+)
+def test_a_refusal_names_the_request_field_to_raise_not_the_command_line_option(body, server, words):
+    """A client changes the beam in its request's "search", it has no `--search.beam`: the 422 names that
+    field, where the same refusal on the command line names the option."""
+    with pytest.raises(RequestError) as err:
+        parse_body(body, RequestLimits(max_body_bytes=1000), server)
+    message = err.value.message
+    assert err.value.status == 422, message
+    assert f'raise "beam" in the request\'s "search" {words}' in message and "--search" not in message, (
+        message
+    )
+
+
 def test_a_request_may_change_the_settings_it_is_allowed_to():
     payload = {"text": "a", "search": {"nbest": 2, "alpha": 1, "seed": None}, "scores": True}
     assert request_search(payload, SERVER_SEARCH, LIMITS) == {"nbest": 2, "alpha": 1, "seed": None}
@@ -199,8 +226,6 @@ def test_a_request_that_samples_is_served_by_a_server_of_another_beam():
 
 
 # --- terminology constraints ---------------------------------------------------------------------------------
-
-CONSTRAINED = b'{"text": ["a", "b"], "constraints": %s}'
 
 
 @pytest.mark.parametrize(

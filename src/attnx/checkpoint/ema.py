@@ -9,12 +9,33 @@ the optimizer trains (`training`, by parameter name).
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 EMA_KEY = "attnx_ema"
 """The checkpoint entry of a run with an EMA: `{"decay", "every", "start", "updates", "training"}`."""
+
+_read: dict[tuple[int, ...], dict[str, Any]] = {}
+"""What [`weights_line`][attnx.checkpoint.ema.weights_line] needs of each file this process has read whole, by the
+file's identity (device, inode, size and times): the line is said without reading the file a second time."""
+
+
+def _identity(path: str | Path) -> tuple[int, ...]:
+    stat = os.stat(path)
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def note_read(path: str | Path, checkpoint: dict[str, Any]) -> None:
+    """Keep what [`weights_line`][attnx.checkpoint.ema.weights_line] says of `checkpoint`, just read from
+    `path` (by [`read_checkpoint`][attnx.checkpoint.format.read_checkpoint]), without its tensors."""
+    state = ema_state(checkpoint)
+    kept = {k: v for k, v in state.items() if k != "training"} if isinstance(state, dict) else state
+    summary: dict[str, Any] = {} if kept is None else {EMA_KEY: kept}
+    if "averaged_from" in checkpoint:
+        summary["averaged_from"] = True
+    _read[_identity(path)] = summary
 
 
 def ema_state(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
@@ -45,16 +66,22 @@ def without_training_weights(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 def checkpoint_weights_line(paths: str | Path | list[str | Path], command: str) -> str | None:
     """[`weights_line`][attnx.checkpoint.ema.weights_line] of each checkpoint file among `paths` (an exported
-    model's folder says nothing), one line; None where none holds EMA weights. Files are mapped, not read; a
-    file that fails to map (a pickle payload among them, which never runs: `weights_only`) says nothing here,
+    model's folder says nothing), one line; None where none holds EMA weights. A file this process has read
+    whole is said from what was kept then ([`note_read`][attnx.checkpoint.ema.note_read]); others are mapped,
+    not read; a file that fails to map (a pickle payload among them, which never runs: `weights_only`) says nothing here,
     the command's checkpoint reader refuses it in its own line
     ([`read_checkpoint`][attnx.checkpoint.format.read_checkpoint])."""
-    import torch
-
     lines = []
     for path in [paths] if isinstance(paths, (str, Path)) else paths:
         if not Path(path).is_file():
             continue
+        known = _read.get(_identity(path))
+        if known is not None:
+            if line := weights_line(known, path, command):
+                lines.append(line)
+            continue
+        import torch
+
         try:
             with warnings.catch_warnings():  # torch's notes on files the reader refuses anyway
                 warnings.simplefilter("ignore")

@@ -8,7 +8,9 @@ where `transformer` is [`TransformerConfig.to_dict`][attnx.model.builders.Transf
 are checked against the hash of the bytes they carry).
 Model weights live in `checkpoint["state_dict"]` under the `model.` prefix. Everything loads with
 `torch.load(weights_only=True)`, once the CRC-32 of every member of the file's zip archive matches
-([`damaged_member`][attnx.checkpoint.format.damaged_member]).
+([`damaged_member`][attnx.checkpoint.format.damaged_member]). Reading a checkpoint never imports Lightning, not
+even for the dicts of hyperparameters Lightning may have pickled into it
+([`LIGHTNING_DICTS`][attnx.checkpoint.format.LIGHTNING_DICTS]).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, BinaryIO
 import torch
 
 from attnx import files
+from attnx.checkpoint.ema import note_read
 from attnx.checkpoint.finite import non_finite_weight
 from attnx.checkpoint.missing import missing_checkpoint
 from attnx.data.sentencepiece_proto import segmentation_difference, segmentation_digest
@@ -39,6 +42,28 @@ FORMAT_VERSION = 1
 STATE_PREFIX = "model."
 CRC_CHUNK = 1 << 24
 """Bytes read at a time when checking a member's CRC-32: no member is held in memory whole."""
+
+
+LIGHTNING_DICTS = (
+    "lightning.fabric.utilities.data.AttributeDict",
+    "lightning.pytorch.utilities.parsing.AttributeDict",
+    "lightning_fabric.utilities.data.AttributeDict",
+    "pytorch_lightning.utilities.parsing.AttributeDict",
+)
+"""The dict classes of Lightning (its `AttributeDict` of hyperparameters, under each of its package names) a
+checkpoint may hold: read back as plain dicts by name, so that decoding never imports Lightning. No other class
+is let in."""
+
+
+class _PlainDict:
+    """What the unpickler builds for a [`LIGHTNING_DICTS`][attnx.checkpoint.format.LIGHTNING_DICTS] class: a
+    plain dict, which the pickle's items then fill."""
+
+    def __new__(cls, *args: Any) -> dict[str, Any]:  # type: ignore[misc]
+        return {}
+
+
+_LIGHTNING_AS_PLAIN = [(_PlainDict, name) for name in LIGHTNING_DICTS]
 
 
 class CheckpointError(AttnxError, ValueError):
@@ -110,9 +135,11 @@ def foreign_zip(path: Path) -> str | None:
     )
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
+def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """`torch.load` with `weights_only=True`, turning every failure into a
-    [`CheckpointError`][attnx.checkpoint.format.CheckpointError] of one line naming the file.
+    [`CheckpointError`][attnx.checkpoint.format.CheckpointError] of one line naming the file. With `mmap`, the
+    tensors are mapped from the file rather than read (what decoding does: the optimizer's state a training
+    checkpoint carries is then never copied into memory).
 
     The one loader of every command. A file that is not a zip archive (what `torch.save` writes) is refused
     before anything is unpickled, and so is one whose bytes do not match the CRC-32 its archive records for
@@ -160,7 +187,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():  # torch's notes about pickle protocols concern files we refuse anyway
             warnings.simplefilter("ignore")
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+            with torch.serialization.safe_globals(_LIGHTNING_AS_PLAIN):
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         raise CheckpointError(
             f"checkpoint {path} holds Python objects other than tensors and plain values, which attnx never "
@@ -196,6 +224,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
                 "same run directory)"
             )
         _finite.add(identity)
+    note_read(path, checkpoint)
     return checkpoint
 
 
@@ -240,8 +269,9 @@ def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
-    """Rebuild the model and tokenizer a checkpoint describes, in eval mode, for decoding."""
-    checkpoint = read_checkpoint(path)
+    """Rebuild the model and tokenizer a checkpoint describes, in eval mode, for decoding (its tensors mapped
+    from the file, the model's weights copied out of them)."""
+    checkpoint = read_checkpoint(path, mmap=True)
     meta = checkpoint["attnx"]
     config = TransformerConfig.from_dict(meta["transformer"])
     model = build_transformer(config)

@@ -70,7 +70,6 @@ def serve(
     """
     import os
 
-    from attnx.checkpoint.ema import checkpoint_weights_line
     from attnx.commands.translate import check_device
     from attnx.commands.usage import require_extra
     from attnx.errors import UsageError
@@ -107,9 +106,7 @@ def serve(
             max_beam=max_beam,
         ),
     )
-    if ema := checkpoint_weights_line(model, "serve"):
-        print(ema, flush=True)
-    run_server(model, search, settings)
+    run_server(model, search, settings)  # it says which weights a checkpoint holds once it has read it
     return 0
 
 
@@ -136,7 +133,7 @@ def export(
     attnx.load read, and that ctranslate2.Translator loads with its sentencepiece.model. huggingface (pip
     install "attnx[hf]"): a MarianMTModel directory for transformers' from_pretrained. Components the engine
     cannot represent (a plugin's attention, pre-norm or learned positions for Marian) are refused by name.
-    Example: attnx export --ckpt_path averaged.ckpt --format ctranslate2 --output model-ct2 --quantization int8
+    Example: attnx export --ckpt_path runs/multi30k_cpu/version_0/checkpoints/averaged.ckpt --format ctranslate2 --output model-ct2 --quantization int8
 
     Args:
         ckpt_path: Checkpoint written by attnx fit or attnx average.

@@ -13,7 +13,9 @@ own output is replaced only after it was read whole).
 
 Run again after an interruption (SIGKILL, SIGTERM, Ctrl+C, a full disk), the same command continues after
 the finished lines when the record, the partial file, the options and the start of the input all match; it
-starts over, saying why in one line, when the options or the input differ. A partial file attnx has no
+starts over, saying why in one line, when the options or the input differ. The options include what the model
+decoded in (its precision, or an export's CTranslate2 compute type): `--precision auto` continues in the one
+recorded ([`interrupted_run`][attnx.commands.resumable.interrupted_run]), another precision given starts over. A partial file attnx has no
 record of, or one changed since attnx wrote it, is never touched.
 """
 
@@ -38,6 +40,39 @@ PARTIAL = ".attnx-partial"
 RECORD = ".attnx-partial.json"
 """Suffix of the record of what the partial file holds."""
 WRITTEN_BY = "attnx translate"
+PRECISION = "precision"
+"""The option of what a run decoded in: a checkpoint's precision, or an export's CTranslate2 compute type."""
+UNRECORDED_PRECISION = "32-true"
+"""What a record without a [`PRECISION`][attnx.commands.resumable.PRECISION] decoded in: 32-true, as every run did
+before the option existed (so their records continue)."""
+
+
+def decoded_in(options: Mapping[str, Any]) -> str:
+    """The precision (or compute type) the run of `options` decodes in."""
+    return str(options.get(PRECISION, UNRECORDED_PRECISION))
+
+
+def with_precision(options: Mapping[str, Any], label: str) -> dict[str, Any]:
+    """`options` with what the run decodes in, `label` (recorded unless it is the unrecorded 32-true)."""
+    rest = {k: v for k, v in options.items() if k != PRECISION}
+    return rest if label == UNRECORDED_PRECISION else {**rest, PRECISION: label}
+
+
+def interrupted_run(output: str | Path) -> dict[str, Any] | None:
+    """The record of the interrupted run an `output` file would continue: one that attnx wrote, with lines
+    done in a partial file that is there; None otherwise (a record attnx did not write is refused when the run
+    prepares its output, [`ResumableOutput.prepare`][attnx.commands.resumable.ResumableOutput.prepare])."""
+    sink = ResumableOutput(output, {})
+    try:
+        record = sink.read_record()
+    except FileExistsError:
+        return None
+    if not record or not sink.partial.exists() or not isinstance(record.get("options"), dict):
+        return None
+    try:
+        return record if int(record.get("lines") or 0) > 0 else None
+    except (TypeError, ValueError):
+        return None
 
 
 @contextlib.contextmanager
@@ -241,7 +276,11 @@ class ResumableOutput:
         if previous and lines:
             held = f"{self.partial} holds {lines} line(s) of an interrupted run"
             if previous["options"] != self.options:
-                message = f"starting over: {held} with other options ({changed_options(previous['options'], self.options)})"
+                was, now = decoded_in(previous["options"]), decoded_in(self.options)
+                both = ({PRECISION: was, **previous["options"]}, {PRECISION: now, **self.options})
+                message = f"starting over: {held} with other options ({changed_options(*both)})"
+                if was != now:  # one output is decoded in one precision
+                    message += f"; --precision auto continues a run in the precision it started in ({was})"
             elif set(previous["inputs"]) != set(inputs):
                 message = f"starting over: {held} with other inputs ({', '.join(previous['inputs'])})"
             elif not all(text.regular for text in inputs.values()):

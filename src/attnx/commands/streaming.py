@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnx.commands.constraint_lines import ConstraintLines
-from attnx.commands.resumable import ResumableOutput, StreamOutput
+from attnx.commands.resumable import ResumableOutput, StreamOutput, with_precision
 from attnx.commands.text_input import TextInput
 from attnx.errors import ConfigError, UsageError
 from attnx.inference.config import SearchConfig
@@ -89,7 +89,7 @@ def run_options(
     and a run continued with another `--buffer_size` gives the same lines."""
     models = [model] if isinstance(model, str) else list(model)
     seeded = search is not None and search.samples and search.seed is not None
-    return {
+    options = {
         "model": [
             {"path": str(Path(m).resolve()), "sha256": content_digest(m) if Path(m).exists() else None}
             for m in models
@@ -98,10 +98,10 @@ def run_options(
         "search": dataclasses.asdict(search) if search is not None else None,
         "format": format,
         "token_scores": token_scores,
-        # fp32 is what a run decoded in before the option existed: its records continue
-        **({"precision": precision} if precision not in (None, "32-true") else {}),
         **({"buffer_size": buffer_size, "max_tokens": max_tokens} if seeded else {}),
     }
+    # fp32 is what a run decoded in before the option existed: its records continue
+    return options if precision is None else with_precision(options, precision)
 
 
 class PairedInputs:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from attnx.commands.resumable import ResumableOutput, StreamOutput
+from attnx.commands.resumable import PARTIAL, ResumableOutput, StreamOutput, with_precision
 from attnx.commands.text_input import TextInput
 from attnx.errors import ConfigError
 from attnx.inference.config import (
     AUTO,
     DEFAULT_MAX_TOKENS,
     PAPER_SEARCH,
+    PRECISIONS,
     Precision,
     SearchConfig,
     check_precision,
@@ -54,6 +56,40 @@ def decoding_device(device: str, models: list[str]) -> tuple[str, str | None]:
     why = "a CUDA device is here; --device cpu decodes on the CPU" if cuda else "no CUDA device here"
     chosen = "cuda" if cuda else "cpu"
     return chosen, f"attnx translate: decoding on {chosen} (--device auto: {why})"
+
+
+def kept_precision(
+    output: str, options: dict[str, Any] | None, model: str | list[str], precision: str, device: str
+) -> tuple[str, str | None] | None:
+    """What `--precision auto` decodes in when it continues the interrupted run of the file `output` (whose
+    other `options` it shares): the precision, or an export's CTranslate2 compute type, that run recorded, as
+    (precision, compute type or None) to load with. None to choose afresh: a precision given, no such run, or one
+    this device cannot decode in (the run then starts over, saying so)."""
+    from attnx.commands.resumable import decoded_in, interrupted_run
+
+    previous = None if options is None or precision != AUTO else interrupted_run(output)
+    if previous is None:
+        return None
+    recorded = previous["options"]
+    if any(recorded.get(key) != value for key, value in json.loads(json.dumps(options)).items()):
+        return None  # another model or other options: it starts over, and auto chooses afresh
+    label = decoded_in(recorded)
+    if label in PRECISIONS:  # a checkpoint's (32-true where none is recorded)
+        try:
+            check_precision(label, device.split(":")[0])
+        except ConfigError:
+            return None
+        return label, None
+    from attnx.inference.ctranslate2 import is_ctranslate2_model
+
+    paths = [model] if isinstance(model, str) else model
+    if len(paths) != 1 or not is_ctranslate2_model(paths[0]):
+        return None
+    import torch
+
+    from attnx.inference.compute_type import supported_compute_types
+
+    return (AUTO, label) if label in supported_compute_types(torch.device(device)) else None
 
 
 def own_search(values: dict[str, Any]) -> SearchConfig | None:
@@ -142,7 +178,8 @@ def translate(
             for them, and a translation may differ from fp32's. An export loads with the matching CTranslate2
             compute type. auto (the default): bf16-mixed where a probe finds the device's bf16 units make
             decoding faster, else 32-true; an export, the compute type a probe finds fastest here; the
-            choice is said on standard error.
+            choice is said on standard error. An --output run continued after an interruption decodes in what
+            it started in (recorded with its lines).
         force: Replace the --output file if it exists (otherwise an existing file is left and the command stops).
     """
     from attnx.commands.spellings import ensemble_members
@@ -182,26 +219,42 @@ def translate(
                 inputs.check_line_counts()
                 from attnx.inference.load import DecodingPrecision, load
 
+                # what decides a file's lines, for its record (standard output keeps none)
+                options = None
+                if output != "-":
+                    options = run_options(
+                        model, weights, search, format, token_scores, None, buffer_size, max_tokens
+                    )
+                kept = kept_precision(output, options, model, precision, device)
                 translator = load(
                     model,
                     device=device,
                     search=search,
                     max_tokens=max_tokens,
                     weights=weights,
-                    precision=precision,
+                    precision=kept[0] if kept else precision,
+                    compute_type=kept[1] if kept else None,
                 )  # `auto` measured on the model and said once
                 runs_in = DecodingPrecision.of(translator, precision)
-                options = run_options(
-                    model, weights, search, format, token_scores, runs_in.label, buffer_size, max_tokens
-                )
-                if terms.given:  # a continued run must decode with the same constraints
+                if kept:
+                    print(
+                        f"attnx translate: decoding in {runs_in.label}, as the interrupted run in {output}{PARTIAL} "
+                        "did (--precision auto continues a run in the precision it started in)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                if options is not None:
+                    options = with_precision(options, runs_in.label)
+                if (
+                    options is not None and terms.given
+                ):  # a continued run must decode with the same constraints
                     file = constraints if constraints and Path(constraints).is_file() else None
                     options["constraints"] = {"file": file and content_digest(file), "inline": constraint}
                 # an export hands its lines with constraints to its checkpoint: decided once, for every line
                 plan = EnginePlan.decide(translator, model, terms, "attnx translate")
-                if plan is not None:
+                if options is not None and plan is not None:
                     options[ENGINES] = plan.record
-                sink = StreamOutput() if output == "-" else ResumableOutput(output, options)
+                sink = StreamOutput() if options is None else ResumableOutput(output, options)
                 sink.prepare()
                 if plan is not None and isinstance(sink, ResumableOutput):
                     check_continued(sink.previous, sink.options, str(sink.partial))

@@ -56,7 +56,6 @@ def attention_backends(x: Tensor) -> contextlib.AbstractContextManager:
     return sdpa_kernel(allowed) if allowed else contextlib.nullcontext()
 
 
-@torch.compiler.assume_constant_result  # read while tracing, as the compiler reads the flags for its kernel
 def backend_enabled(backend: SDPBackend) -> bool:
     """Whether PyTorch's flags (an `sdpa_kernel` context among them) allow `backend`."""
     flags = torch.backends.cuda
@@ -65,6 +64,12 @@ def backend_enabled(backend: SDPBackend) -> bool:
         SDPBackend.EFFICIENT_ATTENTION: flags.mem_efficient_sdp_enabled,
         SDPBackend.MATH: flags.math_sdp_enabled,
     }[backend]()
+
+
+# Read while tracing, as the compiler reads the flags for its kernel: what `torch.compiler.assume_constant_result`
+# marks, set without it, since calling it imports the compiler (1.3 s of every command's start-up, translate's
+# too); tests/components/test_attention.py checks that the decorator still marks functions so.
+backend_enabled._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def explicit_on_cpu(q: Tensor) -> bool:

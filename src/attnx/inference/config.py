@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
@@ -29,6 +30,45 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 AUTO = "auto"
 """The precision every decoding entry point defaults to: bf16-mixed where the device's bf16 units make decoding
 faster, else 32-true, chosen once per process and said on standard error."""
+
+
+OptionName = Callable[[str], str]
+"""How a message names a search setting (`beam`) for whoever can change it: the command line's option
+([`command_line_option`][attnx.inference.config.command_line_option]) or a server's request field."""
+
+
+def command_line_option(setting: str) -> str:
+    """`--search.beam`: a search setting as `attnx translate` and every other command take it."""
+    return f"--search.{setting}"
+
+
+class SearchSettingError(ConfigError):
+    """A search refused, with the setting to change that would make it work, named for whoever can change it:
+    `str(err)` names the command line's option (`raise --search.beam to at least 5`), `err.worded(name)` another
+    interface's (`name`: an [`OptionName`][attnx.inference.config.OptionName]; a server names its request's
+    field)."""
+
+    def __init__(self, before: str, setting: str, after: str) -> None:
+        self.before, self.setting, self.after = before, setting, after
+        super().__init__(self.worded(command_line_option))
+
+    def worded(self, name: OptionName) -> str:
+        return f"{self.before}{name(self.setting)}{self.after}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.before, self.setting, self.after)
+
+
+_OPTION = re.compile(r"--search\.([a-z_]+)")
+
+
+def worded(err: BaseException, name: OptionName) -> str:
+    """The message of `err` with the search settings it asks to change named by `name`: a
+    [`SearchSettingError`][attnx.inference.config.SearchSettingError]'s setting, and every `--search.X` of any
+    other message."""
+    if isinstance(err, SearchSettingError):
+        return err.worded(name)
+    return _OPTION.sub(lambda match: name(match.group(1)), str(err))
 
 
 def check_precision(precision: str, device_type: str) -> None:
@@ -159,8 +199,12 @@ class SearchConfig:
             (self.nbest >= 1, f"search.nbest must be at least 1, got {self.nbest}"),
             (
                 self.sampling or self.nbest <= self.beam,
-                f"search.nbest ({self.nbest}) cannot exceed search.beam ({self.beam}): a beam keeps only "
-                f"beam hypotheses; raise --search.beam to at least {self.nbest}",
+                SearchSettingError(
+                    f"search.nbest ({self.nbest}) cannot exceed search.beam ({self.beam}): a beam keeps only "
+                    "beam hypotheses; raise ",
+                    "beam",
+                    f" to at least {self.nbest}",
+                ),
             ),
             (
                 self.length_penalty in ("gnmt", "fairseq"),
@@ -195,7 +239,7 @@ class SearchConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ConfigError(message)
+                raise message if isinstance(message, ConfigError) else ConfigError(message)
         self._check_mbr()
         if not self.samples:
             changed = [
@@ -280,13 +324,16 @@ class SearchConfig:
             ),
             (
                 self.mbr_candidates != "nbest" or self.beam >= self.mbr,
-                f"search.mbr_candidates nbest takes the {self.mbr}-best list of a beam of {self.beam}: raise "
-                f"--search.beam to at least {self.mbr}",
+                SearchSettingError(
+                    f"search.mbr_candidates nbest takes the {self.mbr}-best list of a beam of {self.beam}: raise ",
+                    "beam",
+                    f" to at least {self.mbr}",
+                ),
             ),
         ]
         for ok, message in checks:
             if not ok:
-                raise ConfigError(message)
+                raise message if isinstance(message, ConfigError) else ConfigError(message)
 
     @property
     def samples(self) -> bool:

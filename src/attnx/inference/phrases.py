@@ -30,7 +30,7 @@ from typing import Any
 
 from attnx.data.batch import UNK_ID
 from attnx.errors import ConfigError
-from attnx.inference.config import SearchConfig
+from attnx.inference.config import SearchConfig, SearchSettingError
 from attnx.inference.lengths import max_output_length
 from attnx.inference.lexical import PhraseIds
 from attnx.inference.terms import surface_contains
@@ -213,10 +213,11 @@ def check_phrases(
                 "samples); phrases to exclude work with sampling"
             )
         if len(c.include) >= search.beam:
-            raise ConfigError(
+            raise SearchSettingError(
                 f"{label}: {len(c.include)} phrases to include need a beam of at least {len(c.include) + 1} "
-                f"(a slot for each number of phrases met), the beam is {search.beam}: raise --search.beam to "
-                f"{len(c.include) + 1} or give fewer phrases"
+                f"(a slot for each number of phrases met), the beam is {search.beam}: raise ",
+                "beam",
+                f" to {len(c.include) + 1} or give fewer phrases",
             )
         prefix = len(prefixes[i]) if prefixes is not None else 0
         need = prefix + sum(map(len, c.include))

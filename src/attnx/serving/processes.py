@@ -1,5 +1,6 @@
-"""The processes of `attnx serve` around the service itself: the port checked before anything starts, the
-line printed once the service answers, SIGTERM and SIGINT turned into LitServe's orderly stop in the main
+"""The processes of `attnx serve` around the service itself: the port checked before anything starts, a line
+on standard error for each step of starting (checking the model, starting the workers, each worker loading and
+warming up) and one once the service answers, SIGTERM and SIGINT turned into LitServe's orderly stop in the main
 process, and the inference workers' clean exit within LitServe's grace period."""
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def exit_quietly(signum: int, frame: object) -> None:
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, EXIT_GRACE_S)
     sys.exit(0)
+
+
+def say(message: str) -> None:
+    """One progress line of `attnx serve` on standard error, from whichever of its processes does the work."""
+    print(f"attnx serve: {message}", file=sys.stderr, flush=True)
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import multiprocessing
+import os
 import signal
 import sys
 import threading
@@ -35,22 +36,34 @@ from typing import TYPE_CHECKING, Any
 import litserve as ls
 
 from attnx.errors import ConfigError
-from attnx.inference.config import SearchConfig
+from attnx.inference.config import SearchConfig, worded
 from attnx.inference.formats import hypothesis_fields
 from attnx.serving.processes import (
     GracefulStop,
     announce_when_ready,
     check_port_free,
     exit_quietly,
+    say,
     stop_processes,
 )
 from attnx.serving.settings import ServeSettings
-from attnx.serving.validation import CONSTRAINTS, FIELD, SCORES, SEARCH, RequestLimitsMiddleware
+from attnx.serving.validation import (
+    CONSTRAINTS,
+    FIELD,
+    SCORES,
+    SEARCH,
+    RequestLimitsMiddleware,
+    request_option,
+)
 
 if TYPE_CHECKING:
     from attnx.inference.translator import Translator
 
 API_PATH = "/translate"
+WARM_UP_LINE = "A dog runs."
+"""What each inference worker translates once before it takes requests."""
+WARM_UP_PIECES = 4
+"""Target pieces the warm-up translation may have at most: enough to run every part of a decoding step."""
 log = logging.getLogger(__name__)
 
 
@@ -136,6 +149,8 @@ class TranslationAPI(ls.LitAPI):
         logging.getLogger("attnx").addHandler(warnings)
         if self.threads and torch.device(device).type == "cpu":
             torch.set_num_threads(self.threads)
+        worker = f"inference worker (pid {os.getpid()})"
+        say(f"{worker}: loading {self.model} on {device} in {self.compute_type or self.precision}")
         self.translator = load(
             self.model,
             device=device,
@@ -144,6 +159,19 @@ class TranslationAPI(ls.LitAPI):
             precision=self.precision,
             compute_type=self.compute_type,
         )
+        say(f"{worker}: warming up (one short line, so that the first request does not wait for it)")
+        self.warm_up()
+        say(f"{worker}: ready")
+
+    def warm_up(self) -> None:
+        """Translate [`WARM_UP_LINE`][attnx.serving.server.WARM_UP_LINE] to at most a few pieces, so that what
+        an engine does on its first call (kernels chosen, buffers allocated, lazy imports) is done before the
+        first request. A failure is one warning line and serving goes on: a request that fails the same way is
+        answered with its own error."""
+        try:
+            self.translator.with_search(max_len_a=0.0, max_len_b=WARM_UP_PIECES).generate([WARM_UP_LINE])
+        except Exception as err:
+            log.warning("warming up failed (%s: %s); serving without it", type(err).__name__, err)
 
     # No annotation on purpose: LitServe turns an annotated `request` into a FastAPI parameter; unannotated,
     # it hands over the JSON body (already checked in the HTTP process).
@@ -206,8 +234,9 @@ class TranslationAPI(ls.LitAPI):
         [ConfigError][attnx.errors.ConfigError], the client's to change: logged in one line), 500 for any
         other error (logged with its traceback)."""
         if isinstance(err, ConfigError):
-            log.warning("a request was refused while decoding; answered 422 alone: %s", err)
-            return Failed(str(err), 422)
+            message = worded(err, request_option)  # a setting to change, as the client sets it
+            log.warning("a request was refused while decoding; answered 422 alone: %s", message)
+            return Failed(message, 422)
         log.error("a request failed while decoding; answered 500 alone", exc_info=err)
         return Failed(f"translating this request failed: {type(err).__name__}: {err}")
 
@@ -292,6 +321,7 @@ def resolved_precision(
 
 def serve(model: str, search: SearchConfig, settings: ServeSettings) -> None:
     """Check `model` loads, then serve it until SIGTERM or SIGINT; returns after a clean shutdown."""
+    from attnx.checkpoint.ema import checkpoint_weights_line
     from attnx.inference.load import load
 
     check_port_free(settings.host, settings.port)
@@ -306,14 +336,21 @@ def serve(model: str, search: SearchConfig, settings: ServeSettings) -> None:
         precision=settings.precision if on_cpu else "32-true",
         compute_type=settings.compute_type if on_cpu else None,
     )
+    if ema := checkpoint_weights_line(model, "serve"):  # from what the check read
+        print(ema, flush=True)
     resolved = check.search
     settings = resolved_precision(model, settings, check)
     server = build_server(model, resolved, settings)
     ready = threading.Event()
     announce_when_ready(
         settings.url,
-        f'attnx serve: {model} on {settings.url}{API_PATH} (POST {{"text": [...]}}; GET /health, /info)',
+        f'attnx serve: ready: {model} on {settings.url}{API_PATH} (POST {{"text": [...]}}; GET /health, /info)',
         ready,
+    )
+    workers = f"{settings.workers} inference worker{'s' if settings.workers > 1 else ''}"
+    say(
+        f"starting {workers} on {settings.device} in {settings.compute_type or settings.precision}, then the "
+        f"HTTP server on {settings.url}"
     )
     with GracefulStop() as stop:
         before = set(multiprocessing.active_children())

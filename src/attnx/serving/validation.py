@@ -18,7 +18,7 @@ neighbours' translations. (A request that still fails while decoding is isolated
 | body that is not JSON (or not UTF-8)                | 400    |
 | not an object, a field other than `text`, `search`, `scores`, `constraints`; `text` missing or not a string / list of strings | 422 |
 | `text` an empty list                              | 422    |
-| `search` not an object, a setting a request may not change, a value the search refuses (type or range, as `attnx translate` refuses it: `SearchConfig`'s own checks); `scores` not a boolean | 422 |
+| `search` not an object, a setting a request may not change, a value the search refuses (type or range, as `attnx translate` refuses it: `SearchConfig`'s own checks, a setting to change named as the request sets it); `scores` not a boolean | 422 |
 | `search.beam` or `search.nbest` over `max_beam`   | 413    |
 | `constraints` not one per line, malformed, an empty phrase, more phrases to include than the beam holds, phrases to include beside sampling | 422 |
 | more than `max_lines` lines, a line over `max_line_chars` characters | 413 |
@@ -32,7 +32,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from attnx.inference.config import SearchConfig, changed_search
+from attnx.inference.config import SearchConfig, changed_search, worded
 from attnx.inference.lexical import PhraseIds
 from attnx.inference.phrases import PhraseConstraints, check_phrases, read_constraint
 from attnx.serving.settings import RequestLimits
@@ -58,6 +58,12 @@ DRAIN_BYTES = 100_000_000
 """Bytes of a refused body read and dropped before answering 413; a client sending more sees the connection
 closed instead."""
 EXAMPLE = '{"text": ["a line", ...]}'
+
+
+def request_option(setting: str) -> str:
+    """A search setting as a client sets it, `"beam" in the request's "search"`: what a refusal sent over HTTP
+    asks to change (a client has no `--search.beam` to raise)."""
+    return f'"{setting}" in the request\'s "{SEARCH}"'
 
 
 class RequestError(Exception):
@@ -132,7 +138,7 @@ def request_search(payload: dict[str, Any], search: SearchConfig, limits: Reques
     try:  # types and ranges: SearchConfig's checks, the same as attnx translate's
         asked = changed_search(search, **changes)
     except ValueError as err:
-        raise RequestError(422, f'"search": {err}') from None
+        raise RequestError(422, f'"search": {worded(err, request_option)}') from None
     width = max(asked.nbest, 1 if asked.sampling else asked.beam)
     if width > limits.max_beam:
         raise RequestError(
@@ -164,7 +170,7 @@ def request_constraints(payload: dict[str, Any], search: SearchConfig) -> list[P
             ids, [[0]] * len(ids), None, dataclasses.replace(search, max_len_b=2**31), where(len(ids))
         )
     except ValueError as err:
-        raise RequestError(422, str(err)) from None
+        raise RequestError(422, worded(err, request_option)) from None
     return out
 
 
