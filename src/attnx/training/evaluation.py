@@ -281,7 +281,9 @@ class TranslationEvaluator(Callback):
             print("\n".join(self.report.lines()), flush=True)
         if self._comparing(trainer):
             self._compare(trainer, pl_module, translations)
-        for logger in trainer.loggers if self.decodes_in else ():  # hparams.yaml of the test's folder
+        for logger in (
+            getattr(trainer, "loggers", []) if self.decodes_in else ()
+        ):  # hparams.yaml of its folder
             logger.log_hyperparams({"decoding_precision": self.decodes_in})
         for name in ("bleu", "chrf"):
             value = getattr(self.report, name) if self.report is not None else 0.0
