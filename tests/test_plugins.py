@@ -29,7 +29,7 @@ def test_a_registered_plugin_is_usable_by_name():
     try:
         reg = collect(pm)
         config = tiny_config()
-        config.feedforward.name = "swish"
+        config.feedforward.name = "mish"
         model = build_transformer(config, reg)
         assert isinstance(model.encoder_layers[0].ffn, Swish)
     finally:
@@ -44,7 +44,7 @@ def test_every_component_says_where_it_came_from():
         reg = collect(pm)
     finally:
         pm.unregister(plugin)
-    builtin, added = reg.entry(Kind.FEEDFORWARD, "relu"), reg.entry(Kind.FEEDFORWARD, "swish")
+    builtin, added = reg.entry(Kind.FEEDFORWARD, "relu"), reg.entry(Kind.FEEDFORWARD, "mish")
     assert (builtin.plugin, builtin.distribution) == ("attnx.components.feedforward", "attnx (built-in)")
     assert (added.plugin, added.distribution) == ("swish_plugin", "registered in-process")
     assert (reg.plugin, reg.distribution) == (

@@ -37,7 +37,7 @@ def throwaway_plugin(name: str, kind_method: str, cls: type):
 
     @hookimpl
     def attnx_register_components(registry):
-        getattr(registry, kind_method)("swish", cls)
+        getattr(registry, kind_method)("mish", cls)  # a name no built-in has
 
     module.attnx_register_components = attnx_register_components
     return module
@@ -168,11 +168,11 @@ def test_the_arguments_a_config_sets_are_those_after_what_the_model_passes():
 
     reg = ComponentRegistry()
     reg.add_feedforward("gated", Gated)
-    reg.add_feedforward("swish", Swish)
+    reg.add_feedforward("mish", Swish)
     from_model, settable, any_keyword = reg.arguments("feedforward", "gated", 2)
     assert from_model == ["d_model", "d_ff"] and any_keyword
     assert [(p.name, p.default) for p in settable] == [("dropout", 0.0), ("bias", False)]
-    assert reg.arguments("feedforward", "swish", 2) == (["d_model", "d_ff"], [], False)
+    assert reg.arguments("feedforward", "mish", 2) == (["d_model", "d_ff"], [], False)
     with pytest.raises(ComponentArgumentError, match=r"has no argument 'dropout'; it accepts no args$"):
-        reg.check_arguments("feedforward", "swish", (8, 16), {"dropout": 0.1})
+        reg.check_arguments("feedforward", "mish", (8, 16), {"dropout": 0.1})
     reg.check_arguments("feedforward", "gated", (8, 16), {"dropout": 0.1, "anything": 1})  # **rest takes it

@@ -1,11 +1,12 @@
-"""§3.3 The position-wise feed-forward network, `max(0, x W1 + b1) W2 + b2` (Eq. 2)."""
+"""§3.3 The position-wise feed-forward network, `max(0, x W1 + b1) W2 + b2` (Eq. 2), and its Swish and GELU
+forms (Marian, Hugging Face)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attnx.components.feedforward import ReluFeedForward
+from attnx.components.feedforward import GeluFeedForward, ReluFeedForward, SwishFeedForward
 from attnx.errors import ConfigError
 from attnx.plugins import registry
 from attnx.registry import Kind
@@ -65,3 +66,44 @@ def test_it_is_the_registered_relu_feedforward():
 def test_a_width_or_dropout_out_of_range_is_one_line_naming_it(args, message):
     with pytest.raises(ConfigError, match=message):
         ReluFeedForward(*args)
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "hf_activation"),
+    [("swish", SwishFeedForward, "swish"), ("gelu", GeluFeedForward, "gelu")],
+)
+def test_swish_and_gelu_compute_transformers_feedforward_on_the_same_weights(name, cls, hf_activation):
+    """Marian's and M2M-100's layers run `fc2(act(fc1(x)))` with `ACT2FN[config.activation_function]`."""
+    activations = pytest.importorskip("transformers.activations")
+    torch.manual_seed(0)
+    ffn = registry().build(Kind.FEEDFORWARD, name, 16, 48).eval()
+    assert (
+        type(ffn) is cls and registry().entry(Kind.FEEDFORWARD, name).plugin == "attnx.components.feedforward"
+    )
+    fc1, fc2 = torch.nn.Linear(16, 48), torch.nn.Linear(48, 16)
+    with torch.no_grad():
+        for ours, theirs in ((ffn.w1, fc1), (ffn.w2, fc2)):
+            ours.bias.normal_()
+            theirs.load_state_dict(ours.state_dict())
+    x = 3 * torch.randn(4, 7, 16)
+    with torch.no_grad():
+        expected = fc2(activations.ACT2FN[hf_activation](fc1(x)))
+        diff = float((ffn(x) - expected).abs().max())
+    print(f"{name}: max |Δ| {diff:.1e} against transformers' {hf_activation}")
+    assert diff <= 1e-6
+
+
+def test_gelu_is_the_exact_one_and_swish_is_x_sigmoid_x():
+    x = torch.linspace(-4, 4, 81, dtype=torch.float64)
+    gelu, swish = GeluFeedForward(1, 1).double(), SwishFeedForward(1, 1).double()
+    torch.testing.assert_close(gelu.activation(x), x * 0.5 * (1 + torch.erf(x / 2**0.5)))
+    assert float((gelu.activation(x) - torch.nn.functional.gelu(x, approximate="tanh")).abs().max()) > 1e-5
+    torch.testing.assert_close(swish.activation(x), x * torch.sigmoid(x))
+
+
+@pytest.mark.parametrize("cls", [SwishFeedForward, GeluFeedForward])
+def test_swish_and_gelu_check_their_arguments_as_relu_does(cls):
+    with pytest.raises(ConfigError, match=r"^d_ff must be an integer >= 1 \(the hidden width\), got 0$"):
+        cls(8, 0)
+    with pytest.raises(ConfigError, match=r"^dropout must be in \[0, 1\), got 1.5$"):
+        cls(8, 24, 1.5)

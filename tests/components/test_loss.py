@@ -173,3 +173,53 @@ def test_a_smoothing_that_is_not_a_number_in_range_is_refused_when_built(epsilon
 
     with pytest.raises(ConfigError, match=r"^label smoothing ε must be in \[0, 1\), got "):
         LabelSmoothedLoss(epsilon)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, None])
+@pytest.mark.parametrize("ignore", [False, True])
+def test_fused_projection_adds_the_logits_bias_and_trains_it(chunk_rows, ignore) -> None:
+    """`output_bias`: the fused loss scores `features @ weight.T + bias` and gives the bias its gradient, with
+    and without rows counted out."""
+    features = torch.randn(23, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(13, 8, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(13, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 13, (23,))
+    target[[2, 11]] = 0
+    ignore_index = 0 if ignore else None
+    fused = projected_label_smoothed_nll(features, weight, target, 0.1, chunk_rows, ignore_index, bias=bias)
+    reference = label_smoothed_nll(
+        F.linear(features, weight, bias), target, 0.1, ignore_index=0 if ignore else -1
+    )
+    torch.testing.assert_close(fused.loss, reference.loss)
+    torch.testing.assert_close(fused.nll, reference.nll)
+    grads = torch.autograd.grad(2.0 * fused.loss, (features, weight, bias))
+    torch.testing.assert_close(grads, torch.autograd.grad(2.0 * reference.loss, (features, weight, bias)))
+    assert grads[2].abs().sum() > 0
+    without = projected_label_smoothed_nll(features, weight, target, 0.1, chunk_rows, ignore_index)
+    assert not torch.allclose(without.loss, fused.loss)
+    frozen = projected_label_smoothed_nll(
+        features.detach(), weight.detach(), target, 0.1, chunk_rows, ignore_index, bias=bias.detach()
+    )
+    torch.testing.assert_close(frozen.loss, fused.loss.detach())
+
+
+@pytest.mark.parametrize("name", ["label_smoothed", "reference"])
+def test_both_losses_score_a_model_with_an_output_bias_alike(name: str) -> None:
+    from attnx.data.batch import collate
+    from attnx.model import build_transformer
+    from attnx.plugins import registry
+    from attnx.registry import Kind
+    from tests.conftest import tiny_config
+
+    torch.manual_seed(0)
+    model = build_transformer(tiny_config(output_bias=True, dropout=0.0)).double()
+    with torch.no_grad():
+        model.output_bias.normal_()
+    batch = collate([([5, 6, 7, 8], [9, 10]), ([11], [12, 13, 14, 15, 16])])
+    logits = model(batch.src, batch.tgt_in, batch.src_mask)  # (B, T, V)
+    expected = label_smoothed_nll(logits, batch.tgt_out, 0.1, PAD)
+    (grad_expected,) = torch.autograd.grad(expected.loss, model.output_bias)
+    sums = registry().build(Kind.LOSS, name, 0.1)(model, batch)
+    torch.testing.assert_close(sums.loss, expected.loss)
+    (grad,) = torch.autograd.grad(sums.loss, model.output_bias)
+    torch.testing.assert_close(grad, grad_expected)

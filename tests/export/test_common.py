@@ -27,8 +27,9 @@ def _config(**changes) -> TransformerConfig:
     [
         ({"self_attention": {"name": "restricted", "args": {"window": 3}}}, "self_attention 'restricted' is not supported"),
         ({"cross_attention": {"name": "linear", "args": {}}}, "cross_attention 'linear' is not supported"),
-        ({"feedforward": {"name": "gelu", "args": {}}}, "feedforward 'gelu' is not supported (CTranslate2 export supports 'relu' or 'swiglu' or 'geglu')"),
-        ({"positional": {"name": "alibi", "args": {}}}, "positional 'alibi' is not supported (CTranslate2 export supports 'sinusoidal' or 'learned' or 'rotary' or 't5_relative')"),
+        ({"feedforward": {"name": "mish", "args": {}}}, "feedforward 'mish' is not supported (CTranslate2 export supports 'relu' or 'swish' or 'gelu' or 'swiglu' or 'geglu')"),
+        ({"positional": {"name": "alibi", "args": {}}}, "positional 'alibi' is not supported (CTranslate2 export supports 'sinusoidal' or 'marian_sinusoidal' or 'fairseq_sinusoidal' or 'learned' or 'rotary' or 't5_relative')"),
+        ({"positional": {"name": "fairseq_sinusoidal", "args": {"offset": 2}}}, "positional 'fairseq_sinusoidal' with argument 'offset' is not supported"),
         ({"norm": {"name": "scalenorm", "args": {}}}, "norm 'scalenorm' is not supported"),
         ({"self_attention": {"name": "multihead", "args": {"kv_heads": 2}}}, "self_attention kv_heads=2 beside cross_attention kv_heads=4 is not supported (CTranslate2 gives a decoder layer's two attentions one count)"),
         ({"self_attention": {"name": "multihead", "args": {"d_k": 4}}}, "'multihead' with d_k=4"),
@@ -46,8 +47,9 @@ def test_every_problem_is_listed() -> None:
     config = _config(norm_position="pre", positional={"name": "learned", "args": {}})
     with pytest.raises(ExportError) as err:
         check_exportable(config, MARIAN)
-    assert "positional 'learned' is not supported (Hugging Face Marian export supports 'sinusoidal')" in str(
-        err.value
+    assert (
+        "positional 'learned' is not supported (Hugging Face Marian export supports 'sinusoidal' or "
+        "'marian_sinusoidal')" in str(err.value)
     )
     assert "norm_position 'pre' is not supported (Hugging Face Marian supports 'post')" in str(err.value)
 
@@ -55,9 +57,10 @@ def test_every_problem_is_listed() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"positional": {"name": "rotary", "args": {}}}, "positional 'rotary' is not supported (Hugging Face Marian export supports 'sinusoidal')"),
+        ({"positional": {"name": "rotary", "args": {}}}, "positional 'rotary' is not supported (Hugging Face Marian export supports 'sinusoidal' or 'marian_sinusoidal')"),
+        ({"positional": {"name": "fairseq_sinusoidal", "args": {}}}, "positional 'fairseq_sinusoidal' is not supported"),
         ({"positional": {"name": "t5_relative", "args": {}}}, "positional 't5_relative' is not supported"),
-        ({"feedforward": {"name": "swiglu", "args": {}}}, "feedforward 'swiglu' is not supported (Hugging Face Marian export supports 'relu')"),
+        ({"feedforward": {"name": "swiglu", "args": {}}}, "feedforward 'swiglu' is not supported (Hugging Face Marian export supports 'relu' or 'swish' or 'gelu')"),
         ({"feedforward": {"name": "geglu", "args": {}}}, "feedforward 'geglu' is not supported"),
         ({"norm": {"name": "rmsnorm", "args": {}}}, "norm 'rmsnorm' is not supported (Hugging Face Marian export supports 'layernorm')"),
         ({"self_attention": {"name": "multihead", "args": {"kv_heads": 1}}}, "self_attention 'multihead' with kv_heads=1 is not supported (Hugging Face Marian has one key/value head per query head, 4)"),
@@ -79,6 +82,7 @@ def test_ctranslate2_takes_what_marian_cannot() -> None:
         {"positional": {"name": "rotary", "args": {"dim": 4}}},
         {"positional": {"name": "t5_relative", "args": {"buckets": 16}}},
         {"feedforward": {"name": "swiglu", "args": {"bias": True}}},
+        {"positional": {"name": "fairseq_sinusoidal", "args": {"padding_idx": 1}}},
         {"norm": {"name": "rmsnorm", "args": {"eps": 1e-5}}},
         {
             "self_attention": {"name": "multihead", "args": {"kv_heads": 2}},

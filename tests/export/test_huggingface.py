@@ -155,3 +155,34 @@ def test_unshared_embeddings(loaded: LoadedModel, test_set: Pairs, tmp_path: Pat
 def test_existing_output(exported: Path, trained: Path) -> None:
     with pytest.raises(ExportError, match="already exists"):
         export_huggingface(trained, exported)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(feedforward={"name": "swish"}, positional={"name": "marian_sinusoidal"}, output_bias=True),
+        dict(feedforward={"name": "gelu"}, output_bias=True),
+    ],
+    ids=["marian-like", "gelu-bias"],
+)
+def test_swish_gelu_marian_positions_and_the_output_bias(
+    variant: dict, loaded: LoadedModel, test_set: Pairs, tmp_path: Path
+) -> None:
+    """Marian's own activations and table, and its final_logits_bias: `marian_sinusoidal` needs no permutation."""
+    values = dict(
+        vocab_size=loaded.config.vocab_size, d_model=32, n_heads=4, d_ff=64, dropout=0.0, max_len=64
+    )
+    config = TransformerConfig.from_dict(values | dict(encoder_layers=1, decoder_layers=2) | variant)
+    model = build_transformer(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    save_model(tmp_path / "model.ckpt", model, config, loaded.tokenizer)
+    out = export_huggingface(tmp_path / "model.ckpt", tmp_path / "marian")
+    hf = transformers.MarianMTModel.from_pretrained(out, local_files_only=True).eval()
+    assert hf.config.activation_function == config.feedforward.name
+    torch.testing.assert_close(hf.final_logits_bias[0], model.output_bias.detach(), rtol=0, atol=0)
+    reference = load_model(tmp_path / "model.ckpt").model
+    diff = _logits_diff(reference, hf, test_set.sources[:8], test_set.references[:8])
+    print(f"{variant}: max |Δ logit| {diff:.1e}")
+    assert diff < 1e-4

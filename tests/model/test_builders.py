@@ -295,3 +295,55 @@ def test_activation_checkpointing_is_training_only() -> None:
     on = TransformerConfig(activation_checkpointing=True).to_dict()
     assert architecture(on) == architecture(TransformerConfig().to_dict())
     assert build_transformer(tiny_config(activation_checkpointing=True)).checkpoint_layers
+
+
+def test_fit_s_options_choose_the_marian_and_fairseq_components_and_the_output_bias(capsys) -> None:
+    """The new components by name from the command line, as any other: the config fit prints builds them."""
+    import yaml
+
+    from attnx.cli import main
+    from attnx.components.feedforward import GeluFeedForward, SwishFeedForward
+    from attnx.components.positional import (
+        FairseqSinusoidalPositionalEncoding,
+        MarianSinusoidalPositionalEncoding,
+    )
+
+    chosen = {
+        ("swish", "marian_sinusoidal"): (SwishFeedForward, MarianSinusoidalPositionalEncoding),
+        ("gelu", "fairseq_sinusoidal"): (GeluFeedForward, FairseqSinusoidalPositionalEncoding),
+    }
+    for (ffn, positional), (ffn_class, positional_class) in chosen.items():
+        argv = ["fit", "--config", "tiny", "--model.transformer.feedforward.name", ffn]
+        argv += ["--model.transformer.positional.name", positional, "--model.transformer.output_bias", "true"]
+        with pytest.raises(SystemExit) as printed:
+            main([*argv, "--print_config"])
+        assert printed.value.code == 0
+        transformer = yaml.safe_load(capsys.readouterr().out)["model"]["transformer"]
+        assert transformer["feedforward"]["name"] == ffn and transformer["output_bias"] is True
+        model = build_transformer(TransformerConfig.from_dict({**transformer, "vocab_size": 40}))
+        assert (
+            type(model.encoder_layers[0].ffn) is ffn_class and type(model.tgt_positional) is positional_class
+        )
+        assert model.output_bias.shape == (40,) and model.output_bias.requires_grad
+
+
+def test_a_checkpoint_written_before_the_output_bias_loads_without_one(tmp_path) -> None:
+    from attnx.checkpoint import load_model
+    from tests.checkpoints import save_model, train_tokenizer
+
+    tokenizer = train_tokenizer([f"word{i} other{i % 7} thing" for i in range(200)], 40)
+    config = tiny_config(vocab_size=40)
+    model = build_transformer(config)
+    save_model(tmp_path / "old.ckpt", model, config, tokenizer)
+    checkpoint = torch.load(tmp_path / "old.ckpt", weights_only=True)
+    del checkpoint["attnx"]["transformer"]["output_bias"]  # what a checkpoint of before the field holds
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    loaded = load_model(tmp_path / "old.ckpt")
+    assert loaded.config.output_bias is False and loaded.model.output_bias is None
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(loaded.model.state_dict()[key], value)
+
+
+def test_output_bias_must_be_true_or_false() -> None:
+    with pytest.raises(ConfigError, match=r"^output_bias must be true or false, got 'no'$"):
+        build_transformer(tiny_config(output_bias="no"))

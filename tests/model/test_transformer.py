@@ -67,7 +67,7 @@ def test_padding_changes_no_real_position():
 
 
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
-@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("positional", ["sinusoidal", "marian_sinusoidal", "fairseq_sinusoidal", "learned"])
 def test_incremental_decoding_equals_full_pass(norm_position, positional):
     config = tiny_config(norm_position=norm_position)
     config.positional.name = positional
@@ -253,6 +253,13 @@ VARIANTS = {
     "swiglu": dict(feedforward=spec("swiglu")),
     "geglu": dict(feedforward=spec("geglu", bias=True)),
     "rmsnorm": dict(norm=spec("rmsnorm")),
+    "swish": dict(feedforward=spec("swish")),
+    "gelu": dict(feedforward=spec("gelu")),
+    "marian_sinusoidal": dict(positional=spec("marian_sinusoidal")),
+    "fairseq_sinusoidal": dict(positional=spec("fairseq_sinusoidal", padding_idx=1)),
+    "output_bias": dict(output_bias=True),
+    "marian-like": dict(feedforward=spec("swish"), positional=spec("marian_sinusoidal"), output_bias=True),
+    "m2m100-like": dict(norm_position="pre", positional=spec("fairseq_sinusoidal"), share_embeddings=False),
     "modern": dict(
         norm_position="pre",
         norm=spec("rmsnorm"),
@@ -280,6 +287,8 @@ def variant(name: str, dtype=torch.float32):
             if getattr(module, "acts_on", None) == "scores":
                 for p in module.parameters():
                     p.normal_()
+        if model.output_bias is not None:  # zeros too when built
+            model.output_bias.normal_()
     return model
 
 
@@ -390,3 +399,104 @@ def test_activation_checkpointing_leaves_evaluation_alone():
     reference.load_state_dict(model.state_dict())
     src, src_mask, _, tgt_in = pair_batch()
     torch.testing.assert_close(model(src, tgt_in, src_mask), reference.eval()(src, tgt_in, src_mask))
+
+
+def test_the_output_bias_is_added_to_every_path_s_logits_and_saved_only_where_on():
+    """`output_bias`: teacher-forced logits, each decoding step and forced scoring all add it; a model without
+    one has no key for it (checkpoints written before it load as they are)."""
+    torch.manual_seed(0)
+    model = build_transformer(tiny_config(output_bias=True)).eval()
+    plain = build_transformer(tiny_config()).eval()
+    assert "output_bias" not in plain.state_dict() and plain.output_bias is None
+    missing = plain.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if k != "output_bias"}, strict=False
+    )
+    assert missing.missing_keys == [] and missing.unexpected_keys == []
+    with torch.no_grad():
+        model.output_bias.normal_()
+    assert model.state_dict()["output_bias"].shape == (model.vocab_size,)
+    src, src_mask, _, tgt_in = pair_batch()
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(tgt_in, memory, src_mask)
+        torch.testing.assert_close(full, plain.decode(tgt_in, memory, src_mask) + model.output_bias)
+        state = model.start_decoding(memory, src_mask)
+        for i in range(tgt_in.shape[1]):
+            torch.testing.assert_close(
+                model.decode_step(tgt_in[:, i], state), full[:, i], atol=1e-5, rtol=1e-5
+            )
+        tgt_out = torch.cat([tgt_in[:, 1:], torch.full((3, 1), 3)], 1)
+        scored, _ = ModelDecoder(model).forced(src, src_mask, tgt_in, tgt_out)
+        expected = torch.log_softmax(full, -1).gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(scored, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_pre_norm_model_with_fairseq_positions_computes_m2m100_s_logits():
+    """M2M-100 (NLLB-200's architecture) is a pre-norm stack with a final LayerNorm after each of encoder
+    and decoder (`encoder.layer_norm`, `decoder.layer_norm`): attnx's `encoder_norm` and `decoder_norm`, with
+    `fairseq_sinusoidal` positions and embeddings × √d_model, on the same weights, fp32."""
+    transformers = pytest.importorskip("transformers")
+    from attnx.export.huggingface import _copy_attention, _copy_ffn, _copy_norm
+    from attnx.model import TransformerConfig
+
+    torch.manual_seed(0)
+    vocab, d, pad = 40, 32, 1
+    config = TransformerConfig.from_dict(
+        dict(vocab_size=vocab, d_model=d, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0)
+        | dict(max_len=64, pad_id=pad, norm_position="pre", norm={"name": "layernorm", "args": {"eps": 1e-5}})
+        | dict(positional={"name": "fairseq_sinusoidal", "args": {"padding_idx": pad}})
+    )
+    model = build_transformer(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    hf_config = transformers.M2M100Config(
+        vocab_size=vocab,
+        d_model=d,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        dropout=0.0,
+        activation_function="relu",
+        scale_embedding=True,
+        pad_token_id=pad,
+        tie_word_embeddings=True,
+    )
+    hf = transformers.M2M100ForConditionalGeneration(hf_config).eval()
+    same = torch.arange(d)  # no permutation of the residual stream
+    with torch.no_grad():
+        m2m = hf.model
+        for embedding in (m2m.shared, m2m.encoder.embed_tokens, m2m.decoder.embed_tokens, hf.lm_head):
+            embedding.weight.copy_(model.output_weight)
+        for dst, src in zip(m2m.encoder.layers, model.encoder_layers, strict=True):
+            _copy_attention(dst.self_attn, src.self_attn, same)
+            _copy_norm(dst.self_attn_layer_norm, src.attn_residual.norm, same)
+            _copy_ffn(dst, src.ffn, same)
+            _copy_norm(dst.final_layer_norm, src.ffn_residual.norm, same)
+        for dst, src in zip(m2m.decoder.layers, model.decoder_layers, strict=True):
+            _copy_attention(dst.self_attn, src.self_attn, same)
+            _copy_norm(dst.self_attn_layer_norm, src.self_residual.norm, same)
+            _copy_attention(dst.encoder_attn, src.cross_attn, same)
+            _copy_norm(dst.encoder_attn_layer_norm, src.cross_residual.norm, same)
+            _copy_ffn(dst, src.ffn, same)
+            _copy_norm(dst.final_layer_norm, src.ffn_residual.norm, same)
+        _copy_norm(m2m.encoder.layer_norm, model.encoder_norm, same)
+        _copy_norm(m2m.decoder.layer_norm, model.decoder_norm, same)
+        src = torch.randint(3, vocab, (2, 9))
+        src[1, 6:] = pad  # right padding: M2M-100 numbers the real tokens from padding_idx + 1 as attnx does
+        src_mask, tgt_in = src != pad, torch.randint(3, vocab, (2, 7))
+        theirs = hf(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=tgt_in).logits
+        memory = model.encode(src, src_mask)
+        encoded = m2m.encoder(input_ids=src, attention_mask=src_mask.long()).last_hidden_state
+        full = model.decode(tgt_in, memory, src_mask)
+        state = model.start_decoding(memory, src_mask)
+        steps = torch.stack([model.decode_step(tgt_in[:, i], state) for i in range(7)], 1)
+    diffs = [float((encoded - memory)[src_mask].abs().max()), float((theirs - full).abs().max())]
+    diffs.append(float((theirs - steps).abs().max()))
+    encoder, logits, step = diffs
+    print(f"M2M-100 max |Δ|: encoder {encoder:.1e}, logits {logits:.1e}, decode_step {step:.1e}")
+    assert max(diffs) <= 1e-5 and max(diffs[:2]) <= 1e-6

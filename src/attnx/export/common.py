@@ -73,11 +73,15 @@ def _no_args(allowed: tuple[str, ...]) -> Callable[[TransformerConfig, dict[str,
 ATTENTION = {"multihead": _multihead_args}
 FEEDFORWARD = {
     "relu": _no_args(("dropout",)),
+    "swish": _no_args(("dropout",)),
+    "gelu": _no_args(("dropout",)),
     "swiglu": _no_args(("dropout", "bias")),
     "geglu": _no_args(("dropout", "bias")),
 }
 POSITIONAL = {
     "sinusoidal": _no_args(()),
+    "marian_sinusoidal": _no_args(()),
+    "fairseq_sinusoidal": _no_args(("padding_idx",)),
     "learned": _no_args(()),
     "rotary": _no_args(("base", "dim")),
     "t5_relative": _no_args(("buckets", "max_distance")),

@@ -10,8 +10,10 @@ shared weights, quantize) and save it. What needs care:
   table itself (float32, `max_len` rows, position 0 first) is written as the encoder's and decoder's
   `position_encodings`; CTranslate2 then adds row `t` at position `t`, exactly as attnx does.
   Learned positions (Table 3 row E) are written the same way.
+  So are `marian_sinusoidal`'s and `fairseq_sinusoidal`'s tables (row `t` is what attnx adds at position `t`).
 * **Embeddings and output.** `scale_embeddings` multiplies by √d_model (§3.4); with shared embeddings the
   source, target and output matrices are one tensor, stored once (CTranslate2 aliases equal variables).
+  `output_bias` becomes the output projection's bias.
 * **Vocabulary.** CTranslate2 speaks token strings: the vocabulary is the SentencePiece pieces in id order,
   so piece `i` is attnx id `i` (pad 0, unk 1, `<s>` 2, `</s>` 3); `</s>` is appended to the
   source and decoding starts from `<s>`.
@@ -80,16 +82,17 @@ QUANTIZATIONS = (
 
 TARGET = Target(
     "CTranslate2",
-    positional=("sinusoidal", "learned", "rotary", "t5_relative"),
+    positional=("sinusoidal", "marian_sinusoidal", "fairseq_sinusoidal", "learned", "rotary", "t5_relative"),
     norm_positions=("post", "pre"),
-    feedforward=("relu", "swiglu", "geglu"),
+    feedforward=("relu", "swish", "gelu", "swiglu", "geglu"),
     norm=("layernorm", "rmsnorm"),
     kv_heads=True,
 )
-"""What CTranslate2's `TransformerSpec` expresses of attnx's components: positions on the embeddings, rotary
-(`rotary_dim`, interleaved pairs, `rotary_base`) or T5's relative bias (`relative_attention_bias`), ReLU or
-gated (`ffn_glu`, SiLU or GELU) feed-forward networks, LayerNorm or RMSNorm (`rms_norm`), and grouped-query
-attention (`num_heads_kv`, one count for a decoder layer's two attentions)."""
+"""What CTranslate2's `TransformerSpec` expresses of attnx's components: positions on the embeddings (any
+table), rotary (`rotary_dim`, interleaved pairs, `rotary_base`) or T5's relative bias
+(`relative_attention_bias`), ReLU, Swish or GELU feed-forward networks and gated ones (`ffn_glu`, SiLU or
+GELU), LayerNorm or RMSNorm (`rms_norm`), and grouped-query attention (`num_heads_kv`, one count for a
+decoder layer's two attentions); the logits' bias (`output_bias`) too."""
 
 SOURCE = "source_checkpoint"
 """The metadata key of the file name of the checkpoint the export was made from (attnx translate decodes lines
@@ -101,6 +104,8 @@ SOURCE_BYTES = "source_checkpoint_bytes"
 
 GATES = {"swiglu": "SWISH", "geglu": "GELU"}
 """CTranslate2's activation of each gated feed-forward network (SiLU is Swish-1; GELU is the exact one)."""
+ACTIVATIONS = GATES | {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}
+"""CTranslate2's activation of each feed-forward network, gated or not."""
 
 
 # ------------------------------------------------------------------------------------------------- export
@@ -147,7 +152,7 @@ def _stack_options(config: TransformerConfig) -> dict[str, Any]:
 
     options: dict[str, Any] = {
         "pre_norm": config.norm_position == "pre",
-        "activation": getattr(common_spec.Activation, GATES.get(config.feedforward.name, "RELU")),
+        "activation": getattr(common_spec.Activation, ACTIVATIONS[config.feedforward.name]),
         "ffn_glu": config.feedforward.name in GATES,
         "rms_norm": config.norm.name == "rmsnorm",
         "num_heads_kv": kv_heads(config, config.self_attention),
@@ -166,7 +171,7 @@ def _stack_options(config: TransformerConfig) -> dict[str, Any]:
 
 def _positions(positional: nn.Module) -> np.ndarray:
     """The `(max_len, D)` vectors the positional component adds at positions 0, 1, ..."""
-    if hasattr(positional, "table"):  # sinusoidal
+    if hasattr(positional, "table"):  # sinusoidal, marian_sinusoidal, fairseq_sinusoidal: row t at position t
         return _array(positional.table)
     return _array(positional.embedding.weight)  # learned
 
@@ -195,6 +200,8 @@ def transformer_spec(model: Transformer, config: TransformerConfig, tokenizer: T
     _inputs(encoder, encoder.embeddings[0], model.src_embedding, model.src_positional)
     _inputs(decoder, decoder.embeddings, model.tgt_embedding, model.tgt_positional)
     decoder.projection.weight = _array(model.output_weight)
+    if model.output_bias is not None:  # output_bias: true (Marian's final_logits_bias)
+        decoder.projection.bias = _array(model.output_bias)
 
     for layer_spec, layer in zip(encoder.layer, model.encoder_layers, strict=True):
         attn = layer.self_attn

@@ -1,8 +1,9 @@
 """Export a checkpoint as a Hugging Face `MarianMTModel` directory (weights, config, tokenizer files).
 
-Marian's architecture in `transformers` is the paper's: post-norm layers, ReLU (when configured), embeddings
-scaled by √d_model, sinusoidal positions, one shared matrix for source, target and output. One difference
-matters: `MarianSinusoidalPositionalEmbedding` puts the sines in the first half of each vector and the
+Marian's architecture in `transformers` is the paper's: post-norm layers, ReLU (when configured; Swish and
+GELU too), embeddings scaled by √d_model, sinusoidal positions, one shared matrix for source, target and
+output, and a logits bias (`final_logits_bias`: attnx's `output_bias`, zeros without it). One difference
+matters for the paper's `sinusoidal` positions (`marian_sinusoidal` is Marian's own table, exported as it is): `MarianSinusoidalPositionalEmbedding` puts the sines in the first half of each vector and the
 cosines in the second (same frequencies, position 0 first), where the paper and attnx interleave them
 (`PE(pos, 2i) = sin`, `PE(pos, 2i+1) = cos`). Marian regenerates that table when it loads a model (its
 weights are never read from the checkpoint), so the table cannot be replaced. Instead the exported model
@@ -39,9 +40,16 @@ from attnx.model import Transformer, TransformerConfig
 FORMAT = "attnx-huggingface"
 FORMAT_VERSION = 1
 TARGET = Target(
-    "Hugging Face Marian", positional=("sinusoidal",), norm_positions=("post",), layer_norm_eps=1e-5
+    "Hugging Face Marian",
+    positional=("sinusoidal", "marian_sinusoidal"),
+    norm_positions=("post",),
+    layer_norm_eps=1e-5,
+    feedforward=("relu", "swish", "gelu"),
 )
 """Marian has sinusoidal positions only, post-norm layers only, and `nn.LayerNorm`'s default epsilon."""
+
+ACTIVATIONS = {"relu": "relu", "swish": "swish", "gelu": "gelu"}
+"""Marian's `activation_function` of each feed-forward network it takes (`gelu` is the exact one)."""
 
 
 def _transformers() -> Any:
@@ -73,7 +81,7 @@ def marian_config(config: TransformerConfig) -> Any:
         encoder_ffn_dim=config.d_ff,
         decoder_ffn_dim=config.d_ff,
         max_position_embeddings=config.max_len,
-        activation_function="relu",
+        activation_function=ACTIVATIONS[config.feedforward.name],
         scale_embedding=True,
         dropout=config.dropout,
         attention_dropout=float(config.self_attention.args.get("dropout", 0.0)),
@@ -152,11 +160,16 @@ def marian_model(model: Transformer, config: TransformerConfig) -> Any:
     transformers = _transformers()
     hf = transformers.MarianMTModel(marian_config(config)).eval()
     perm = residual_permutation(config.d_model)
+    if config.positional.name == "marian_sinusoidal":  # already Marian's table: the basis stays attnx's
+        perm = torch.arange(config.d_model)
     marian = hf.model
     marian.encoder.embed_tokens.weight.copy_(model.src_embedding.weight.detach().float()[:, perm])
     marian.decoder.embed_tokens.weight.copy_(model.tgt_embedding.weight.detach().float()[:, perm])
     hf.lm_head.weight.copy_(model.output_weight.detach().float()[:, perm])
-    hf.final_logits_bias.zero_()
+    if model.output_bias is None:
+        hf.final_logits_bias.zero_()
+    else:
+        hf.final_logits_bias.copy_(model.output_bias.detach().float().unsqueeze(0))  # (1, V)
     for dst, src in zip(marian.encoder.layers, model.encoder_layers, strict=True):
         _copy_attention(dst.self_attn, src.self_attn, perm)
         _copy_norm(dst.self_attn_layer_norm, src.attn_residual.norm, perm)
@@ -227,7 +240,9 @@ def export_huggingface(ckpt_path: str | Path, output: str | Path, force: bool = 
             "transformer": loaded.config.to_dict(),
             "source_checkpoint": Path(ckpt_path).name,
             "tokenizer_sha256": loaded.tokenizer.sha256,
-            "residual_permutation": "marian[j] = attnx[perm[j]], perm = even coordinates, then odd",
+            "residual_permutation": "none"
+            if loaded.config.positional.name == "marian_sinusoidal"
+            else "marian[j] = attnx[perm[j]], perm = even coordinates, then odd",
         }
         (work / "attnx.json").write_text(json.dumps(meta, indent=2) + "\n")
     return Path(output)

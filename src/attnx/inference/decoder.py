@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnx.data.batch import PAD_ID
@@ -88,15 +87,15 @@ class ModelDecoder:
     ) -> tuple[Tensor, Tensor | None]:
         memory = self.model.encode(src, src_mask)
         weights: list[Tensor] | None = [] if attention else None
-        if hasattr(self.model, "decode_features"):
+        if hasattr(self.model, "decode_features") and hasattr(self.model, "logits"):
             # Only the given tokens and their </s> reach the V-wide projection and softmax, never the padding
             # (as in training): at 64 sentences a batch, a third of the (B, T) positions are padding.
             real = tgt_out != PAD_ID  # (B, T)
             features = self.model.decode_features(tgt_in, memory, src_mask, weights=weights)[real]  # (M, D)
-            logits = widened(F.linear(features, self.model.output_weight))  # (M, V)
+            logits = widened(self.model.logits(features))  # (M, V)
             log_probs = torch.zeros(tgt_out.shape, dtype=logits.dtype, device=logits.device)
             log_probs[real] = _gather_log_probs(logits, tgt_out[real])
-        else:  # a model with `decode` alone
+        else:  # a model with `decode` alone (no `decode_features` and `logits`)
             logits = widened(self.model.decode(tgt_in, memory, src_mask, weights=weights))  # (B, T, V)
             log_probs = _gather_log_probs(logits, tgt_out)
         if weights is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import torch
 from torch import nn
 
 from attnx.components.values import flag, integer, is_integer, probability
@@ -49,6 +50,9 @@ class TransformerConfig:
     """Longest sequence the positional encoding accepts."""
     share_embeddings: bool = True
     """One matrix for source embedding, target embedding and pre-softmax projection (§3.4)."""
+    output_bias: bool = False
+    """A learned bias `(V,)` added to the logits after the pre-softmax projection (Marian's `final_logits_bias`);
+    the paper has none. Every path that scores tokens adds it: training's loss, decoding, forced scoring."""
     norm_position: Literal["post", "pre"] = "post"
     """`post`: LayerNorm(x + Sublayer(x)) as in the paper; `pre`: x + Sublayer(LayerNorm(x))."""
     self_attention: ComponentSpec = field(default_factory=lambda: ComponentSpec("multihead"))
@@ -122,7 +126,7 @@ def _check(config: TransformerConfig) -> None:
             raise ConfigError(f"{key} must be an integer, got {getattr(config, key)!r}")
     for key, (least, what) in SIZES.items():
         integer(key, getattr(config, key), least, what)
-    for key in ("share_embeddings", "activation_checkpointing"):
+    for key in ("share_embeddings", "output_bias", "activation_checkpointing"):
         flag(key, getattr(config, key))
     if config.d_model <= 0 or config.n_heads <= 0 or config.d_model % config.n_heads:
         raise ConfigError(
@@ -249,6 +253,7 @@ def build_transformer(config: TransformerConfig, registry: ComponentRegistry | N
         encoder_norm=norm() if pre_norm else None,
         decoder_norm=norm() if pre_norm else None,
         output_projection=output_projection,
+        output_bias=nn.Parameter(torch.zeros(config.vocab_size)) if config.output_bias else None,
         dropout=config.dropout,
         pad_id=config.pad_id,
         max_positions=config.max_len,

@@ -51,7 +51,8 @@ class Transformer(nn.Module):
     Parts are passed in built (see [`build_transformer`][attnx.model.builders.build_transformer]); this
     class only wires them: embeddings × √d_model (§3.4) plus positions (§3.5), dropout, N encoder layers, N
     decoder layers, and the pre-softmax projection, whose weight is the embedding matrix when
-    `output_weight` is None (§3.4).
+    `output_projection` is None (§3.4), plus `output_bias` `(V,)` where one is given (Marian's
+    `final_logits_bias`; the paper has none).
 
     Each pass over the layers (encoding, teacher-forced decoding, one decoding step) runs inside
     [`attention_backends`][attnx.components.attention.attention_backends]: the attention kernels are chosen
@@ -75,6 +76,7 @@ class Transformer(nn.Module):
         decoder_norm: nn.Module | None,
         output_projection: nn.Linear | None,
         dropout: float,
+        output_bias: nn.Parameter | None = None,
         pad_id: int,
         max_positions: int,
         checkpoint_layers: bool = False,
@@ -89,6 +91,7 @@ class Transformer(nn.Module):
         self.encoder_norm = encoder_norm if encoder_norm is not None else nn.Identity()
         self.decoder_norm = decoder_norm if decoder_norm is not None else nn.Identity()
         self.output_projection = output_projection
+        self.output_bias = output_bias  # (V,) or None: no bias, and no key in the state dict
         self.dropout = dropout
         self.pad_id = pad_id
         self.max_positions = max_positions  # longest source or target (with </s> or <s>) it reads
@@ -107,6 +110,10 @@ class Transformer(nn.Module):
         if self.output_projection is None:
             return self.tgt_embedding.weight
         return self.output_projection.weight
+
+    def logits(self, features: Tensor) -> Tensor:
+        """The pre-softmax projection of decoder outputs `(..., D)` -> logits `(..., V)`, bias included."""
+        return F.linear(features, self.output_weight, self.output_bias)
 
     def _embed(
         self, tokens: Tensor, embedding: nn.Embedding, positional: nn.Module, offset: int = 0
@@ -184,9 +191,7 @@ class Transformer(nn.Module):
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, weights: list | None = None) -> Tensor:
         """Teacher-forced decoding of `tgt_in` `(B, T)` -> logits `(B, T, V)`; position i sees `tgt_in[:, :i+1]`."""
-        return F.linear(
-            self.decode_features(tgt_in, memory, src_mask, weights), self.output_weight
-        )  # (B, T, V)
+        return self.logits(self.decode_features(tgt_in, memory, src_mask, weights))  # (B, T, V)
 
     def forward(self, src: Tensor, tgt_in: Tensor, src_mask: Tensor) -> Tensor:
         return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
@@ -223,4 +228,4 @@ class Transformer(nn.Module):
                     positions=self._inside(self.tgt_positional),
                 )
         state.offset += 1
-        return F.linear(self.decoder_norm(x[:, 0]), self.output_weight)  # (B, V)
+        return self.logits(self.decoder_norm(x[:, 0]))  # (B, V)

@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import nn
 
-from attnx.components.feedforward import ReluFeedForward
+from attnx.components.feedforward import GeluFeedForward, ReluFeedForward, SwishFeedForward
 from attnx.components.gated import GEGLUFeedForward, SwiGLUFeedForward
 from attnx.model.layers import PostNorm, PreNorm
 
@@ -37,6 +37,8 @@ POINTWISE_METHODS: dict[type[nn.Module], str] = {
     PostNorm: "merge",
     PreNorm: "merge",
     ReluFeedForward: "hidden",
+    SwishFeedForward: "hidden",
+    GeluFeedForward: "hidden",
     SwiGLUFeedForward: "hidden",
     GEGLUFeedForward: "hidden",
 }
