@@ -150,10 +150,8 @@ def fit_estimate_lines(
     for pace in (c for c in trainer.callbacks if isinstance(c, RecipePace) and remaining is not None):
         warning = undertrained_line(pace, estimate, remaining, trainer.max_steps)
         lines += [warning] if warning else []
-    try:
-        epoch_batches: int | None = len(datamodule.train_sampler)
-    except (AttributeError, TypeError):
-        epoch_batches = None
+    built = getattr(datamodule, "_train_sampler", None)  # never built here: it needs the trainer's precision
+    epoch_batches = len(built) if built is not None else None
     if estimate.steps is not None and (
         check := no_validation_line(
             trainer, resumed_step + estimate.steps, first_step=resumed_step, epoch_batches=epoch_batches
