@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnx.inference.precision import cpu_model
+
 CHOICE_PREFIXES = ("precision:", "decoding in ", "batches:")
 """Lines that say what a command chose to run in."""
 
@@ -36,17 +38,6 @@ class Run:
     stdout_sha256: str
     choices: tuple[str, ...]
     returncode: int
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def choice_lines(text: str) -> tuple[str, ...]:
