@@ -38,6 +38,7 @@ __all__ = [
     "busy_cores",
     "choices_path",
     "clear_choices",
+    "cpuinfo_field",
     "kept_choices",
     "machine_key",
     "remember",
@@ -62,15 +63,17 @@ def choices_path() -> Path | None:
     return Path(cache) / "attnx" / "choices.json"
 
 
-def _cpu_field(name: str) -> str:
+def cpuinfo_field(name: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The value of the first `name` line of `cpuinfo` (Linux's `/proc/cpuinfo`: `flags`, `model name`), or
+    None where there is none or the file cannot be read."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             for line in f:
                 if line.startswith(name):
                     return line.partition(":")[2].strip()
     except OSError:
         pass
-    return ""
+    return None
 
 
 def machine_key(*parts: object) -> str:
@@ -83,8 +86,14 @@ def machine_key(*parts: object) -> str:
         attnx_version = importlib.metadata.version("attnx")
     except importlib.metadata.PackageNotFoundError:
         attnx_version = "unknown"
-    flags = " ".join(sorted(_cpu_field("flags").split()))
-    described = [_cpu_field("model name"), flags, torch.get_num_threads(), attnx_version, torch.__version__]
+    flags = " ".join(sorted((cpuinfo_field("flags") or "").split()))
+    described = [
+        cpuinfo_field("model name") or "",
+        flags,
+        torch.get_num_threads(),
+        attnx_version,
+        torch.__version__,
+    ]
     text = json.dumps([str(p) for p in [*described, *parts]])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 

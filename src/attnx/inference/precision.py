@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnx.choices import Remembered, machine_key
+from attnx.choices import Remembered, cpuinfo_field, machine_key
 from attnx.inference.config import AUTO, check_precision
 from attnx.inference.decoder import Decoder, as_decoder
 from attnx.inference.probes import ProbeCache
@@ -65,26 +65,13 @@ class PrecisionChoice:
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     """The CPU's feature flags as `lscpu` lists them (Linux); empty where they cannot be read."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset((cpuinfo_field("flags", cpuinfo) or "").split())
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name (`/proc/cpuinfo`), or `unknown CPU` where it cannot be read."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    found = cpuinfo_field("model name", cpuinfo)
+    return found if found is not None else "unknown CPU"
 
 
 def bf16_matmul_speedup(
